@@ -1,0 +1,71 @@
+"""Resampling to 48 kHz and cutting into 20 ms frames."""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+import soxr
+
+from agent.engine import PCM
+from agent.opus import FRAME_SAMPLES, SAMPLE_RATE
+
+Int16Frame = npt.NDArray[np.int16]
+
+
+class StreamResampler:
+    """Streaming resampler (soxr) from an engine's rate to 48 kHz; a no-op at 48 kHz.
+
+    One instance per utterance: soxr keeps filter state across chunks, so chunk seams are
+    continuous, and ``flush`` returns the tail the filter was still holding.
+    """
+
+    def __init__(self, input_rate: int, output_rate: int = SAMPLE_RATE) -> None:
+        self._passthrough = input_rate == output_rate
+        self._stream = (
+            None
+            if self._passthrough
+            else soxr.ResampleStream(input_rate, output_rate, 1, dtype="float32", quality="HQ")
+        )
+
+    def process(self, chunk: PCM) -> PCM:
+        samples = np.asarray(chunk, dtype=np.float32).reshape(-1)
+        if self._stream is None:
+            return samples
+        out: PCM = self._stream.resample_chunk(samples)
+        return out
+
+    def flush(self) -> PCM:
+        if self._stream is None:
+            return np.zeros(0, dtype=np.float32)
+        out: PCM = self._stream.resample_chunk(np.zeros(0, dtype=np.float32), last=True)
+        return out
+
+
+def to_int16(samples: PCM) -> Int16Frame:
+    return (np.clip(samples, -1.0, 1.0) * 32767.0).astype(np.int16)
+
+
+class Framer:
+    """Collects float samples and hands out complete 20 ms int16 frames."""
+
+    def __init__(self, frame_samples: int = FRAME_SAMPLES) -> None:
+        self._frame = frame_samples
+        self._pending = np.zeros(0, dtype=np.float32)
+        self.samples_in = 0  # total samples pushed: the utterance's audio timeline
+
+    def push(self, samples: PCM) -> list[Int16Frame]:
+        self.samples_in += len(samples)
+        data = np.concatenate((self._pending, samples)) if len(self._pending) else samples
+        whole = len(data) // self._frame * self._frame
+        frames = [to_int16(data[i : i + self._frame]) for i in range(0, whole, self._frame)]
+        self._pending = np.array(data[whole:], dtype=np.float32)
+        return frames
+
+    def flush(self) -> list[Int16Frame]:
+        """The remainder padded with silence to a whole frame (nothing if empty)."""
+        if not len(self._pending):
+            return []
+        padded = np.zeros(self._frame, dtype=np.float32)
+        padded[: len(self._pending)] = self._pending
+        self._pending = np.zeros(0, dtype=np.float32)
+        return [to_int16(padded)]

@@ -1,0 +1,61 @@
+"""The one configuration object, built by the CLI from flags and environment and passed down."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
+
+
+@dataclass(frozen=True)
+class OpusSettings:
+    """Initial encoder settings; the track exposes setters to change them at any time."""
+
+    bitrate: int = 32_000
+    complexity: int = 9
+    fec: bool = False
+    expected_loss_pct: int = 0
+    dtx: bool = False
+
+
+@dataclass(frozen=True)
+class SpeechSettings:
+    """Limits of the per-session speech pipeline."""
+
+    # Generation pauses when it is this far ahead of playout (seconds of audio buffered).
+    max_buffer_ahead_s: float = 3.0
+    # Utterances waiting behind the one being spoken; one more is refused with an error.
+    max_queued_utterances: int = 32
+    # Longest text accepted in one say / one text stream (characters).
+    max_text_chars: int = 5_000
+    # Largest data-channel message accepted (bytes).
+    max_message_bytes: int = 16_384
+
+
+@dataclass(frozen=True)
+class ChatTTSSettings:
+    """How the ChatTTS engine loads and streams."""
+
+    model_dir: Path | None = None  # None: ChatTTS's own download from Hugging Face
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    compile: bool = False
+    first_chunk_tokens: int = 24  # tokens generated before the first audio chunk
+    chunk_tokens: int = 24  # tokens per later chunk
+    threads: int = 0  # torch intra-op threads; 0 leaves torch's default
+
+
+@dataclass(frozen=True)
+class Config:
+    host: str = "0.0.0.0"
+    port: int = 8080
+    # ICE server URLs (stun:/turn:). Empty works on a LAN and on localhost.
+    ice_servers: tuple[str, ...] = ()
+    ice_username: str | None = None
+    ice_credential: str | None = None
+    engine: str = "chattts"
+    static_dir: Path = STATIC_DIR
+    log_level: str = "INFO"
+    opus: OpusSettings = field(default_factory=OpusSettings)
+    speech: SpeechSettings = field(default_factory=SpeechSettings)
+    chattts: ChatTTSSettings = field(default_factory=ChatTTSSettings)

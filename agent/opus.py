@@ -1,0 +1,213 @@
+"""Opus encoding with the libopus that PyAV bundles, through ctypes.
+
+aiortc's own encoder is fixed at 96 kbps stereo with no FEC (NOTES); FFmpeg's wrapper cannot
+change settings after opening. libopus itself can, with ``opus_encoder_ctl``, at any frame
+boundary: that is what network adaptation needs, so we talk to it directly.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import glob
+import os
+import threading
+from functools import cache
+
+import av
+import numpy as np
+import numpy.typing as npt
+
+SAMPLE_RATE = 48_000
+FRAME_SAMPLES = 960  # 20 ms at 48 kHz: the only frame size the track sends
+MAX_PACKET_BYTES = 1_275  # largest Opus frame (RFC 6716 section 3.2.1)
+
+_OPUS_APPLICATION_VOIP = 2048
+_OPUS_OK = 0
+# opus_defines.h request codes
+_SET_BITRATE = 4002
+_SET_COMPLEXITY = 4010
+_SET_INBAND_FEC = 4012
+_SET_PACKET_LOSS_PERC = 4014
+_SET_DTX = 4016
+_SET_SIGNAL = 4024
+_SIGNAL_VOICE = 3001
+
+MIN_BITRATE = 6_000
+MAX_BITRATE = 510_000
+
+
+class OpusError(RuntimeError):
+    pass
+
+
+@cache
+def _libopus() -> ctypes.CDLL:
+    """Find and load the libopus shipped inside the av wheel (or a system one as fallback)."""
+    av_dir = os.path.dirname(av.__file__)
+    candidates = sorted(glob.glob(os.path.join(av_dir, os.pardir, "av.libs", "libopus*.so*")))
+    candidates += sorted(glob.glob(os.path.join(av_dir, ".dylibs", "libopus*.dylib")))
+    candidates += ["libopus.so.0", "libopus.so"]
+    errors = []
+    for path in candidates:
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError as exc:
+            errors.append(f"{path}: {exc}")
+            continue
+        lib.opus_encoder_create.restype = ctypes.c_void_p
+        lib.opus_encoder_create.argtypes = [
+            ctypes.c_int32,
+            ctypes.c_int,
+            ctypes.c_int,
+            ctypes.POINTER(ctypes.c_int),
+        ]
+        lib.opus_encode.restype = ctypes.c_int32
+        lib.opus_encode.argtypes = [
+            ctypes.c_void_p,
+            ctypes.c_void_p,
+            ctypes.c_int,
+            ctypes.c_void_p,
+            ctypes.c_int32,
+        ]
+        lib.opus_encoder_destroy.restype = None
+        lib.opus_encoder_destroy.argtypes = [ctypes.c_void_p]
+        lib.opus_encoder_ctl.restype = ctypes.c_int
+        lib.opus_strerror.restype = ctypes.c_char_p
+        lib.opus_strerror.argtypes = [ctypes.c_int]
+        return lib
+    raise OpusError("libopus not found (looked inside the av wheel): " + "; ".join(errors))
+
+
+def _check(code: int, what: str) -> int:
+    if code < 0:
+        message = _libopus().opus_strerror(code)
+        raise OpusError(f"{what}: {message.decode() if message else code}")
+    return code
+
+
+class OpusEncoder:
+    """A mono 48 kHz libopus encoder for 20 ms frames whose settings can change any time.
+
+    Setters are thread-safe with respect to ``encode`` (a lock serialises them), so a
+    controller on the event loop can adjust an encoder used from anywhere.
+    """
+
+    def __init__(
+        self,
+        bitrate: int = 32_000,
+        complexity: int = 9,
+        fec: bool = False,
+        expected_loss_pct: int = 0,
+        dtx: bool = False,
+    ) -> None:
+        lib = _libopus()
+        error = ctypes.c_int(0)
+        handle = lib.opus_encoder_create(SAMPLE_RATE, 1, _OPUS_APPLICATION_VOIP, ctypes.byref(error))
+        _check(error.value, "opus_encoder_create")
+        if not handle:
+            raise OpusError("opus_encoder_create returned NULL")
+        self._lib = lib
+        self._handle: int | None = handle
+        self._lock = threading.Lock()
+        self._out = ctypes.create_string_buffer(MAX_PACKET_BYTES)
+        self._bitrate = 0
+        self._fec = False
+        self._loss = 0
+        self._dtx = False
+        self._complexity = 0
+        self._ctl(_SET_SIGNAL, _SIGNAL_VOICE)
+        self.set_complexity(complexity)
+        self.set_bitrate(bitrate)
+        self.set_fec(fec)
+        self.set_expected_loss(expected_loss_pct)
+        self.set_dtx(dtx)
+
+    # --- settings -------------------------------------------------------------------
+    @property
+    def bitrate(self) -> int:
+        return self._bitrate
+
+    @property
+    def fec(self) -> bool:
+        return self._fec
+
+    @property
+    def expected_loss_pct(self) -> int:
+        return self._loss
+
+    @property
+    def dtx(self) -> bool:
+        return self._dtx
+
+    @property
+    def complexity(self) -> int:
+        return self._complexity
+
+    def set_bitrate(self, bits_per_second: int) -> None:
+        value = int(min(MAX_BITRATE, max(MIN_BITRATE, bits_per_second)))
+        self._ctl(_SET_BITRATE, value)
+        self._bitrate = value
+
+    def set_fec(self, enabled: bool) -> None:
+        self._ctl(_SET_INBAND_FEC, 1 if enabled else 0)
+        self._fec = bool(enabled)
+
+    def set_expected_loss(self, percent: int) -> None:
+        value = int(min(100, max(0, percent)))
+        self._ctl(_SET_PACKET_LOSS_PERC, value)
+        self._loss = value
+
+    def set_dtx(self, enabled: bool) -> None:
+        self._ctl(_SET_DTX, 1 if enabled else 0)
+        self._dtx = bool(enabled)
+
+    def set_complexity(self, complexity: int) -> None:
+        value = int(min(10, max(0, complexity)))
+        self._ctl(_SET_COMPLEXITY, value)
+        self._complexity = value
+
+    def _ctl(self, request: int, value: int) -> None:
+        with self._lock:
+            if self._handle is None:
+                raise OpusError("encoder is closed")
+            # opus_encoder_ctl is variadic; every setter takes one opus_int32.
+            _check(
+                self._lib.opus_encoder_ctl(
+                    ctypes.c_void_p(self._handle), ctypes.c_int(request), ctypes.c_int32(value)
+                ),
+                f"opus_encoder_ctl({request})",
+            )
+
+    # --- encoding -------------------------------------------------------------------
+    def encode(self, pcm: npt.NDArray[np.int16]) -> bytes:
+        """Encode exactly one 20 ms frame of mono int16 PCM at 48 kHz."""
+        if pcm.dtype != np.int16 or pcm.shape != (FRAME_SAMPLES,):
+            raise ValueError(f"expected {FRAME_SAMPLES} int16 samples, got {pcm.dtype} {pcm.shape}")
+        frame = np.ascontiguousarray(pcm)
+        with self._lock:
+            if self._handle is None:
+                raise OpusError("encoder is closed")
+            size = _check(
+                self._lib.opus_encode(
+                    ctypes.c_void_p(self._handle),
+                    frame.ctypes.data,
+                    FRAME_SAMPLES,
+                    ctypes.addressof(self._out),
+                    MAX_PACKET_BYTES,
+                ),
+                "opus_encode",
+            )
+            return self._out.raw[:size]
+
+    def close(self) -> None:
+        with self._lock:
+            if self._handle is not None:
+                self._lib.opus_encoder_destroy(ctypes.c_void_p(self._handle))
+                self._handle = None
+
+    def __del__(self) -> None:
+        # Encoders are small, but sessions come and go for days: never leak native state.
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown can have torn ctypes down
+            pass

@@ -1,0 +1,132 @@
+"""The data-channel wire contract: parse and validate client messages (DESIGN.md, version 1)."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Any
+
+
+class ProtocolError(Exception):
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+@dataclass(frozen=True)
+class Say:
+    text: str
+    id: str | None
+
+
+@dataclass(frozen=True)
+class TextDelta:
+    delta: str
+    id: str | None
+
+
+@dataclass(frozen=True)
+class TextEnd:
+    pass
+
+
+@dataclass(frozen=True)
+class Interrupt:
+    pass
+
+
+@dataclass(frozen=True)
+class Chat:
+    text: str
+
+
+@dataclass(frozen=True)
+class ConfigUpdate:
+    """Only the fields the client sent (others keep their value)."""
+
+    fields: dict[str, Any]
+
+
+Message = Say | TextDelta | TextEnd | Interrupt | Chat | ConfigUpdate
+
+_CONFIG_FIELDS: dict[str, tuple[type, float, float]] = {
+    # name: (type, min, max)
+    "speed": (int, 0, 9),
+    "temperature": (float, 0.01, 2.0),
+    "top_p": (float, 0.01, 1.0),
+    "top_k": (int, 1, 100),
+}
+MAX_VOICE_CHARS = 4096  # ChatTTS speaker strings are ~1.4 kB
+
+
+def parse_message(raw: str | bytes, max_bytes: int) -> Message:
+    size = len(raw.encode("utf-8") if isinstance(raw, str) else raw)
+    if size > max_bytes:
+        raise ProtocolError("too_large", f"message of {size} bytes exceeds {max_bytes}")
+    try:
+        obj = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        raise ProtocolError("bad_json", "message is not valid JSON") from None
+    if not isinstance(obj, dict):
+        raise ProtocolError("bad_message", "message must be a JSON object")
+    kind = obj.get("type")
+    if not isinstance(kind, str):
+        raise ProtocolError("bad_message", "message needs a string 'type'")
+    match kind:
+        case "say":
+            return Say(_string(obj, "text"), _optional_id(obj))
+        case "text.delta":
+            return TextDelta(_string(obj, "delta"), _optional_id(obj))
+        case "text.end":
+            return TextEnd()
+        case "interrupt":
+            return Interrupt()
+        case "chat":
+            return Chat(_string(obj, "text"))
+        case "config":
+            return ConfigUpdate(_config_fields(obj))
+    raise ProtocolError("unknown_type", f"unknown message type {kind[:40]!r}")
+
+
+def _string(obj: dict[str, Any], key: str) -> str:
+    value = obj.get(key)
+    if not isinstance(value, str):
+        raise ProtocolError("bad_message", f"'{key}' must be a string")
+    return value
+
+
+def _optional_id(obj: dict[str, Any]) -> str | None:
+    value = obj.get("id")
+    if value is None:
+        return None
+    if not isinstance(value, str) or not 0 < len(value) <= 64:
+        raise ProtocolError("bad_message", "'id' must be a string of 1-64 characters")
+    return value
+
+
+def _config_fields(obj: dict[str, Any]) -> dict[str, Any]:
+    fields: dict[str, Any] = {}
+    if "voice" in obj:
+        voice = obj["voice"]
+        if voice is not None and (not isinstance(voice, str) or len(voice) > MAX_VOICE_CHARS):
+            raise ProtocolError("bad_config", "'voice' must be a string (or null for the default)")
+        fields["voice"] = voice
+    for name, (kind, low, high) in _CONFIG_FIELDS.items():
+        if name not in obj:
+            continue
+        value = obj[name]
+        if value is None:
+            fields[name] = None
+            continue
+        ok_type = isinstance(value, int | float) and not isinstance(value, bool)
+        if kind is int:
+            ok_type = ok_type and float(value).is_integer()
+        if not ok_type or not math.isfinite(value) or not low <= value <= high:
+            raise ProtocolError("bad_config", f"'{name}' must be a number in [{low}, {high}]")
+        fields[name] = kind(value)
+    unknown = set(obj) - {"type", "voice", *_CONFIG_FIELDS}
+    if unknown:
+        raise ProtocolError("bad_config", f"unknown config fields: {sorted(unknown)[:5]}")
+    return fields

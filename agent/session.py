@@ -1,0 +1,126 @@
+"""One agent session: a speech pipeline, its Opus track and (optionally) a data channel."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from collections import deque
+from typing import Any
+
+from aiortc import RTCDataChannel
+
+from agent.config import Config
+from agent.engine import TTSEngine
+from agent.protocol import (
+    Chat,
+    ConfigUpdate,
+    Interrupt,
+    Message,
+    ProtocolError,
+    Say,
+    TextDelta,
+    TextEnd,
+    parse_message,
+)
+from agent.speech import Event, SpeechError, SpeechPipeline
+from agent.track import OpusPacketTrack
+
+log = logging.getLogger(__name__)
+
+MAX_PENDING_EVENTS = 128  # events raised before the data channel opened
+
+
+class AgentSession:
+    def __init__(self, session_id: str, engine: TTSEngine, config: Config) -> None:
+        self.id = session_id
+        self.config = config
+        self.pipeline = SpeechPipeline(engine, config.speech, self.send_event)
+        self.track = OpusPacketTrack(self.pipeline.buffer, config.opus)
+        self.channel: RTCDataChannel | None = None
+        self._pending: deque[Event] = deque(maxlen=MAX_PENDING_EVENTS)
+        self.errors_sent = 0
+
+    def start(self) -> None:
+        self.pipeline.start()
+
+    def attach_channel(self, channel: RTCDataChannel) -> None:
+        self.channel = channel
+
+        @channel.on("open")
+        def _on_open() -> None:
+            self._flush_pending()
+
+        @channel.on("message")
+        def _on_message(raw: str | bytes) -> None:
+            self.handle_message(raw)
+
+        if channel.readyState == "open":
+            self._flush_pending()
+
+    # --- inbound -------------------------------------------------------------------------
+    def handle_message(self, raw: str | bytes) -> None:
+        """Apply one client message; any problem becomes an ``error`` event, never a crash."""
+        try:
+            self.apply(parse_message(raw, self.config.speech.max_message_bytes))
+        except (ProtocolError, SpeechError) as exc:
+            self.send_error(exc.code, exc.message)
+        except Exception:  # a bug must not take the session down; say so and log it
+            log.exception("session %s: message handling failed", self.id)
+            self.send_error("internal", "the server could not handle this message")
+
+    def apply(self, message: Message) -> str | None:
+        match message:
+            case Say(text=text, id=utt_id):
+                return self.pipeline.say(text, utt_id)
+            case TextDelta(delta=delta, id=utt_id):
+                return self.pipeline.text_delta(delta, utt_id)
+            case TextEnd():
+                return self.pipeline.text_end()
+            case Interrupt():
+                self.pipeline.interrupt()
+                return None
+            case Chat(text=text):
+                # The echo brain (the default when no LLM is configured): speak it back.
+                return self.pipeline.say(text)
+            case ConfigUpdate(fields=fields):
+                self.pipeline.voice = dataclasses.replace(self.pipeline.voice, **fields)
+                return None
+        raise ProtocolError("unknown_type", "unsupported message")
+
+    # --- outbound ------------------------------------------------------------------------
+    def send_event(self, event: Event) -> None:
+        channel = self.channel
+        if channel is None or channel.readyState != "open":
+            self._pending.append(event)
+            return
+        try:
+            channel.send(json.dumps(event))
+        except Exception as exc:  # noqa: BLE001 - a closing transport must not break playout
+            log.debug("session %s: event dropped (%s)", self.id, exc)
+
+    def send_error(self, code: str, message: str) -> None:
+        self.errors_sent += 1
+        self.send_event({"type": "error", "code": code, "message": message})
+
+    def _flush_pending(self) -> None:
+        while self._pending and self.channel is not None and self.channel.readyState == "open":
+            self.send_event(self._pending.popleft())
+
+    def stats(self) -> dict[str, Any]:
+        track = self.track.stats
+        return {
+            "session_id": self.id,
+            "buffered_ms": round(self.pipeline.buffer.buffered_seconds * 1000),
+            "underruns": self.pipeline.buffer.underruns,
+            "packets": track.packets,
+            "speech_packets": track.speech_packets,
+            "bytes": track.bytes,
+            "bitrate": self.track.encoder.bitrate,
+            "fec": self.track.encoder.fec,
+            "dtx": self.track.encoder.dtx,
+        }
+
+    async def close(self) -> None:
+        await self.pipeline.close()
+        self.track.stop()

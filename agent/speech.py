@@ -1,0 +1,295 @@
+"""Per-session speech pipeline: queued utterances -> engine -> 48 kHz frames -> playout buffer.
+
+One worker task speaks utterances in order. Each utterance is a stream of text segments
+(all known at once for ``say``, arriving over time for ``text.delta``); each segment is
+synthesized, resampled, cut into 20 ms frames and put into the bounded playout buffer, whose
+``put`` blocks when generation is too far ahead. Events are fired by marks on frames, i.e.
+when the listener gets the audio, not when it was generated.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable
+from contextlib import aclosing
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+from agent.audio import Framer, Int16Frame, StreamResampler
+from agent.config import SpeechSettings
+from agent.engine import TTSEngine, VoiceOptions
+from agent.opus import SAMPLE_RATE
+from agent.playout import PlayoutBuffer, PlayoutFrame
+from agent.text.segment import Segmenter, split_text
+
+log = logging.getLogger(__name__)
+
+Event = dict[str, Any]
+EventSink = Callable[[Event], None]
+
+FRAMES_PER_SECOND = 50
+MAX_SEGMENT_CHARS = 200
+MAX_ID_CHARS = 64
+
+
+class SpeechError(Exception):
+    """A request the pipeline refuses; ``code`` goes to the client as the error code."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+@dataclass
+class Utterance:
+    id: str
+    # Segments to speak, None marks the end. Bounded by the text-length cap, not by size.
+    segments: asyncio.Queue[str | None] = field(default_factory=asyncio.Queue)
+    chars: int = 0
+    started: bool = False
+    ended: bool = False
+    first_chunk_at: float | None = None  # time.monotonic() the engine's first chunk arrived
+
+
+@dataclass
+class SpeechStats:
+    utterances: int = 0
+    interrupted: int = 0
+    engine_errors: int = 0
+    # Seconds from the engine's first chunk to its first frame being sent (most recent).
+    first_audio_latencies: deque[float] = field(default_factory=lambda: deque(maxlen=256))
+
+
+class SpeechPipeline:
+    def __init__(
+        self,
+        engine: TTSEngine,
+        settings: SpeechSettings,
+        emit: EventSink,
+        voice: VoiceOptions | None = None,
+    ) -> None:
+        self.engine = engine
+        self.settings = settings
+        self.voice = voice or VoiceOptions()
+        self.buffer = PlayoutBuffer(max(1, int(settings.max_buffer_ahead_s * FRAMES_PER_SECOND)))
+        self.stats = SpeechStats()
+        self._emit = emit
+        self._queue: deque[Utterance] = deque()
+        # Utterances taken by the worker whose end has not been played yet (at most a few:
+        # the one generating and those whose last frames are still buffered).
+        self._active: list[Utterance] = []
+        self._stream: Utterance | None = None  # the open text.delta utterance
+        self._segmenter: Segmenter | None = None
+        self._discarding_stream_id: str | None = None  # interrupted stream: drop its deltas
+        self._wakeup = asyncio.Event()
+        self._worker: asyncio.Task[None] | None = None
+        self._closed = False
+
+    # --- requests ------------------------------------------------------------------------
+    def start(self) -> None:
+        if self._worker is None and not self._closed:
+            self._worker = asyncio.get_running_loop().create_task(self._run())
+
+    def say(self, text: str, utterance_id: str | None = None) -> str:
+        text = self._check_text(text)
+        utt = self._enqueue(utterance_id)
+        utt.chars = len(text)
+        for segment in split_text(text, MAX_SEGMENT_CHARS):
+            utt.segments.put_nowait(segment)
+        utt.segments.put_nowait(None)
+        return utt.id
+
+    def text_delta(self, delta: str, utterance_id: str | None = None) -> str | None:
+        """Add streamed text; returns the utterance id (None if the stream was interrupted)."""
+        if not isinstance(delta, str):
+            raise SpeechError("bad_message", "'delta' must be a string")
+        if self._discarding_stream_id is not None:
+            if utterance_id is None or utterance_id == self._discarding_stream_id:
+                return None  # the rest of an interrupted answer: not spoken, by design
+            self._discarding_stream_id = None
+        if self._stream is None:
+            self._stream = self._enqueue(utterance_id)
+            self._segmenter = Segmenter(max_chars=MAX_SEGMENT_CHARS)
+        elif utterance_id is not None and utterance_id != self._stream.id:
+            raise SpeechError("stream_open", f"text stream {self._stream.id!r} is still open")
+        utt, segmenter = self._stream, self._segmenter
+        assert segmenter is not None
+        if utt.chars + len(delta) > self.settings.max_text_chars:
+            raise SpeechError(
+                "text_too_long", f"a text stream is limited to {self.settings.max_text_chars} characters"
+            )
+        utt.chars += len(delta)
+        for segment in segmenter.push(delta):
+            utt.segments.put_nowait(segment)
+        return utt.id
+
+    def text_end(self) -> str | None:
+        if self._stream is None:
+            if self._discarding_stream_id is not None:
+                self._discarding_stream_id = None
+                return None
+            raise SpeechError("no_stream", "text.end without a text.delta stream")
+        utt, segmenter = self._stream, self._segmenter
+        assert segmenter is not None
+        for segment in segmenter.flush():
+            utt.segments.put_nowait(segment)
+        utt.segments.put_nowait(None)
+        self._stream = None
+        self._segmenter = None
+        return utt.id
+
+    def interrupt(self) -> list[str]:
+        """Stop speaking now: silence from the next frame, queue and generation dropped."""
+        self.buffer.clear()  # first: the very next tick is silent
+        dropped = [u for u in self._active if not u.ended] + list(self._queue)
+        self._active.clear()
+        self._queue.clear()
+        if self._stream is not None:
+            self._discarding_stream_id = self._stream.id
+            self._stream = None
+            self._segmenter = None
+        if self._worker is not None:
+            self._worker.cancel()
+            self._worker = None
+        self.buffer.producing = False
+        self.start()
+        for utt in dropped:
+            self.stats.interrupted += 1
+            self._end(utt, interrupted=True)
+        return [u.id for u in dropped]
+
+    async def close(self) -> None:
+        self._closed = True
+        self.buffer.clear()
+        worker, self._worker = self._worker, None
+        if worker is not None:
+            worker.cancel()
+            try:
+                await worker
+            except asyncio.CancelledError:
+                pass
+
+    @property
+    def busy(self) -> bool:
+        return bool(self._active) or bool(self._queue)
+
+    # --- helpers -------------------------------------------------------------------------
+    def _check_text(self, text: object) -> str:
+        if not isinstance(text, str):
+            raise SpeechError("bad_message", "'text' must be a string")
+        if not text.strip():
+            raise SpeechError("empty_text", "'text' is empty")
+        if len(text) > self.settings.max_text_chars:
+            raise SpeechError(
+                "text_too_long", f"'text' is limited to {self.settings.max_text_chars} characters"
+            )
+        return text
+
+    def _enqueue(self, utterance_id: str | None) -> Utterance:
+        if utterance_id is not None and (
+            not isinstance(utterance_id, str) or not 0 < len(utterance_id) <= MAX_ID_CHARS
+        ):
+            raise SpeechError("bad_message", f"'id' must be a string of 1-{MAX_ID_CHARS} characters")
+        if self._closed:
+            raise SpeechError("closed", "the session is closed")
+        if len(self._queue) >= self.settings.max_queued_utterances:
+            raise SpeechError(
+                "queue_full", f"{self.settings.max_queued_utterances} utterances are already waiting"
+            )
+        utt = Utterance(id=utterance_id or uuid.uuid4().hex[:12])
+        self._queue.append(utt)
+        self._wakeup.set()
+        return utt
+
+    def _end(self, utt: Utterance, *, interrupted: bool) -> None:
+        if utt.ended:
+            return
+        utt.ended = True
+        if utt in self._active:
+            self._active.remove(utt)
+        self._emit({"type": "speech.ended", "id": utt.id, "interrupted": interrupted})
+
+    # --- the worker ----------------------------------------------------------------------
+    async def _run(self) -> None:
+        while True:
+            while not self._queue:
+                self._wakeup.clear()
+                await self._wakeup.wait()
+            utt = self._queue.popleft()
+            self._active.append(utt)
+            self.stats.utterances += 1
+            try:
+                failed = await self._speak(utt)
+            finally:
+                self.buffer.producing = False
+            self.buffer.at_playout_end(partial(self._end, utt, interrupted=failed))
+
+    async def _speak(self, utt: Utterance) -> bool:
+        """Generate ``utt`` into the buffer; True if the engine failed part-way."""
+        resampler = StreamResampler(self.engine.sample_rate, SAMPLE_RATE)
+        framer = Framer()
+        pending_marks: list[Callable[[], None]] = [partial(self._on_started, utt)]
+        self.buffer.producing = True
+
+        async def put(frames: list[Int16Frame]) -> None:
+            for pcm in frames:
+                frame = PlayoutFrame(pcm, pending_marks.copy())
+                pending_marks.clear()
+                await self.buffer.put(frame)
+
+        while True:
+            segment = await utt.segments.get()
+            if segment is None:
+                break
+            start_ms = round(framer.samples_in * 1000 / SAMPLE_RATE)
+            pending_marks.append(
+                partial(
+                    self._emit,
+                    {"type": "speech.segment", "id": utt.id, "text": segment, "start_ms": start_ms},
+                )
+            )
+            try:
+                async with aclosing(self.engine.synthesize(segment, self.voice)) as chunks:
+                    async for chunk in chunks:
+                        if utt.first_chunk_at is None:
+                            utt.first_chunk_at = time.monotonic()
+                        await put(framer.push(resampler.process(chunk)))
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - any engine failure ends only this utterance
+                self.stats.engine_errors += 1
+                log.warning("engine failed on utterance %s: %s", utt.id, exc, exc_info=True)
+                self._emit(
+                    {
+                        "type": "error",
+                        "code": "tts_failed",
+                        "message": f"speech engine failed: {exc}",
+                        "id": utt.id,
+                    }
+                )
+                await put(framer.push(resampler.flush()) + framer.flush())
+                self._fire_now(pending_marks)
+                return True
+        await put(framer.push(resampler.flush()) + framer.flush())
+        self._fire_now(pending_marks)
+        return False
+
+    def _fire_now(self, marks: list[Callable[[], None]]) -> None:
+        """Marks that never got a frame (no audio produced) fire in playout order."""
+        for mark in marks:
+            self.buffer.at_playout_end(mark)
+        marks.clear()
+
+    def _on_started(self, utt: Utterance) -> None:
+        if utt.started or utt.ended:
+            return
+        utt.started = True
+        if utt.first_chunk_at is not None:
+            self.stats.first_audio_latencies.append(time.monotonic() - utt.first_chunk_at)
+        self._emit({"type": "speech.started", "id": utt.id})

@@ -1,0 +1,216 @@
+"""The agent's outgoing audio: a MediaStreamTrack that returns 20 ms pre-encoded Opus packets.
+
+aiortc's sender only packetizes an ``av.Packet`` (no resampling, no encoder thread hop), so
+the whole per-frame cost is one libopus call, and the encoder's settings stay ours to change.
+
+Pacing: one packet per 20 ms on a clock anchored at the first ``recv``; pts advance by
+exactly 960 every packet (no timestamp gaps); an empty playout buffer sends silence.
+Two refinements over a plain clock:
+- re-phasing on speech onset: while only silence is flowing, the first speech frame is sent
+  the moment it arrives instead of at the next tick (up to 20 ms sooner); the lead this
+  creates is bounded and paid back by stretching later silence by 1 ms per frame;
+- no bursts: if the event loop was late by more than ``max_late_s`` the clock is moved
+  forward rather than sending a catch-up burst.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fractions
+from dataclasses import dataclass
+
+import av
+import numpy as np
+from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
+
+from agent.config import OpusSettings
+from agent.opus import FRAME_SAMPLES, SAMPLE_RATE, OpusEncoder
+from agent.playout import PlayoutBuffer, PlayoutFrame
+
+TIME_BASE = fractions.Fraction(1, SAMPLE_RATE)
+FRAME_SECONDS = FRAME_SAMPLES / SAMPLE_RATE
+_ZERO_FRAME = np.zeros(FRAME_SAMPLES, dtype=np.int16)
+_ZERO_FRAME.flags.writeable = False
+
+
+@dataclass
+class TrackStats:
+    packets: int = 0
+    speech_packets: int = 0
+    silence_packets: int = 0
+    bytes: int = 0
+    early_rephases: int = 0  # speech onsets sent before their tick
+    late_rephases: int = 0  # times the clock moved forward instead of bursting
+    encode_calls: int = 0
+
+
+class OpusPacketTrack(MediaStreamTrack):
+    kind = "audio"
+
+    def __init__(
+        self,
+        source: PlayoutBuffer,
+        opus: OpusSettings | None = None,
+        *,
+        rephase_on_onset: bool = True,
+        max_lead_s: float = 0.1,
+        payback_per_frame_s: float = 0.001,
+        max_late_s: float = 0.06,
+    ) -> None:
+        super().__init__()
+        settings = opus or OpusSettings()
+        self.encoder = OpusEncoder(
+            bitrate=settings.bitrate,
+            complexity=settings.complexity,
+            fec=settings.fec,
+            expected_loss_pct=settings.expected_loss_pct,
+            dtx=settings.dtx,
+        )
+        self._source = source
+        self._rephase_on_onset = rephase_on_onset
+        self._max_lead = max_lead_s
+        self._payback = payback_per_frame_s
+        self._max_late = max_late_s
+        self._start: float | None = None
+        self._pts = -FRAME_SAMPLES
+        self._lead = 0.0  # how far ahead of the original schedule onsets have moved us
+        self._speaking = False  # was the last packet speech?
+        # Encoding digital silence settles to one constant packet after a few frames;
+        # reusing it saves a libopus call per idle frame per session.
+        self._silence_packet: bytes | None = None
+        self._silence_run: list[bytes] = []
+        self._waiter: asyncio.Future[None] | None = None
+        self.stats = TrackStats()
+
+    # --- encoder settings (network adaptation drives these) ----------------------------
+    def set_bitrate(self, bits_per_second: int) -> None:
+        self.encoder.set_bitrate(bits_per_second)
+        self._settings_changed()
+
+    def set_fec(self, enabled: bool) -> None:
+        self.encoder.set_fec(enabled)
+        self._settings_changed()
+
+    def set_expected_loss(self, percent: int) -> None:
+        self.encoder.set_expected_loss(percent)
+        self._settings_changed()
+
+    def set_dtx(self, enabled: bool) -> None:
+        self.encoder.set_dtx(enabled)
+        self._settings_changed()
+
+    def _settings_changed(self) -> None:
+        self._silence_packet = None
+        self._silence_run.clear()
+
+    # --- pacing -------------------------------------------------------------------------
+    async def recv(self) -> av.Packet:  # type: ignore[override]
+        if self.readyState != "live":
+            raise MediaStreamError
+        loop = asyncio.get_running_loop()
+        if self._start is None:
+            self._start = loop.time()
+        self._pts += FRAME_SAMPLES
+        due = self._start + self._pts / SAMPLE_RATE
+
+        wait = due - loop.time()
+        if wait > 0:
+            onset_possible = (
+                self._rephase_on_onset
+                and not self._speaking
+                and not len(self._source)
+                and self._lead + wait <= self._max_lead
+            )
+            woke_early = await self._sleep_until(loop, due, wake_on_arrival=onset_possible)
+            if self.readyState != "live":
+                raise MediaStreamError
+            if woke_early:
+                early = due - loop.time()
+                if early > 0:
+                    self._start -= early
+                    self._lead += early
+                    self.stats.early_rephases += 1
+        elif -wait > self._max_late:
+            # The loop stalled: move the clock instead of bursting packets to catch up.
+            self._start += -wait
+            self.stats.late_rephases += 1
+
+        frame = self._source.pop()
+        payload = self._encode(frame)
+        packet = av.Packet(payload)
+        packet.pts = self._pts
+        packet.time_base = TIME_BASE
+        if frame is not None:
+            for mark in frame.marks:
+                mark()
+        return packet
+
+    async def _sleep_until(
+        self, loop: asyncio.AbstractEventLoop, when: float, *, wake_on_arrival: bool
+    ) -> bool:
+        """Sleep until ``when``; return True if a frame arrived first (and woke us)."""
+        fut: asyncio.Future[None] = loop.create_future()
+        timer = loop.call_at(when, _resolve, fut)
+        arrived = False
+
+        def on_arrival() -> None:
+            nonlocal arrived
+            arrived = True
+            _resolve(fut)
+
+        if wake_on_arrival:
+            self._source.on_arrival = on_arrival
+        self._waiter = fut
+        try:
+            await fut
+        finally:
+            timer.cancel()
+            self._waiter = None
+            if wake_on_arrival:
+                self._source.on_arrival = None
+        return arrived
+
+    def _encode(self, frame: PlayoutFrame | None) -> bytes:
+        stats = self.stats
+        stats.packets += 1
+        if frame is not None:
+            self._speaking = True
+            self._silence_run.clear()
+            self._silence_packet = None
+            stats.speech_packets += 1
+            stats.encode_calls += 1
+            payload = self.encoder.encode(frame.pcm)
+            stats.bytes += len(payload)
+            return payload
+        self._speaking = False
+        stats.silence_packets += 1
+        if self._lead > 0:
+            # Pay back the onset lead by stretching silence slightly (inaudible).
+            step = min(self._payback, self._lead)
+            assert self._start is not None
+            self._start += step
+            self._lead -= step
+        if self._silence_packet is None:
+            stats.encode_calls += 1
+            payload = self.encoder.encode(_ZERO_FRAME)
+            self._silence_run.append(payload)
+            if len(self._silence_run) >= 3 and len(set(self._silence_run[-3:])) == 1:
+                self._silence_packet = payload
+                self._silence_run.clear()
+            elif len(self._silence_run) > 3:
+                self._silence_run.pop(0)
+        else:
+            payload = self._silence_packet
+        stats.bytes += len(payload)
+        return payload
+
+    def stop(self) -> None:
+        super().stop()
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+        self.encoder.close()
+
+
+def _resolve(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)

@@ -1,0 +1,1 @@
+"""The aiohttp signaling server: routes, SDP offer/answer, sessions, static files."""

@@ -1,0 +1,5 @@
+import sys
+
+from signaling.cli import main
+
+sys.exit(main())

@@ -1,0 +1,136 @@
+"""The ``voice-agent`` command: builds the one Config from flags and environment and runs."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
+
+from agent.config import ChatTTSSettings, Config, OpusSettings
+from agent.engines import ENGINE_NAMES
+
+ENV_PREFIX = "VOICE_AGENT_"
+
+
+def _env(env: Mapping[str, str], name: str, default: str | None = None) -> str | None:
+    return env.get(ENV_PREFIX + name, default)
+
+
+def _env_bool(env: Mapping[str, str], name: str) -> bool:
+    return (_env(env, name) or "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
+    defaults = Config()
+    parser = argparse.ArgumentParser(
+        prog="voice-agent",
+        description="WebRTC real-time voice agent. Every flag can also be set as "
+        f"{ENV_PREFIX}<FLAG> in the environment (e.g. {ENV_PREFIX}PORT=8080).",
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    serve = commands.add_parser("serve", help="run the signaling server and the agent")
+    serve.add_argument("--host", default=_env(env, "HOST", defaults.host))
+    serve.add_argument("--port", type=int, default=int(_env(env, "PORT", str(defaults.port)) or 0))
+    serve.add_argument(
+        "--ice-server",
+        action="append",
+        dest="ice_servers",
+        default=None,
+        help="STUN/TURN URL (repeatable); default none, which works on a LAN and localhost "
+        f"(env {ENV_PREFIX}ICE_SERVERS, comma-separated)",
+    )
+    serve.add_argument("--ice-username", default=_env(env, "ICE_USERNAME"))
+    serve.add_argument("--ice-credential", default=_env(env, "ICE_CREDENTIAL"))
+    serve.add_argument("--engine", choices=ENGINE_NAMES, default=_env(env, "ENGINE", "chattts"))
+    serve.add_argument(
+        "--model-dir",
+        type=Path,
+        default=_env(env, "MODEL_DIR"),
+        help="a local ChatTTS model (default: ChatTTS's own download from Hugging Face)",
+    )
+    serve.add_argument(
+        "--device", default=_env(env, "DEVICE", "auto"), help="auto (CUDA when present), cpu, cuda"
+    )
+    serve.add_argument(
+        "--compile", action="store_true", default=_env_bool(env, "COMPILE"), help="torch.compile"
+    )
+    serve.add_argument(
+        "--bitrate", type=int, default=int(_env(env, "BITRATE", str(OpusSettings().bitrate)) or 0)
+    )
+    serve.add_argument("--log-level", default=_env(env, "LOG_LEVEL", "INFO"))
+
+    tiny = commands.add_parser(
+        "tiny-model", help="build a tiny random-weight ChatTTS checkpoint for offline smoke tests"
+    )
+    tiny.add_argument("dir", type=Path)
+    tiny.add_argument("--size", choices=("tiny", "full"), default="tiny")
+    tiny.add_argument("--seed", type=int, default=0)
+    return parser
+
+
+def config_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> Config:
+    ice = args.ice_servers
+    if ice is None:
+        ice = [u.strip() for u in (_env(env, "ICE_SERVERS") or "").split(",") if u.strip()]
+    base = Config()
+    return Config(
+        host=args.host,
+        port=args.port,
+        ice_servers=tuple(ice),
+        ice_username=args.ice_username,
+        ice_credential=args.ice_credential,
+        engine=args.engine,
+        log_level=args.log_level.upper(),
+        opus=replace(base.opus, bitrate=args.bitrate),
+        chattts=replace(
+            ChatTTSSettings(),
+            model_dir=Path(args.model_dir) if args.model_dir else None,
+            device=args.device,
+            compile=args.compile,
+        ),
+    )
+
+
+def serve(config: Config) -> None:
+    from aiohttp import web
+
+    from agent.engines import create_engine
+    from signaling.app import build_app
+
+    engine = create_engine(config)
+    app = build_app(config, engine)
+    logging.getLogger(__name__).info(
+        "serving the browser client on http://%s:%d",
+        "localhost" if config.host in ("0.0.0.0", "::") else config.host,
+        config.port,
+    )
+    web.run_app(app, host=config.host, port=config.port, print=None)
+
+
+def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> int:
+    env = os.environ if env is None else env
+    args = build_parser(env).parse_args(argv)
+    if args.command == "serve":
+        config = config_from_args(args, env)
+        logging.basicConfig(
+            level=config.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+        )
+        serve(config)
+        return 0
+    if args.command == "tiny-model":
+        from agent.chattts.tiny import build_tiny_model
+
+        path = build_tiny_model(args.dir, size=args.size, seed=args.seed)
+        print(f"built a {args.size} random-weight ChatTTS checkpoint in {path}")
+        print(f"use it with: voice-agent serve --model-dir {path}")
+        return 0
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

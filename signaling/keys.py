@@ -1,0 +1,15 @@
+"""Typed keys for what the application object holds (aiohttp AppKey)."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from agent.config import Config
+from agent.engine import TTSEngine
+from signaling.sessions import SessionRegistry
+
+CONFIG = web.AppKey("config", Config)
+ENGINE = web.AppKey("engine", TTSEngine)
+SESSIONS = web.AppKey("sessions", SessionRegistry)
+# Holds the engine's load failure message, if any (a one-element list: the app is frozen).
+ENGINE_ERROR = web.AppKey("engine_error", list[str])

@@ -1,0 +1,126 @@
+"""HTTP routes: JSON offer, WHEP, sessions, health, static client."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from aiohttp import web
+
+from agent.engine import TTSEngine
+from agent.speech import SpeechError
+from signaling.errors import ApiError
+from signaling.keys import CONFIG, ENGINE, ENGINE_ERROR, SESSIONS
+from signaling.sessions import SessionRegistry
+
+MAX_ROOM_CHARS = 64
+
+
+async def _json_body(request: web.Request) -> dict[str, Any]:
+    try:
+        body = await request.json(loads=json.loads)
+    except (ValueError, UnicodeDecodeError):
+        raise ApiError(400, "bad_json", "request body is not valid JSON") from None
+    if not isinstance(body, dict):
+        raise ApiError(400, "bad_json", "request body must be a JSON object")
+    return body
+
+
+def _sessions(request: web.Request) -> SessionRegistry:
+    return request.app[SESSIONS]
+
+
+async def post_offer(request: web.Request) -> web.Response:
+    body = await _json_body(request)
+    if body.get("type") != "offer":
+        raise ApiError(400, "not_an_offer", "'type' must be \"offer\"")
+    room = body.get("room")
+    if room is not None and (not isinstance(room, str) or not 0 < len(room) <= MAX_ROOM_CHARS):
+        raise ApiError(400, "bad_room", f"'room' must be a string of 1-{MAX_ROOM_CHARS} characters")
+    peer, answer = await _sessions(request).create(body.get("sdp"), "offer", room)
+    return web.json_response({"sdp": answer, "type": "answer", "session_id": peer.session.id})
+
+
+async def post_whep(request: web.Request) -> web.Response:
+    if request.content_type != "application/sdp":
+        raise ApiError(415, "unsupported_media_type", "WHEP offers are 'application/sdp'")
+    try:
+        sdp = await request.text()
+    except UnicodeDecodeError:
+        raise ApiError(400, "bad_sdp", "SDP must be UTF-8 text") from None
+    peer, answer = await _sessions(request).create(sdp, "whep", request.query.get("room"))
+    location = f"/whep/{peer.session.id}"
+    return web.Response(
+        status=201,
+        text=answer,
+        content_type="application/sdp",
+        headers={"Location": location, "ETag": f'"{peer.session.id}"'},
+    )
+
+
+async def delete_whep(request: web.Request) -> web.Response:
+    return await _delete(request)
+
+
+async def delete_session(request: web.Request) -> web.Response:
+    return await _delete(request)
+
+
+async def _delete(request: web.Request) -> web.Response:
+    session_id = request.match_info["session_id"]
+    sessions = _sessions(request)
+    sessions.get(session_id)  # 404 for an unknown id
+    await sessions.close(session_id)
+    return web.Response(status=204)
+
+
+async def post_say(request: web.Request) -> web.Response:
+    peer = _sessions(request).get(request.match_info["session_id"])
+    body = await _json_body(request)
+    utterance_id = body.get("id")
+    try:
+        utt = peer.session.pipeline.say(body.get("text"), utterance_id)  # type: ignore[arg-type]
+    except SpeechError as exc:
+        status = 429 if exc.code == "queue_full" else 400
+        raise ApiError(status, exc.code, exc.message) from None
+    return web.json_response({"id": utt}, status=202)
+
+
+async def get_session(request: web.Request) -> web.Response:
+    peer = _sessions(request).get(request.match_info["session_id"])
+    return web.json_response({**peer.session.stats(), "kind": peer.kind, "room": peer.room})
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    engine: TTSEngine = request.app[ENGINE]
+    if engine.ready:
+        return web.json_response({"ready": True, "engine": engine.name})
+    failure = request.app[ENGINE_ERROR]
+    message = f"engine failed to load: {failure[0]}" if failure else "the speech engine is loading"
+    return web.json_response(
+        {"ready": False, "engine": engine.name, "error": {"code": "not_ready", "message": message}},
+        status=503,
+    )
+
+
+async def index(request: web.Request) -> web.FileResponse:
+    return web.FileResponse(request.app[CONFIG].static_dir / "index.html")
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_post("/offer", post_offer)
+    app.router.add_post("/whep", post_whep)
+    app.router.add_delete("/whep/{session_id}", delete_whep)
+    app.router.add_delete("/sessions/{session_id}", delete_session)
+    app.router.add_get("/sessions/{session_id}", get_session)
+    app.router.add_post("/sessions/{session_id}/say", post_say)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/", index)
+    app.router.add_static("/static/", app[CONFIG].static_dir)
+    # The client's own relative links (app.js, style.css) resolve at the root too.
+    app.router.add_static("/", app[CONFIG].static_dir)

@@ -1,0 +1,124 @@
+"""Peer connections and the agent sessions they carry: creation from an offer, lookup, close."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from dataclasses import dataclass
+
+from aiortc import (
+    RTCConfiguration,
+    RTCDataChannel,
+    RTCIceServer,
+    RTCPeerConnection,
+    RTCSessionDescription,
+)
+
+from agent.config import Config
+from agent.engine import TTSEngine
+from agent.session import AgentSession
+from signaling.errors import ApiError
+from signaling.sdp import check_offer_sdp
+
+log = logging.getLogger(__name__)
+
+DATA_CHANNEL_LABEL = "agent"
+
+
+@dataclass
+class Peer:
+    pc: RTCPeerConnection
+    session: AgentSession
+    kind: str  # "offer" | "whep"
+    room: str | None = None
+
+
+class SessionRegistry:
+    def __init__(self, config: Config, engine: TTSEngine) -> None:
+        self.config = config
+        self.engine = engine
+        self._peers: dict[str, Peer] = {}
+        self._closing: set[asyncio.Task[None]] = set()
+
+    def __len__(self) -> int:
+        return len(self._peers)
+
+    def get(self, session_id: str) -> Peer:
+        peer = self._peers.get(session_id)
+        if peer is None:
+            raise ApiError(404, "unknown_session", f"no session {session_id[:64]!r}")
+        return peer
+
+    def peers(self) -> list[Peer]:
+        return list(self._peers.values())
+
+    def _rtc_configuration(self) -> RTCConfiguration:
+        servers = [
+            RTCIceServer(
+                urls=url, username=self.config.ice_username, credential=self.config.ice_credential
+            )
+            for url in self.config.ice_servers
+        ]
+        return RTCConfiguration(iceServers=servers)
+
+    async def create(self, sdp: object, kind: str, room: str | None = None) -> tuple[Peer, str]:
+        """Answer an offer: returns the peer and the answer SDP (ICE gathered, non-trickle)."""
+        offer_sdp = check_offer_sdp(sdp)
+        if not self.engine.ready:
+            raise ApiError(
+                503, "not_ready", "the speech engine is still loading", {"Retry-After": "5"}
+            )
+        session_id = uuid.uuid4().hex
+        pc = RTCPeerConnection(self._rtc_configuration())
+        session = AgentSession(session_id, self.engine, self.config)
+        peer = Peer(pc, session, kind, room)
+        try:
+            try:
+                await pc.setRemoteDescription(RTCSessionDescription(sdp=offer_sdp, type="offer"))
+            except Exception as exc:  # aiortc raises ValueError/others on SDP it can't use
+                raise ApiError(400, "bad_sdp", f"could not apply the offer: {exc}") from None
+            pc.addTrack(session.track)
+            if kind == "offer":
+                pc.on("datachannel", lambda channel: self._on_datachannel(session, channel))
+            pc.on("connectionstatechange", lambda: self._on_state(session_id, pc))
+            answer = await pc.createAnswer()
+            await pc.setLocalDescription(answer)
+        except BaseException:
+            await session.close()
+            await pc.close()
+            raise
+        self._peers[session_id] = peer
+        session.start()
+        log.info("session %s created (%s, %d active)", session_id, kind, len(self._peers))
+        return peer, pc.localDescription.sdp
+
+    @staticmethod
+    def _on_datachannel(session: AgentSession, channel: RTCDataChannel) -> None:
+        if channel.label == DATA_CHANNEL_LABEL:
+            session.attach_channel(channel)
+        else:
+            log.info("session %s: ignoring data channel %r", session.id, channel.label[:40])
+
+    def _on_state(self, session_id: str, pc: RTCPeerConnection) -> None:
+        if pc.connectionState in ("failed", "closed"):
+            self._close_soon(session_id)
+
+    def _close_soon(self, session_id: str) -> None:
+        task = asyncio.get_running_loop().create_task(self.close(session_id))
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
+
+    async def close(self, session_id: str) -> bool:
+        peer = self._peers.pop(session_id, None)
+        if peer is None:
+            return False
+        await peer.session.close()
+        await peer.pc.close()
+        log.info("session %s closed (%d active)", session_id, len(self._peers))
+        return True
+
+    async def close_all(self) -> None:
+        await asyncio.gather(*(self.close(sid) for sid in list(self._peers)))
+        if self._closing:
+            await asyncio.gather(*self._closing, return_exceptions=True)

@@ -1,0 +1,47 @@
+"""Shared fixtures: the real aiohttp server on a localhost port with a test engine."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import pytest
+from aiohttp import web
+
+from agent.config import Config
+from signaling.app import build_app
+from tests.doubles import ToneEngine
+
+
+@dataclass
+class LiveServer:
+    url: str
+    app: web.Application
+    engine: ToneEngine
+    config: Config
+
+
+@pytest.fixture
+def tone_engine() -> ToneEngine:
+    return ToneEngine()
+
+
+@pytest.fixture
+def server_config() -> Config:
+    return Config(host="127.0.0.1", port=0)
+
+
+@pytest.fixture
+async def live_server(tone_engine: ToneEngine, server_config: Config) -> AsyncIterator[LiveServer]:
+    app = build_app(server_config, tone_engine)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    server = site._server
+    assert server is not None
+    port = server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        yield LiveServer(f"http://127.0.0.1:{port}", app, tone_engine, server_config)
+    finally:
+        await runner.cleanup()

@@ -1,0 +1,77 @@
+"""Test-only engines. Never imported by the product."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import numpy as np
+
+from agent.engine import PCM, VoiceOptions
+
+
+def tone_frequency(text: str) -> float:
+    """A frequency the test can predict from the text: 300 Hz + 20 Hz per word (capped)."""
+    return 300.0 + 20.0 * min(len(text.split()), 30)
+
+
+class ToneEngine:
+    """Speaks every text as a sine tone: ``seconds_per_word`` of audio per word.
+
+    Chunks of ``chunk_ms`` are yielded, each after ``chunk_delay_s`` (0 = as fast as the
+    consumer takes them), at ``sample_rate`` (24 kHz like ChatTTS, so resampling is tested).
+    """
+
+    name = "tone"
+
+    def __init__(
+        self,
+        sample_rate: int = 24_000,
+        seconds_per_word: float = 0.25,
+        chunk_ms: int = 100,
+        chunk_delay_s: float = 0.0,
+        amplitude: float = 0.5,
+        first_chunk_delay_s: float = 0.0,
+    ) -> None:
+        self.sample_rate = sample_rate
+        self.seconds_per_word = seconds_per_word
+        self.chunk_ms = chunk_ms
+        self.chunk_delay_s = chunk_delay_s
+        self.first_chunk_delay_s = first_chunk_delay_s
+        self.amplitude = amplitude
+        self._ready = False
+        self.started_streams = 0
+        self.finished_streams = 0
+        self.cancelled_streams = 0
+
+    @property
+    def ready(self) -> bool:
+        return self._ready
+
+    async def start(self) -> None:
+        self._ready = True
+
+    async def close(self) -> None:
+        self._ready = False
+
+    async def synthesize(self, text: str, voice: VoiceOptions) -> AsyncIterator[PCM]:
+        self.started_streams += 1
+        words = max(1, len(text.split()))
+        total = int(words * self.seconds_per_word * self.sample_rate)
+        freq = tone_frequency(text)
+        chunk = max(1, self.sample_rate * self.chunk_ms // 1000)
+        done = 0
+        try:
+            if self.first_chunk_delay_s:
+                await asyncio.sleep(self.first_chunk_delay_s)
+            while done < total:
+                n = min(chunk, total - done)
+                t = (np.arange(done, done + n, dtype=np.float64)) / self.sample_rate
+                yield (self.amplitude * np.sin(2 * np.pi * freq * t)).astype(np.float32)
+                done += n
+                if self.chunk_delay_s:
+                    await asyncio.sleep(self.chunk_delay_s)
+            self.finished_streams += 1
+        except (asyncio.CancelledError, GeneratorExit):
+            self.cancelled_streams += 1
+            raise

@@ -1,0 +1,123 @@
+"""A Python WebRTC client for end-to-end tests: negotiates with the real server, records audio."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import numpy as np
+from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
+from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
+
+
+@dataclass
+class ReceivedAudio:
+    """Decoded mono 48 kHz audio with the arrival time of each 20 ms frame."""
+
+    frames: list[np.ndarray] = field(default_factory=list)
+    arrivals: list[float] = field(default_factory=list)
+    pts: list[int] = field(default_factory=list)
+
+    def samples(self) -> np.ndarray:
+        if not self.frames:
+            return np.zeros(0, dtype=np.float32)
+        return np.concatenate(self.frames)
+
+
+class RtcClient:
+    def __init__(self, base_url: str, http: aiohttp.ClientSession) -> None:
+        self.base_url = base_url
+        self.http = http
+        self.pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+        self.audio = ReceivedAudio()
+        self.events: list[dict[str, Any]] = []
+        self.session_id: str | None = None
+        self.location: str | None = None
+        self._event_signal = asyncio.Event()
+        self._reader: asyncio.Task[None] | None = None
+        self.channel = None
+
+    async def connect(self, *, whep: bool = False, room: str | None = None) -> None:
+        self.pc.addTransceiver("audio", direction="recvonly")
+        if not whep:
+            self.channel = self.pc.createDataChannel("agent")
+            self.channel.on("message", self._on_message)
+            opened = asyncio.Event()
+            self.channel.on("open", opened.set)
+
+        @self.pc.on("track")
+        def on_track(track: MediaStreamTrack) -> None:
+            self._reader = asyncio.ensure_future(self._read(track))
+
+        await self.pc.setLocalDescription(await self.pc.createOffer())
+        sdp = self.pc.localDescription.sdp
+        if whep:
+            async with self.http.post(
+                self.base_url + "/whep", data=sdp, headers={"Content-Type": "application/sdp"}
+            ) as resp:
+                assert resp.status == 201, await resp.text()
+                assert resp.content_type == "application/sdp"
+                self.location = resp.headers["Location"]
+                self.session_id = self.location.rsplit("/", 1)[1]
+                answer = await resp.text()
+        else:
+            body: dict[str, Any] = {"sdp": sdp, "type": "offer"}
+            if room:
+                body["room"] = room
+            async with self.http.post(self.base_url + "/offer", json=body) as resp:
+                assert resp.status == 200, await resp.text()
+                data = await resp.json()
+                assert data["type"] == "answer"
+                self.session_id = data["session_id"]
+                answer = data["sdp"]
+        await self.pc.setRemoteDescription(RTCSessionDescription(sdp=answer, type="answer"))
+        if not whep:
+            await asyncio.wait_for(opened.wait(), 10)
+
+    def _on_message(self, raw: str | bytes) -> None:
+        self.events.append(json.loads(raw))
+        self._event_signal.set()
+
+    async def _read(self, track: MediaStreamTrack) -> None:
+        try:
+            while True:
+                frame = await track.recv()
+                now = time.monotonic()
+                pcm = frame.to_ndarray().astype(np.float32) / 32768.0
+                channels = len(frame.layout.channels)
+                mono = pcm.reshape(-1, channels).mean(axis=1) if channels > 1 else pcm.reshape(-1)
+                self.audio.frames.append(mono)
+                self.audio.arrivals.append(now)
+                self.audio.pts.append(frame.pts or 0)
+        except MediaStreamError:
+            pass
+
+    def send(self, message: dict[str, Any] | str) -> None:
+        assert self.channel is not None
+        self.channel.send(message if isinstance(message, str) else json.dumps(message))
+
+    async def wait_event(self, predicate: Any, timeout: float = 10.0) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        seen = 0
+        while True:
+            for event in self.events[seen:]:
+                if predicate(event):
+                    return event
+            seen = len(self.events)
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"no matching event; got {self.events}")
+            self._event_signal.clear()
+            try:
+                await asyncio.wait_for(self._event_signal.wait(), remaining)
+            except TimeoutError:
+                pass
+
+    async def close(self) -> None:
+        if self._reader is not None:
+            self._reader.cancel()
+        await self.pc.close()
