@@ -7,7 +7,7 @@ to stop promptly when asked.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -37,7 +37,7 @@ class EngineError(Exception):
 class TTSEngine(Protocol):
     """Contract for speech engines.
 
-    - ``synthesize`` returns an async iterator of mono float32 chunks at ``sample_rate``.
+    - ``synthesize`` returns an async generator of mono float32 chunks at ``sample_rate``.
       Chunks may have any length; the first one should come as early as the engine can.
     - Cancellation: the consumer either calls ``aclose()`` on the iterator or cancels the
       task iterating it. Either must stop the engine's work for that stream promptly and
@@ -61,6 +61,6 @@ class TTSEngine(Protocol):
         """Release the model and any worker threads."""
         ...
 
-    def synthesize(self, text: str, voice: VoiceOptions) -> AsyncIterator[PCM]:
+    def synthesize(self, text: str, voice: VoiceOptions) -> AsyncGenerator[PCM, None]:
         """Stream speech for ``text``."""
         ...

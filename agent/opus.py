@@ -7,6 +7,7 @@ boundary: that is what network adaptation needs, so we talk to it directly.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import glob
 import os
@@ -102,7 +103,9 @@ class OpusEncoder:
     ) -> None:
         lib = _libopus()
         error = ctypes.c_int(0)
-        handle = lib.opus_encoder_create(SAMPLE_RATE, 1, _OPUS_APPLICATION_VOIP, ctypes.byref(error))
+        handle = lib.opus_encoder_create(
+            SAMPLE_RATE, 1, _OPUS_APPLICATION_VOIP, ctypes.byref(error)
+        )
         _check(error.value, "opus_encoder_create")
         if not handle:
             raise OpusError("opus_encoder_create returned NULL")
@@ -207,7 +210,6 @@ class OpusEncoder:
 
     def __del__(self) -> None:
         # Encoders are small, but sessions come and go for days: never leak native state.
-        try:
+        # Interpreter shutdown can have torn ctypes down already: nothing left to free then.
+        with contextlib.suppress(Exception):
             self.close()
-        except Exception:  # noqa: BLE001 - interpreter shutdown can have torn ctypes down
-            pass

@@ -61,10 +61,12 @@ class AgentSession:
     # --- inbound -------------------------------------------------------------------------
     def handle_message(self, raw: str | bytes) -> None:
         """Apply one client message; any problem becomes an ``error`` event, never a crash."""
+        message: Message | None = None
         try:
-            self.apply(parse_message(raw, self.config.speech.max_message_bytes))
+            message = parse_message(raw, self.config.speech.max_message_bytes)
+            self.apply(message)
         except (ProtocolError, SpeechError) as exc:
-            self.send_error(exc.code, exc.message)
+            self.send_error(exc.code, exc.message, getattr(message, "id", None))
         except Exception:  # a bug must not take the session down; say so and log it
             log.exception("session %s: message handling failed", self.id)
             self.send_error("internal", "the server could not handle this message")
@@ -99,9 +101,13 @@ class AgentSession:
         except Exception as exc:  # noqa: BLE001 - a closing transport must not break playout
             log.debug("session %s: event dropped (%s)", self.id, exc)
 
-    def send_error(self, code: str, message: str) -> None:
+    def send_error(self, code: str, message: str, request_id: str | None = None) -> None:
+        """An ``error`` event; it carries the request's ``id`` when the request had one."""
         self.errors_sent += 1
-        self.send_event({"type": "error", "code": code, "message": message})
+        event: Event = {"type": "error", "code": code, "message": message}
+        if request_id is not None:
+            event["id"] = request_id
+        self.send_event(event)
 
     def _flush_pending(self) -> None:
         while self._pending and self.channel is not None and self.channel.readyState == "open":

@@ -15,7 +15,7 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable
-from contextlib import aclosing
+from contextlib import aclosing, suppress
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -122,7 +122,8 @@ class SpeechPipeline:
         assert segmenter is not None
         if utt.chars + len(delta) > self.settings.max_text_chars:
             raise SpeechError(
-                "text_too_long", f"a text stream is limited to {self.settings.max_text_chars} characters"
+                "text_too_long",
+                f"a text stream is limited to {self.settings.max_text_chars} characters",
             )
         utt.chars += len(delta)
         for segment in segmenter.push(delta):
@@ -170,10 +171,8 @@ class SpeechPipeline:
         worker, self._worker = self._worker, None
         if worker is not None:
             worker.cancel()
-            try:
+            with suppress(asyncio.CancelledError):
                 await worker
-            except asyncio.CancelledError:
-                pass
 
     @property
     def busy(self) -> bool:
@@ -195,12 +194,15 @@ class SpeechPipeline:
         if utterance_id is not None and (
             not isinstance(utterance_id, str) or not 0 < len(utterance_id) <= MAX_ID_CHARS
         ):
-            raise SpeechError("bad_message", f"'id' must be a string of 1-{MAX_ID_CHARS} characters")
+            raise SpeechError(
+                "bad_message", f"'id' must be a string of 1-{MAX_ID_CHARS} characters"
+            )
         if self._closed:
             raise SpeechError("closed", "the session is closed")
         if len(self._queue) >= self.settings.max_queued_utterances:
             raise SpeechError(
-                "queue_full", f"{self.settings.max_queued_utterances} utterances are already waiting"
+                "queue_full",
+                f"{self.settings.max_queued_utterances} utterances are already waiting",
             )
         utt = Utterance(id=utterance_id or uuid.uuid4().hex[:12])
         self._queue.append(utt)
@@ -234,6 +236,7 @@ class SpeechPipeline:
         """Generate ``utt`` into the buffer; True if the engine failed part-way."""
         resampler = StreamResampler(self.engine.sample_rate, SAMPLE_RATE)
         framer = Framer()
+        engine_samples = 0
         pending_marks: list[Callable[[], None]] = [partial(self._on_started, utt)]
         self.buffer.producing = True
 
@@ -247,7 +250,9 @@ class SpeechPipeline:
             segment = await utt.segments.get()
             if segment is None:
                 break
-            start_ms = round(framer.samples_in * 1000 / SAMPLE_RATE)
+            # The segment's place on the utterance's audio timeline, counted in engine samples
+            # (the resampler's filter delay would skew a count of output samples).
+            start_ms = round(engine_samples * 1000 / self.engine.sample_rate)
             pending_marks.append(
                 partial(
                     self._emit,
@@ -259,10 +264,11 @@ class SpeechPipeline:
                     async for chunk in chunks:
                         if utt.first_chunk_at is None:
                             utt.first_chunk_at = time.monotonic()
+                        engine_samples += len(chunk)
                         await put(framer.push(resampler.process(chunk)))
             except asyncio.CancelledError:
                 raise
-            except Exception as exc:  # noqa: BLE001 - any engine failure ends only this utterance
+            except Exception as exc:
                 self.stats.engine_errors += 1
                 log.warning("engine failed on utterance %s: %s", utt.id, exc, exc_info=True)
                 self._emit(

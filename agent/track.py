@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import fractions
 from dataclasses import dataclass
+from typing import Any
 
 import av
 import numpy as np
@@ -104,7 +105,7 @@ class OpusPacketTrack(MediaStreamTrack):
         self._silence_run.clear()
 
     # --- pacing -------------------------------------------------------------------------
-    async def recv(self) -> av.Packet:  # type: ignore[override]
+    async def recv(self) -> av.Packet[Any]:
         if self.readyState != "live":
             raise MediaStreamError
         loop = asyncio.get_running_loop()

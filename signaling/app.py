@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator
 
@@ -47,10 +48,8 @@ async def _engine_lifecycle(app: web.Application) -> AsyncIterator[None]:
     task = asyncio.get_running_loop().create_task(load())
     yield
     task.cancel()
-    try:
+    with contextlib.suppress(asyncio.CancelledError):
         await task
-    except asyncio.CancelledError:
-        pass
     await engine.close()
 
 

@@ -47,7 +47,8 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         if exc.status < 400:
             raise
         code = _HTTP_CODES.get(exc.status, "http_error")
-        return error_response(exc.status, code, exc.reason, dict(exc.headers) if exc.status == 405 else None)
+        allow = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None
+        return error_response(exc.status, code, exc.reason, allow)
     except Exception:
         log.exception("unhandled error on %s %s", request.method, request.path)
         return error_response(500, "internal", "internal server error")

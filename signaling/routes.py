@@ -111,6 +111,14 @@ async def index(request: web.Request) -> web.FileResponse:
     return web.FileResponse(request.app[CONFIG].static_dir / "index.html")
 
 
+async def static_file(request: web.Request) -> web.FileResponse:
+    """A file of the browser client (flat folder; the name pattern rules out traversal)."""
+    path = request.app[CONFIG].static_dir / request.match_info["name"]
+    if not path.is_file():
+        raise ApiError(404, "not_found", f"no such file {request.match_info['name'][:64]!r}")
+    return web.FileResponse(path)
+
+
 def add_routes(app: web.Application) -> None:
     app.router.add_post("/offer", post_offer)
     app.router.add_post("/whep", post_whep)
@@ -121,6 +129,7 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/", index)
-    app.router.add_static("/static/", app[CONFIG].static_dir)
-    # The client's own relative links (app.js, style.css) resolve at the root too.
-    app.router.add_static("/", app[CONFIG].static_dir)
+    # The client's relative links (app.js, style.css) resolve at the root; /static/ also works.
+    name = r"{name:[A-Za-z0-9_-]+\.[A-Za-z0-9]+}"
+    app.router.add_get("/" + name, static_file)
+    app.router.add_get("/static/" + name, static_file)

@@ -18,7 +18,9 @@ def check_offer_sdp(sdp: object) -> str:
     audio = _audio_sections(sdp)
     if not audio:
         raise ApiError(400, "no_audio", "the offer has no audio m-line: the agent sends audio")
-    if all(_direction(section) in ("sendonly", "inactive") or _port_zero(section) for section in audio):
+    if all(
+        _direction(section) in ("sendonly", "inactive") or _port_zero(section) for section in audio
+    ):
         raise ApiError(400, "no_audio", "the offer's audio does not accept audio from the agent")
     return sdp
 

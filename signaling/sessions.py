@@ -39,7 +39,7 @@ class SessionRegistry:
         self.config = config
         self.engine = engine
         self._peers: dict[str, Peer] = {}
-        self._closing: set[asyncio.Task[None]] = set()
+        self._closing: set[asyncio.Task[bool]] = set()
 
     def __len__(self) -> int:
         return len(self._peers)
@@ -76,7 +76,7 @@ class SessionRegistry:
         try:
             try:
                 await pc.setRemoteDescription(RTCSessionDescription(sdp=offer_sdp, type="offer"))
-            except Exception as exc:  # aiortc raises ValueError/others on SDP it can't use
+            except Exception as exc:  # noqa: BLE001 - aiortc raises many types on SDP it can't use
                 raise ApiError(400, "bad_sdp", f"could not apply the offer: {exc}") from None
             pc.addTrack(session.track)
             if kind == "offer":

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 
 import numpy as np
 
@@ -54,7 +54,7 @@ class ToneEngine:
     async def close(self) -> None:
         self._ready = False
 
-    async def synthesize(self, text: str, voice: VoiceOptions) -> AsyncIterator[PCM]:
+    async def synthesize(self, text: str, voice: VoiceOptions) -> AsyncGenerator[PCM, None]:
         self.started_streams += 1
         words = max(1, len(text.split()))
         total = int(words * self.seconds_per_word * self.sample_rate)

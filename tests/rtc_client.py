@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from dataclasses import dataclass, field
@@ -112,10 +113,8 @@ class RtcClient:
             if remaining <= 0:
                 raise TimeoutError(f"no matching event; got {self.events}")
             self._event_signal.clear()
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._event_signal.wait(), remaining)
-            except TimeoutError:
-                pass
 
     async def close(self) -> None:
         if self._reader is not None:

@@ -146,7 +146,11 @@ async def test_utterances_are_spoken_in_order(live_server: LiveServer) -> None:
             await client.wait_event(lambda e: e["type"] == "speech.ended" and e["id"] == "n2")
         finally:
             await client.close()
-    order = [(e["type"], e["id"]) for e in client.events if e["type"] in ("speech.started", "speech.ended")]
+    order = [
+        (e["type"], e["id"])
+        for e in client.events
+        if e["type"] in ("speech.started", "speech.ended")
+    ]
     assert order == [
         (kind, f"n{i}") for i in range(3) for kind in ("speech.started", "speech.ended")
     ]

@@ -1,0 +1,46 @@
+# The two commands: `make run` (install into .venv, serve http://localhost:8080) and `make test`.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+HOST ?= 0.0.0.0
+PORT ?= 8080
+ARGS ?=
+TINY_MODEL := models/tiny
+
+.PHONY: install run run-tiny test lint typecheck unit bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), "Python 3.11 is required"'
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+# Serves the browser client; the first start downloads ChatTTS (~1 GB) with progress output.
+run: install
+	$(BIN)/voice-agent serve --host $(HOST) --port $(PORT) $(ARGS)
+
+# Offline smoke test of the whole path on a tiny random-weight ChatTTS (speaks noise-like audio).
+run-tiny: install
+	test -f $(TINY_MODEL)/manifest.json || $(BIN)/voice-agent tiny-model $(TINY_MODEL)
+	$(BIN)/voice-agent serve --host $(HOST) --port $(PORT) --model-dir $(TINY_MODEL) $(ARGS)
+
+lint: install
+	$(BIN)/ruff check .
+
+typecheck: install
+	$(BIN)/mypy
+
+# pytest exits 5 when it collected nothing; make treats every non-zero exit as failure.
+test: lint typecheck
+	$(BIN)/pytest -q
+
+bench: install
+	$(BIN)/python bench/streams.py --quick
+	$(BIN)/python bench/latency.py --quick
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,1 @@
+"""Text handling before speech: sentence segmentation and spoken-form normalization."""

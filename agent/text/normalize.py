@@ -1,0 +1,882 @@
+"""Spell text out the way a person would read it aloud, before ChatTTS sees it.
+
+ChatTTS 0.2.5's own normalizer keeps only CJK ideographs (U+4E00..U+9FFF), A-Za-z,
+``，。、,.`` and space; everything else is silently dropped ("3 pm!" -> " pm."). So
+numbers, prices, times, dates, units and symbols are turned into words here, in English
+or in Chinese, and the punctuation it would drop is mapped onto the few marks it keeps
+(they carry the pauses). The result contains only characters ChatTTS keeps.
+
+The reading language is decided per text: any CJK ideograph means a Chinese reading
+(mixed text is mostly Chinese with English words in it), unless ``lang`` says otherwise.
+
+The rules are applied in order, most specific first (a date before a range before a
+bare number), each one replacing what it matched by words so later rules never see it.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from functools import partial
+from types import MappingProxyType
+from typing import Final
+
+__all__ = [
+    "ALLOWED_CHARS",
+    "normalize_for_tts",
+    "read_int_en",
+    "read_int_zh",
+    "read_number_en",
+    "read_number_zh",
+    "read_year_en",
+]
+
+ALLOWED_CHARS: Final = re.compile(r"[\u4e00-\u9fffA-Za-z，。、,. ]*")
+"""Everything ChatTTS 0.2.5's normalizer keeps (use with ``fullmatch``)."""
+
+_CJK: Final = re.compile(r"[\u4e00-\u9fff]")
+_NOT_ALLOWED: Final = re.compile(r"[^\u4e00-\u9fffA-Za-z，。、,. ]")
+
+# ----------------------------------------------------------------------------- numbers
+
+# fmt: off
+_ONES: Final = (
+    "zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten",
+    "eleven", "twelve", "thirteen", "fourteen", "fifteen", "sixteen", "seventeen",
+    "eighteen", "nineteen",
+)
+_TENS: Final = (
+    "", "", "twenty", "thirty", "forty", "fifty", "sixty", "seventy", "eighty", "ninety",
+)
+# fmt: on
+_SCALES: Final = (
+    (10**15, "quadrillion"),
+    (10**12, "trillion"),
+    (10**9, "billion"),
+    (10**6, "million"),
+    (1000, "thousand"),
+)
+_ORDINAL_WORDS: Final = MappingProxyType(
+    {
+        "one": "first",
+        "two": "second",
+        "three": "third",
+        "five": "fifth",
+        "eight": "eighth",
+        "nine": "ninth",
+        "twelve": "twelfth",
+    }
+)
+_ZH_DIGITS: Final = "零一二三四五六七八九"
+_ZH_GROUPS: Final = ("", "万", "亿", "万亿")
+# Longer digit strings are codes or IDs, not quantities: read them digit by digit.
+_MAX_CARDINAL_DIGITS: Final = 15
+
+
+def read_int_en(n: int) -> str:
+    """English cardinal without hyphens or "and" ("twenty one", ChatTTS drops hyphens)."""
+    if n < 0:
+        return "minus " + read_int_en(-n)
+    if n < 20:
+        return _ONES[n]
+    if n < 100:
+        tens, ones = divmod(n, 10)
+        return _TENS[tens] + (" " + _ONES[ones] if ones else "")
+    if n < 1000:
+        hundreds, rest = divmod(n, 100)
+        return _ONES[hundreds] + " hundred" + (" " + read_int_en(rest) if rest else "")
+    for value, name in _SCALES:
+        if n >= value:
+            high, rest = divmod(n, value)
+            return read_int_en(high) + " " + name + (" " + read_int_en(rest) if rest else "")
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _ordinal_en(words: str) -> str:
+    """Turn the last word of a cardinal into its ordinal form (twenty one -> twenty first)."""
+    head, _, last = words.rpartition(" ")
+    if last in _ORDINAL_WORDS:
+        last = _ORDINAL_WORDS[last]
+    elif last.endswith("y"):
+        last = last[:-1] + "ieth"
+    else:
+        last += "th"
+    return f"{head} {last}" if head else last
+
+
+def _plural_en(words: str) -> str:
+    """Plural of a number phrase (nineteen ninety -> nineteen nineties)."""
+    return words[:-1] + "ies" if words.endswith("y") else words + "s"
+
+
+def read_year_en(year: int) -> str:
+    """Years the way they are said: 1984 nineteen eighty four, 2005 two thousand five."""
+    if not 1000 <= year <= 2999 or 2000 <= year <= 2009:
+        return read_int_en(year)
+    high, low = divmod(year, 100)
+    if low == 0:
+        return read_int_en(year) if year % 1000 == 0 else read_int_en(high) + " hundred"
+    if low < 10:
+        return f"{read_int_en(high)} oh {_ONES[low]}"
+    return f"{read_int_en(high)} {read_int_en(low)}"
+
+
+def _zh_section(n: int) -> str:
+    """0 < n < 10000, with 零 for inner gaps (1005 -> 一千零五)."""
+    out = ""
+    gap = False
+    for value, unit in ((1000, "千"), (100, "百"), (10, "十"), (1, "")):
+        digit = n // value % 10
+        if digit == 0:
+            gap = bool(out)
+            continue
+        if gap:
+            out += "零"
+            gap = False
+        out += _ZH_DIGITS[digit] + unit
+    return out
+
+
+def read_int_zh(n: int) -> str:
+    """Chinese cardinal: 10010 -> 一万零一十, 15 -> 十五."""
+    if n < 0:
+        return "负" + read_int_zh(-n)
+    if n == 0:
+        return "零"
+    if n >= 10 ** (4 * len(_ZH_GROUPS)):
+        return _digits(str(n), zh=True)  # beyond 万亿: read digit by digit
+    groups: list[int] = []
+    rest = n
+    while rest:
+        rest, group = divmod(rest, 10000)
+        groups.append(group)
+    out = ""
+    pending_zero = False
+    for index in reversed(range(len(groups))):
+        group = groups[index]
+        if group == 0:
+            pending_zero = bool(out)
+            continue
+        if out and (pending_zero or group < 1000):
+            out += "零"
+        out += _zh_section(group) + _ZH_GROUPS[index]
+        pending_zero = False
+    # 一十五 is written but 十五 is said.
+    return out[1:] if out.startswith("一十") else out
+
+
+def _digits(digits: str, zh: bool) -> str:
+    if zh:
+        return "".join(_ZH_DIGITS[int(d)] for d in digits)
+    return " ".join(_ONES[int(d)] for d in digits)
+
+
+def _read_number(int_part: str, frac: str | None, zh: bool) -> str:
+    """Read ``int_part[.frac]`` (int_part may hold thousands commas) in either language."""
+    int_part = int_part.replace(",", "")
+    if int_part.startswith("0") and len(int_part) > 1 and not frac:
+        return _digits(int_part, zh)  # 007, 0800: a code, not a quantity
+    if len(int_part) > _MAX_CARDINAL_DIGITS:
+        whole = _digits(int_part, zh)
+    elif zh:
+        whole = read_int_zh(int(int_part or "0"))
+    else:
+        whole = read_int_en(int(int_part or "0"))
+    if not frac:
+        return whole
+    return whole + ("点" if zh else " point ") + _digits(frac, zh)
+
+
+def read_number_en(number: str) -> str:
+    """English reading of a plain number string such as ``-1,234.5``."""
+    neg = number.startswith("-")
+    int_part, _, frac = number.lstrip("-").partition(".")
+    return ("minus " if neg else "") + _read_number(int_part, frac or None, zh=False)
+
+
+def read_number_zh(number: str) -> str:
+    """Chinese reading of a plain number string such as ``-1,234.5``."""
+    neg = number.startswith("-")
+    int_part, _, frac = number.lstrip("-").partition(".")
+    return ("负" if neg else "") + _read_number(int_part, frac or None, zh=True)
+
+
+# ------------------------------------------------------------------------ tables
+
+
+@dataclass(frozen=True)
+class _Currency:
+    one: str
+    many: str
+    sub_one: str | None
+    sub_many: str | None
+    zh: str
+
+
+_DOLLAR: Final = _Currency("dollar", "dollars", "cent", "cents", "美元")
+_EURO: Final = _Currency("euro", "euros", "cent", "cents", "欧元")
+_POUND: Final = _Currency("pound", "pounds", "penny", "pence", "英镑")
+_CURRENCIES: Final[Mapping[str, _Currency]] = MappingProxyType(
+    {
+        "$": _DOLLAR,
+        "€": _EURO,
+        "£": _POUND,
+        "¥": _Currency("yen", "yen", None, None, "元"),  # ¥ in Chinese text is the yuan
+        "USD": _Currency("US dollar", "US dollars", "cent", "cents", "美元"),
+        "EUR": _EURO,
+        "GBP": _POUND,
+        "JPY": _Currency("yen", "yen", None, None, "日元"),
+        "CNY": _Currency("yuan", "yuan", None, None, "元"),
+        "RMB": _Currency("yuan", "yuan", None, None, "元人民币"),
+    }
+)
+_SCALE_WORDS: Final[Mapping[str, tuple[str, str]]] = MappingProxyType(
+    {
+        "k": ("thousand", "千"),
+        "thousand": ("thousand", "千"),
+        "m": ("million", "百万"),
+        "mn": ("million", "百万"),
+        "million": ("million", "百万"),
+        "b": ("billion", "十亿"),
+        "bn": ("billion", "十亿"),
+        "billion": ("billion", "十亿"),
+        "trillion": ("trillion", "万亿"),
+    }
+)
+# unit -> (English singular, English plural, Chinese)
+_UNITS: Final[Mapping[str, tuple[str, str, str]]] = MappingProxyType(
+    {
+        "°C": ("degree Celsius", "degrees Celsius", "摄氏度"),
+        "°F": ("degree Fahrenheit", "degrees Fahrenheit", "华氏度"),
+        "°": ("degree", "degrees", "度"),
+        "km/h": ("kilometer per hour", "kilometers per hour", "公里每小时"),
+        "kph": ("kilometer per hour", "kilometers per hour", "公里每小时"),
+        "mph": ("mile per hour", "miles per hour", "英里每小时"),
+        "m/s": ("meter per second", "meters per second", "米每秒"),
+        "km": ("kilometer", "kilometers", "公里"),
+        "cm": ("centimeter", "centimeters", "厘米"),
+        "mm": ("millimeter", "millimeters", "毫米"),
+        "m": ("meter", "meters", "米"),
+        "kg": ("kilogram", "kilograms", "公斤"),
+        "mg": ("milligram", "milligrams", "毫克"),
+        "lbs": ("pound", "pounds", "磅"),
+        "lb": ("pound", "pounds", "磅"),
+        "oz": ("ounce", "ounces", "盎司"),
+        "ft": ("foot", "feet", "英尺"),
+        "ml": ("milliliter", "milliliters", "毫升"),
+        "mL": ("milliliter", "milliliters", "毫升"),
+        "L": ("liter", "liters", "升"),
+        "kWh": ("kilowatt hour", "kilowatt hours", "千瓦时"),
+        "kW": ("kilowatt", "kilowatts", "千瓦"),
+        "GHz": ("gigahertz", "gigahertz", "吉赫兹"),
+        "MHz": ("megahertz", "megahertz", "兆赫兹"),
+        "kHz": ("kilohertz", "kilohertz", "千赫兹"),
+        "Hz": ("hertz", "hertz", "赫兹"),
+        "TB": ("terabyte", "terabytes", "TB"),
+        "GB": ("gigabyte", "gigabytes", "GB"),
+        "MB": ("megabyte", "megabytes", "MB"),
+        "KB": ("kilobyte", "kilobytes", "KB"),
+        "ms": ("millisecond", "milliseconds", "毫秒"),
+        "min": ("minute", "minutes", "分钟"),
+        "hrs": ("hour", "hours", "小时"),
+        "hr": ("hour", "hours", "小时"),
+        "h": ("hour", "hours", "小时"),
+    }
+)
+# fmt: off
+_MONTHS: Final = (
+    "January", "February", "March", "April", "May", "June", "July", "August", "September",
+    "October", "November", "December",
+)
+# fmt: on
+_MONTH_BY_NAME: Final[Mapping[str, int]] = MappingProxyType(
+    {
+        **{name: i + 1 for i, name in enumerate(_MONTHS)},
+        **{name[:3]: i + 1 for i, name in enumerate(_MONTHS)},
+        "Sept": 9,
+    }
+)
+# Symbols left after the number rules; longest first so "°C" wins over "°".
+_SYMBOLS: Final[Mapping[str, tuple[str, str]]] = MappingProxyType(
+    {
+        "°C": ("degrees Celsius", "摄氏度"),
+        "°F": ("degrees Fahrenheit", "华氏度"),
+        "°": ("degrees", "度"),
+        "&": ("and", "和"),
+        "@": ("at", "at"),
+        "+": ("plus", "加"),
+        "=": ("equals", "等于"),
+        "%": ("percent", "百分号"),
+        "×": ("times", "乘"),
+        "÷": ("divided by", "除以"),
+        "≈": ("approximately", "约等于"),
+        "≠": ("is not equal to", "不等于"),
+        "≤": ("is at most", "小于等于"),
+        "≥": ("is at least", "大于等于"),
+        "$": ("dollars", "美元"),
+        "€": ("euros", "欧元"),
+        "£": ("pounds", "英镑"),
+        "¥": ("yen", "元"),
+    }
+)
+# Abbreviations whose dot is not a sentence end; value is the spoken form.
+_ABBREVIATIONS: Final[Mapping[str, tuple[str, str]]] = MappingProxyType(
+    {
+        "Mr.": ("Mister", "先生"),
+        "Mrs.": ("Missus", "夫人"),
+        "Ms.": ("Miz", "女士"),
+        "Dr.": ("Doctor", "博士"),
+        "Prof.": ("Professor", "教授"),
+        "e.g.": ("for example", "例如"),
+        "i.e.": ("that is", "也就是"),
+        "etc.": ("et cetera", "等等"),
+        "vs.": ("versus", "对"),
+        "approx.": ("approximately", "大约"),
+    }
+)
+# What may follow "/" to be read "per"; short forms are said in full.
+_PER_WORDS: Final[Mapping[str, str]] = MappingProxyType(
+    {
+        "hour": "hour",
+        "hr": "hour",
+        "h": "hour",
+        "day": "day",
+        "night": "night",
+        "week": "week",
+        "wk": "week",
+        "month": "month",
+        "mo": "month",
+        "year": "year",
+        "yr": "year",
+        "person": "person",
+        "head": "head",
+        "unit": "unit",
+        "item": "item",
+        "user": "user",
+        "seat": "seat",
+        "kg": "kilogram",
+        "lb": "pound",
+        "km": "kilometer",
+        "mile": "mile",
+        "min": "minute",
+        "minute": "minute",
+        "second": "second",
+        "sec": "second",
+        "s": "second",
+    }
+)
+
+# ------------------------------------------------------------------------ patterns
+
+_INT: Final = r"[0-9]{1,3}(?:,[0-9]{3})+(?![0-9])|[0-9]+"
+_NUM: Final = rf"(?:{_INT})(?:\.[0-9]+)?"
+_AMPM: Final = r"(?P<ampm>[AaPp])\.?[Mm](?![A-Za-z])\.?"
+_URL: Final = re.compile(r"\b(?:https?://|www\.)[^\s<>\"'，。]+", re.IGNORECASE | re.ASCII)
+_EMAIL: Final = re.compile(r"\b[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)+\b", re.ASCII)
+_DOMAIN: Final = re.compile(
+    r"\b[a-z0-9-]+(?:\.[a-z0-9-]+)*\.(?:com|org|net|io|ai|dev|edu|gov|cn|co|uk|de|app)\b", re.ASCII
+)
+_ACRONYM: Final = re.compile(r"\b(?:[A-Za-z]\.){2,}", re.ASCII)
+_ISO_DATE: Final = re.compile(
+    r"(?<![0-9])(?P<y>[0-9]{4})(?P<sep>[-/])(?P<m>0?[1-9]|1[0-2])(?P=sep)"
+    r"(?P<d>0?[1-9]|[12][0-9]|3[01])(?![0-9])"
+)
+_MONTH_DAY: Final = re.compile(
+    r"\b(?P<month>" + "|".join(sorted(_MONTH_BY_NAME, key=len, reverse=True)) + r")\.?"
+    r"\s+(?P<d>[12][0-9]|3[01]|0?[1-9])(?:st|nd|rd|th)?(?![0-9])"
+    r"(?:,?\s+(?P<y>[0-9]{4})(?![0-9]))?",
+    re.ASCII,
+)
+_CLOCK: Final = re.compile(
+    rf"(?<![0-9:])(?P<h>[0-9]{{1,2}}):(?P<m>[0-5][0-9])(?::(?P<s>[0-5][0-9]))?(?![0-9])"
+    rf"(?:\s?{_AMPM})?"
+)
+_HOUR_AMPM: Final = re.compile(rf"(?<![0-9:])(?<![0-9][.,])(?P<h>[0-9]{{1,2}})\s?{_AMPM}")
+_RATIO: Final = re.compile(r"(?<![0-9])(?P<a>[0-9]+):(?P<b>[0-9]+)(?![0-9])")
+_PHONE: Final = re.compile(
+    r"(?<![\w-])(?P<cc>\+[0-9]{1,3}[\s-]?)?(?:\((?P<area>[0-9]{3})\)\s?|(?P<area2>[0-9]{3})[\s.-])"
+    r"(?P<a>[0-9]{3})-(?P<b>[0-9]{4})(?![\w-])"
+)
+_DOTTED: Final = re.compile(r"(?<![0-9.])[0-9]+(?:\.[0-9]+){2,}(?![0-9])")
+_RANGE: Final = re.compile(r"(?<=[0-9])(?:\s?[~～]\s?|[-–]|\s–\s|\sto\s)(?=[$€£¥]?[0-9])")
+_YEAR_RANGE: Final = re.compile(
+    r"(?<![0-9])(?P<a>1[1-9][0-9]{2}|20[0-9]{2})(?:\s?[-–]\s?|\sto\s)"
+    r"(?P<b>1[1-9][0-9]{2}|20[0-9]{2})(?![0-9])"
+)
+_MINUS_OP: Final = re.compile(r"(?<=[0-9])\s+-\s+(?=[0-9])")
+_TIMES_OP: Final = re.compile(r"(?<=[0-9])\s?[*xX×]\s?(?=[0-9])")
+_APPROX: Final = re.compile(r"(?<![0-9])[~～]\s?(?=[$€£¥]?[0-9])")
+_COMPARE: Final = re.compile(r"(?<=[\s0-9])(?P<op>[<>]=?)(?=[\s0-9])")
+_HASH_NUMBER: Final = re.compile(r"#(?P<n>[0-9]+)(?![0-9])")
+_CURRENCY_SYMBOL: Final = re.compile(
+    rf"(?P<neg>-)?(?P<sym>[$€£¥])\s?(?P<num>{_NUM})"
+    r"(?:\s?(?P<scale>thousand|million|billion|trillion)\b|(?P<abbr>[kK]|[mMbB]n?)(?![A-Za-z]))?",
+    re.ASCII,
+)
+_CURRENCY_CODE: Final = re.compile(
+    rf"(?P<neg>-)?(?P<num>{_NUM})\s?(?P<scale>thousand|million|billion|trillion)?\s?"
+    r"(?P<sym>USD|EUR|GBP|JPY|CNY|RMB)\b",
+    re.ASCII,
+)
+_PERCENT: Final = re.compile(rf"(?P<neg>-)?(?P<num>{_NUM})\s?[%％]")
+_UNIT: Final = re.compile(
+    rf"(?P<neg>-)?(?P<num>{_NUM})\s?(?P<unit>"
+    + "|".join(re.escape(u) for u in sorted(_UNITS, key=len, reverse=True))
+    + r")(?![A-Za-z0-9])"
+)
+_ORDINAL: Final = re.compile(r"(?<![0-9])(?P<n>[0-9]+)(?:st|nd|rd|th)\b", re.IGNORECASE | re.ASCII)
+_DECADE: Final = re.compile(r"(?<![0-9])'?(?P<c>1[0-9]|20)?(?P<d>[1-9]0|00)s\b", re.ASCII)
+_YEAR_AFTER: Final = re.compile(
+    r"\b(?P<kw>[Ii]n|[Ss]ince|[Bb]y|[Ff]rom|[Uu]ntil|[Tt]ill|[Tt]hrough|to|of|[Cc]irca|"
+    r"[Bb]efore|[Aa]fter|[Dd]uring|[Aa]round|[Yy]ear|[Ee]arly|[Ll]ate|[Mm]id|"
+    + "|".join(_MONTHS)
+    + r")\s+(?P<y>1[1-9][0-9]{2}|20[0-9]{2})(?![0-9]|[.,][0-9]|\s?%)",
+    re.ASCII,
+)
+_YEAR_ZH: Final = re.compile(r"(?<![0-9])(?P<y>[0-9]{4})\s?年")
+_FRACTION: Final = re.compile(r"(?<![0-9/.])(?P<a>[0-9]+)/(?P<b>[0-9]+)(?![0-9/])")
+_LEADING_POINT: Final = re.compile(r"(?<![\w.])(?P<neg>-)?\.(?P<frac>[0-9]+)(?![0-9])")
+_NUMBER: Final = re.compile(rf"(?P<neg>-)?(?P<int>{_INT})(?:\.(?P<frac>[0-9]+))?")
+_SYMBOL: Final = re.compile("|".join(re.escape(s) for s in sorted(_SYMBOLS, key=len, reverse=True)))
+_PER_SLASH: Final = re.compile(
+    r"\s?/\s?(?:(?P<w>" + "|".join(sorted(_PER_WORDS, key=len, reverse=True)) + r")\b"
+    r"|(?=[天日时月年周人次个件]))",
+    re.ASCII,
+)
+_AND_OR: Final = re.compile(r"\band/or\b", re.ASCII)
+_APOSTROPHE: Final = re.compile(r"(?<=[A-Za-z])['’](?=[A-Za-z])")
+_SPACED_DASH: Final = re.compile(r"[ \t]+-+[ \t]+|[ \t]*[—–]+[ \t]*")
+_PUNCT_RUN: Final = re.compile(r"[\s，。、,.]*[，。、,.][\s，。、,.]*")
+_CJK_SPACE: Final = re.compile(r"(?<=[\u4e00-\u9fff])\s+(?=[\u4e00-\u9fff])")
+_STOP_FOLLOWS: Final = re.compile(r"\s*(?:$|\n)|\s+[A-Z\u4e00-\u9fff]")
+
+
+def _translation(stops: str, stop: str, commas: str, comma: str) -> dict[int, str]:
+    return {**{ord(c): stop for c in stops}, **{ord(c): comma for c in commas}}
+
+
+# Marks ChatTTS would drop, mapped onto the pause it keeps: a sentence stop or a comma.
+_EN_PUNCTUATION: Final = _translation("!?;！？；…\n", ".", ":：()[]{}（）【】", ",")
+_ZH_PUNCTUATION: Final = _translation("!?;.！？；…\n", "。", ",:：()[]{}（）【】", "，")
+
+
+# ------------------------------------------------------------------------ rule helpers
+
+
+def _sp(words: str, zh: bool) -> str:
+    """Pad English words with spaces so they never glue onto neighbours ("GPT4o")."""
+    return words if zh else f" {words} "
+
+
+def _stop_if_sentence_ends(m: re.Match[str]) -> str:
+    """A "." that a rule swallowed ("p.m.", "etc.") may also have ended the sentence."""
+    return "." if m.group(0).endswith(".") and _STOP_FOLLOWS.match(m.string, m.end()) else ""
+
+
+def _negative(m: re.Match[str]) -> bool:
+    """A "-" is a minus sign only where it cannot be a hyphen ("COVID-19", "GPT-4")."""
+    if not m.group("neg"):
+        return False
+    start = m.start()
+    return start == 0 or not m.string[start - 1].isalnum()
+
+
+def _signed(m: re.Match[str], words: str, zh: bool) -> str:
+    if _negative(m):
+        return ("负" if zh else "minus ") + words
+    return (" " if m.group("neg") else "") + words
+
+
+def _split_num(number: str) -> tuple[str, str | None]:
+    int_part, _, frac = number.partition(".")
+    return int_part, frac or None
+
+
+# ------------------------------------------------------------------------ rules
+
+
+def _url(m: re.Match[str], zh: bool) -> str:
+    url = m.group(0)
+    trailing = len(url) - len(url.rstrip(".,;:!?)]}'\""))
+    tail = url[len(url) - trailing :] if trailing else ""
+    host = re.sub(r"^(?:https?://)?(?:www\.)?", "", url[: len(url) - trailing], flags=re.I)
+    host = re.split(r"[/?#:]", host, maxsplit=1)[0]
+    return _sp(_read_domain(host, zh), zh) + tail
+
+
+def _read_domain(host: str, zh: bool) -> str:
+    dot = "点" if zh else " dot "
+    return dot.join(part.replace("-", " ") for part in host.split(".") if part)
+
+
+def _email(m: re.Match[str], zh: bool) -> str:
+    user, _, domain = m.group(0).partition("@")
+    user = re.sub(r"[._%+-]+", " ", user)
+    return _sp(f"{user} at {_read_domain(domain, zh)}", zh)
+
+
+def _domain(m: re.Match[str], zh: bool) -> str:
+    return _sp(_read_domain(m.group(0), zh), zh)
+
+
+def _abbreviation(m: re.Match[str], zh: bool) -> str:
+    en, chinese = _ABBREVIATIONS[m.group(0)]
+    # Only "etc." ends sentences; "Mr. Smith" must not get a pause after "Mister".
+    stop = _stop_if_sentence_ends(m) if m.group(0) == "etc." else ""
+    return _sp(chinese if zh else en, zh) + stop
+
+
+def _acronym(m: re.Match[str], zh: bool) -> str:
+    letters = " ".join(m.group(0).replace(".", ""))
+    return _sp(letters, zh) + _stop_if_sentence_ends(m)
+
+
+def _date_words(year: int | None, month: int, day: int, zh: bool) -> str:
+    if zh:
+        head = f"{_digits(str(year), True)}年" if year is not None else ""
+        return f"{head}{read_int_zh(month)}月{read_int_zh(day)}日"
+    words = f"{_MONTHS[month - 1]} {_ordinal_en(read_int_en(day))}"
+    return words + (f", {read_year_en(year)}" if year is not None else "")
+
+
+def _iso_date(m: re.Match[str], zh: bool) -> str:
+    return _sp(_date_words(int(m["y"]), int(m["m"]), int(m["d"]), zh), zh)
+
+
+def _month_day(m: re.Match[str], zh: bool) -> str:
+    year = int(m["y"]) if m["y"] else None
+    return _sp(_date_words(year, _MONTH_BY_NAME[m["month"]], int(m["d"]), zh), zh)
+
+
+def _clock_words(hour: int, minute: int, second: int | None, ampm: str | None, zh: bool) -> str:
+    if zh:
+        prefix = {"a": "上午", "p": "下午"}.get((ampm or "").lower(), "")
+        words = prefix + ("两" if hour == 2 else read_int_zh(hour)) + "点"
+        if minute:
+            words += ("零" if minute < 10 else "") + read_int_zh(minute) + "分"
+        if second:
+            words += read_int_zh(second) + "秒"
+        return words
+    words = read_int_en(hour)
+    if minute:
+        words += (" oh " if minute < 10 else " ") + read_int_en(minute)
+    elif not ampm:
+        words += " hundred" if hour > 12 or hour == 0 else " o clock"
+    if second:
+        words += f" and {read_int_en(second)} seconds"
+    if ampm:
+        words += " A M" if ampm.lower() == "a" else " P M"
+    return words
+
+
+def _clock(m: re.Match[str], zh: bool) -> str:
+    hour, minute = int(m["h"]), int(m["m"])
+    if hour > 24 or (m["ampm"] and not 1 <= hour <= 12):
+        return m.group(0)  # not a time of day; the ratio rule reads it
+    second = int(m["s"]) if m["s"] else None
+    words = _clock_words(hour, minute, second, m["ampm"], zh)
+    return _sp(words, zh) + (_stop_if_sentence_ends(m) if m["ampm"] else "")
+
+
+def _hour_ampm(m: re.Match[str], zh: bool) -> str:
+    hour = int(m["h"])
+    if not 1 <= hour <= 12:
+        return m.group(0)
+    return _sp(_clock_words(hour, 0, None, m["ampm"], zh), zh) + _stop_if_sentence_ends(m)
+
+
+def _ratio(m: re.Match[str], zh: bool) -> str:
+    a, b = int(m["a"]), int(m["b"])
+    if zh:
+        return f"{read_int_zh(a)}比{read_int_zh(b)}"
+    return _sp(f"{read_int_en(a)} to {read_int_en(b)}", zh)
+
+
+def _phone(m: re.Match[str], zh: bool) -> str:
+    groups = [m["area"] or m["area2"], m["a"], m["b"]]
+    parts = [_digits(g, zh) for g in groups if g]
+    if m["cc"]:
+        cc = m["cc"].strip(" -+")
+        parts.insert(0, ("加" if zh else "plus ") + _digits(cc, zh))
+    return _sp(("，" if zh else ", ").join(parts), zh)
+
+
+def _dotted(m: re.Match[str], zh: bool) -> str:
+    dot = "点" if zh else " dot "
+    return _sp(dot.join(_read_number(p, None, zh) for p in m.group(0).split(".")), zh)
+
+
+def _year_range(m: re.Match[str], zh: bool) -> str:
+    if zh:  # Chinese years are read digit by digit: 二零二零到二零二四
+        return f"{_digits(m['a'], zh)}到{_digits(m['b'], zh)}"
+    return _sp(f"{read_year_en(int(m['a']))} to {read_year_en(int(m['b']))}", zh)
+
+
+def _range(m: re.Match[str], zh: bool) -> str:
+    return "到" if zh else " to "
+
+
+def _minus_op(m: re.Match[str], zh: bool) -> str:
+    return "减" if zh else " minus "
+
+
+def _times_op(m: re.Match[str], zh: bool) -> str:
+    return "乘" if zh else " times "
+
+
+def _approx(m: re.Match[str], zh: bool) -> str:
+    return "大约" if zh else " about "
+
+
+def _compare(m: re.Match[str], zh: bool) -> str:
+    words = {
+        "<": ("is less than", "小于"),
+        ">": ("is greater than", "大于"),
+        "<=": ("is at most", "小于等于"),
+        ">=": ("is at least", "大于等于"),
+    }[m["op"]]
+    return _sp(words[1] if zh else words[0], zh)
+
+
+def _hash_number(m: re.Match[str], zh: bool) -> str:
+    if zh:
+        return read_int_zh(int(m["n"])) + "号"
+    return _sp("number " + _read_number(m["n"], None, zh), zh)
+
+
+def _money(m: re.Match[str], zh: bool) -> str:
+    cur = _CURRENCIES[m["sym"]]
+    int_part, frac = _split_num(m["num"])
+    scale_key = (m["scale"] or (m.groupdict().get("abbr") or "")).lower()
+    scale = _SCALE_WORDS.get(scale_key)
+    if zh:
+        frac = frac.rstrip("0") if frac else None  # 5.50元 is said 五点五元
+        words = _read_number(int_part, frac or None, zh) + (scale[1] if scale else "") + cur.zh
+    elif scale:
+        words = f"{_read_number(int_part, frac, zh)} {scale[0]} {cur.many}"
+    else:
+        words = _money_en(int_part, frac, cur)
+    return _sp(_signed(m, words, zh), zh)
+
+
+def _money_en(int_part: str, frac: str | None, cur: _Currency) -> str:
+    amount = int(int_part.replace(",", ""))
+    if frac and len(frac) == 2 and cur.sub_one and cur.sub_many:
+        cents = int(frac)
+        main = f"{read_int_en(amount)} {cur.one if amount == 1 else cur.many}"
+        if not cents:
+            return main
+        sub = f"{read_int_en(cents)} {cur.sub_one if cents == 1 else cur.sub_many}"
+        return f"{main} and {sub}" if amount else sub
+    unit = cur.one if amount == 1 and not frac else cur.many
+    return f"{_read_number(int_part, frac, False)} {unit}"
+
+
+def _percent(m: re.Match[str], zh: bool) -> str:
+    int_part, frac = _split_num(m["num"])
+    number = _read_number(int_part, frac, zh)
+    if zh:
+        return _signed(m, "百分之" + number, zh)
+    return _sp(_signed(m, number + " percent", zh), zh)
+
+
+def _unit(m: re.Match[str], zh: bool) -> str:
+    int_part, frac = _split_num(m["num"])
+    singular, plural, chinese = _UNITS[m["unit"]]
+    number = _read_number(int_part, frac, zh)
+    if zh:
+        return _signed(m, number + chinese, zh)
+    one = int_part == "1" and not frac and not _negative(m)
+    return _sp(_signed(m, f"{number} {singular if one else plural}", zh), zh)
+
+
+def _ordinal(m: re.Match[str], zh: bool) -> str:
+    n = m["n"]
+    if len(n) > _MAX_CARDINAL_DIGITS:
+        return _sp(_digits(n, zh), zh)
+    if zh:
+        return "第" + read_int_zh(int(n))
+    return _sp(_ordinal_en(read_int_en(int(n))), zh)
+
+
+def _decade(m: re.Match[str], zh: bool) -> str:
+    century, decade = m["c"], m["d"]
+    if century is None and decade == "00":
+        return m.group(0)
+    if zh:
+        if century:
+            return _digits(century + decade, True) + "年代"
+        return read_int_zh(int(decade)) + "年代"
+    if century:
+        return _sp(_plural_en(read_year_en(int(century + decade))), zh)
+    return _sp(_plural_en(read_int_en(int(decade))), zh)
+
+
+def _year_after(m: re.Match[str], zh: bool) -> str:
+    if zh:
+        return m.group(0)  # the Chinese rules below read it
+    return f"{m['kw']} {read_year_en(int(m['y']))} "
+
+
+def _year_zh(m: re.Match[str], zh: bool) -> str:
+    return _digits(m["y"], zh) + "年" if zh else m.group(0)
+
+
+def _fraction(m: re.Match[str], zh: bool) -> str:
+    a, b = int(m["a"]), int(m["b"])
+    if zh:
+        if 0 < a < b:
+            return f"{read_int_zh(b)}分之{read_int_zh(a)}"
+        return f"{read_int_zh(a)}斜杠{read_int_zh(b)}"
+    if not (0 < a < b <= 20):
+        return _sp(f"{read_int_en(a)} slash {read_int_en(b)}", zh)
+    if b == 2:
+        denominator = "half" if a == 1 else "halves"
+    elif b == 4:
+        denominator = "quarter" if a == 1 else "quarters"
+    else:
+        denominator = _ordinal_en(read_int_en(b)) + ("" if a == 1 else "s")
+    return _sp(f"{read_int_en(a)} {denominator}", zh)
+
+
+def _leading_point(m: re.Match[str], zh: bool) -> str:
+    words = ("零点" if zh else "point ") + _digits(m["frac"], zh)
+    return _sp(_signed(m, words, zh), zh)
+
+
+def _number(m: re.Match[str], zh: bool) -> str:
+    return _sp(_signed(m, _read_number(m["int"], m["frac"], zh), zh), zh)
+
+
+def _symbol(m: re.Match[str], zh: bool) -> str:
+    en, chinese = _SYMBOLS[m.group(0)]
+    return _sp(chinese if zh else en, zh)
+
+
+def _per(m: re.Match[str], zh: bool) -> str:
+    word = m["w"]
+    if zh:
+        return "每" + (word or "")
+    return f" per {_PER_WORDS[word]} " if word else " per "
+
+
+def _and_or(m: re.Match[str], zh: bool) -> str:
+    return "and or"
+
+
+def _slash(m: re.Match[str], zh: bool) -> str:
+    return "斜杠" if zh else " slash "
+
+
+_Rule = tuple[re.Pattern[str], Callable[[re.Match[str], bool], str]]
+
+_ABBREVIATION: Final = re.compile(
+    r"(?<![A-Za-z.])(?:" + "|".join(re.escape(a) for a in _ABBREVIATIONS) + ")"
+)
+
+_RULES: Final[tuple[_Rule, ...]] = (
+    (_URL, _url),
+    (_EMAIL, _email),
+    (_DOMAIN, _domain),
+    (_ABBREVIATION, _abbreviation),
+    (_ISO_DATE, _iso_date),
+    (_MONTH_DAY, _month_day),
+    (_CLOCK, _clock),
+    (_HOUR_AMPM, _hour_ampm),
+    (_ACRONYM, _acronym),
+    (_RATIO, _ratio),
+    (_PHONE, _phone),
+    (_DOTTED, _dotted),
+    (_YEAR_RANGE, _year_range),
+    (_RANGE, _range),
+    (_MINUS_OP, _minus_op),
+    (_TIMES_OP, _times_op),
+    (_APPROX, _approx),
+    (_COMPARE, _compare),
+    (_HASH_NUMBER, _hash_number),
+    (_CURRENCY_SYMBOL, _money),
+    (_CURRENCY_CODE, _money),
+    (_PERCENT, _percent),
+    (_UNIT, _unit),
+    (_ORDINAL, _ordinal),
+    (_DECADE, _decade),
+    (_YEAR_AFTER, _year_after),
+    (_YEAR_ZH, _year_zh),
+    (_FRACTION, _fraction),
+    (_LEADING_POINT, _leading_point),
+    (_NUMBER, _number),
+    (_PER_SLASH, _per),
+    (_AND_OR, _and_or),
+    (re.compile("/"), _slash),
+    (_SYMBOL, _symbol),
+)
+
+
+# ------------------------------------------------------------------------ punctuation
+
+
+def _prepare(text: str) -> str:
+    """Unicode clean-up: full-width forms to ASCII, accents off Latin letters (café)."""
+    text = unicodedata.normalize("NFKD", text)
+    text = "".join(ch for ch in text if not unicodedata.combining(ch))
+    return text.replace("\u2212", "-").replace("\u2044", "/").replace("\r", "\n")
+
+
+def _map_punctuation(text: str, zh: bool) -> str:
+    """Map the marks ChatTTS would drop onto the ones it keeps; the rest becomes space."""
+    text = _APOSTROPHE.sub("", text)
+    text = _SPACED_DASH.sub(",", text)
+    text = text.translate(_ZH_PUNCTUATION if zh else _EN_PUNCTUATION)
+    return _NOT_ALLOWED.sub(" ", text)
+
+
+def _collapse(text: str, zh: bool) -> str:
+    """One mark per pause: the strongest of a run wins; no leading punctuation."""
+
+    def strongest(m: re.Match[str]) -> str:
+        run = m.group(0)
+        if m.start() == 0:
+            return ""
+        if "." in run or "。" in run:
+            return "。" if zh else ". "
+        if "," in run or "，" in run:
+            return "，" if zh else ", "
+        return "、" if zh else ", "
+
+    text = _PUNCT_RUN.sub(strongest, text)
+    text = re.sub(r"\s+", " ", text)
+    if zh:
+        text = _CJK_SPACE.sub("", text)
+    return text.strip()
+
+
+# ------------------------------------------------------------------------ entry point
+
+
+def _apply(rule: Callable[[re.Match[str], bool], str], zh: bool, m: re.Match[str]) -> str:
+    return rule(m, zh)
+
+
+def _is_chinese(text: str, lang: str | None) -> bool:
+    if lang is None:
+        return _CJK.search(text) is not None
+    if lang.lower().startswith("zh"):
+        return True
+    if lang.lower().startswith("en"):
+        return False
+    raise ValueError(f"unsupported language {lang!r}: use 'en', 'zh' or None")
+
+
+def normalize_for_tts(text: str, lang: str | None = None) -> str:
+    """Return ``text`` spelled out for ChatTTS: only CJK, A-Za-z, ``，。、,.`` and space.
+
+    ``lang`` forces the reading ("en"/"zh", also "en-US", "zh-CN"); by default any CJK
+    ideograph in ``text`` selects the Chinese reading.
+    """
+    text = _prepare(text)
+    zh = _is_chinese(text, lang)
+    for pattern, rule in _RULES:
+        text = pattern.sub(partial(_apply, rule, zh), text)
+    return _collapse(_map_punctuation(text, zh), zh)

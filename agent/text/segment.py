@@ -1,0 +1,207 @@
+"""Cut text into sentence-sized pieces for TTS, incrementally as an LLM streams it.
+
+Speech starts only when the first piece is handed to the engine, so a sentence is emitted
+the moment it is known to be complete: after ``. ! ? ;`` once whitespace follows (the
+whitespace is what tells "3.50" or "example.com" apart from a sentence end), right after
+``。！？；`` (Chinese has no spaces), and at every newline. A "." additionally waits for
+the next visible character, so that "Mr. Smith", "e.g. this" and "U.S. is" stay whole.
+
+Pieces never exceed ``max_chars``: long sentences are cut at clause marks, then between
+words (anywhere between CJK characters), and only a single word longer than ``max_chars``
+is cut inside. Text is raw here; normalization happens per piece, later.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Final
+
+__all__ = ["Segmenter", "split_text"]
+
+_ASCII_TERMINATORS: Final = ".!?;…"
+_DOTS: Final = frozenset(".…")
+_CJK_TERMINATORS: Final = "。！？；"
+_CLOSERS: Final = "\"')]}»”’」』）】"
+# A closer left at the start of the buffer belongs to a sentence already emitted (a CJK
+# terminator is emitted at once, before its closing quote arrives): drop it.
+_ORPHAN_CLOSERS: Final = "”」』）】》"
+_TERMINATOR: Final = re.compile(r"[.!?;…。！？；\n]")
+# A clause may end after these when whitespace follows ("3:30" and "1,000" stay whole).
+_ASCII_CLAUSE: Final = ",:;"
+# These end a clause by themselves.
+_CJK_CLAUSE: Final = "，、：；—–"
+# Characters that belong to a token ("$3.50", "3元" is two tokens but "3" is one).
+_TOKEN_PUNCT: Final = "$€£¥%.,:/-'+#@&°_"
+# Words before a "." that do not end a sentence ("Dr. Who", "e.g. this"), lower case.
+_ABBREVIATIONS: Final = frozenset(
+    {
+        "mr",
+        "mrs",
+        "ms",
+        "dr",
+        "prof",
+        "sr",
+        "jr",
+        "st",
+        "mt",
+        "vs",
+        "cf",
+        "approx",
+        "e.g",
+        "i.e",
+        "u.s",
+        "u.k",
+        "u.n",
+        "e.u",
+    }
+)
+
+
+def _is_cjk(ch: str) -> bool:
+    code = ord(ch)
+    return 0x4E00 <= code <= 0x9FFF or 0x3400 <= code <= 0x4DBF or 0x3000 <= code <= 0x303F
+
+
+def _in_token(ch: str) -> bool:
+    """Latin letters, digits and the symbols inside "$3.50" or "a-b" form tokens."""
+    return (ch.isalnum() and not _is_cjk(ch)) or ch in _TOKEN_PUNCT
+
+
+def _dot_ends_sentence(buf: str, dot: int, start: int, after: str) -> bool:
+    """Decide whether the "." at ``dot`` ends a sentence, given the next visible char."""
+    if after.islower() or after.isdigit():
+        return False  # "e.g. this", "No. 5", "Fig. 3", "a.m. tomorrow"
+    word = buf[start:dot].rsplit(None, 1)[-1] if buf[start:dot].strip() else ""
+    word = word.lstrip(_CLOSERS + "\"'([{“‘")
+    if word.lower() in _ABBREVIATIONS:
+        return False  # "Dr. Who", "the U.S. Army"
+    if len(word) == 1 and word.isupper():
+        return False  # an initial: "J. K. Rowling"
+    # A number opening the sentence is a list item ("1. First"), not a sentence.
+    return not (word.isdigit() and not buf[start : dot - len(word)].strip())
+
+
+def _find_boundary(buf: str, start: int, final: bool) -> int | None:
+    """End (exclusive) of the first complete sentence in ``buf[start:]``, or None.
+
+    None also means "not decidable yet": more text may turn a "." into "3.5".
+    ``final`` says no more text will come, so an open terminator at the end counts.
+    """
+    pos = start
+    while (m := _TERMINATOR.search(buf, pos)) is not None:
+        at = m.start()
+        ch = buf[at]
+        if ch == "\n":
+            return at + 1
+        end = at + 1
+        while end < len(buf) and (buf[end] in _ASCII_TERMINATORS + _CJK_TERMINATORS + _CLOSERS):
+            end += 1
+        if ch in _CJK_TERMINATORS:
+            return end
+        if end == len(buf):
+            return end if final else None
+        nxt = buf[end]
+        if not nxt.isspace() and not _is_cjk(nxt):
+            pos = end  # "3.50", "example.com", "?!" inside a URL
+            continue
+        if not set(buf[at:end]) - set(_CLOSERS) <= _DOTS:
+            return end  # ! ? ; end a sentence regardless of what follows
+        rest = buf[end:].lstrip()
+        if "\n" in buf[end : len(buf) - len(rest)]:
+            return end  # a line break ends the sentence whatever follows
+        if not rest:
+            return end if final else None
+        if _dot_ends_sentence(buf, at, start, rest[0]):
+            return end
+        pos = end
+    return None
+
+
+def _cut_position(text: str, limit: int) -> int:
+    """Where to cut ``text`` (longer than ``limit``) so the head fits in ``limit`` chars.
+
+    Prefers the last clause mark, then the last gap between words (or next to a CJK
+    character); a word longer than ``limit`` is cut inside as a last resort.
+    """
+    clause = word = 0
+    for i in range(1, min(limit, len(text) - 1) + 1):
+        before, after = text[i - 1], text[i]
+        if before in _CJK_CLAUSE or (before in _ASCII_CLAUSE and after.isspace()):
+            clause = i
+        if after.isspace() or not (before.isspace() or _in_token(before) or _in_token(after)):
+            word = i
+    return clause or word or limit
+
+
+def _split_long(text: str, limit: int) -> list[str]:
+    """Split one sentence into stripped pieces of at most ``limit`` chars."""
+    pieces: list[str] = []
+    text = text.strip()
+    while len(text) > limit:
+        cut = _cut_position(text, limit)
+        head = text[:cut].strip()
+        if head:
+            pieces.append(head)
+        text = text[cut:].lstrip()
+    if text:
+        pieces.append(text)
+    return pieces
+
+
+class Segmenter:
+    """Incremental sentence segmenter: ``push`` text deltas, ``flush`` at end of stream.
+
+    ``min_chars`` holds back sentences shorter than it and joins them with what follows
+    (at most ``max_chars``); the default 1 emits every sentence at once, for latency.
+    """
+
+    def __init__(self, max_chars: int = 200, min_chars: int = 1) -> None:
+        if max_chars < 1:
+            raise ValueError("max_chars must be at least 1")
+        if not 1 <= min_chars <= max_chars:
+            raise ValueError("min_chars must be between 1 and max_chars")
+        self._max = max_chars
+        self._min = min_chars
+        self._buf = ""
+
+    def push(self, delta: str) -> list[str]:
+        """Add text; return the segments it completed (often none)."""
+        self._buf += delta
+        out = self._take_sentences(final=False)
+        # No terminator in sight but already too long: speak a clause now rather than
+        # waiting (and buffering) without bound.
+        while len(self._buf) > self._max:
+            cut = _cut_position(self._buf, self._max)
+            out.extend(_split_long(self._buf[:cut], self._max))
+            self._buf = self._buf[cut:].lstrip()
+        return out
+
+    def flush(self) -> list[str]:
+        """End of stream: return whatever is left, as sentences and pieces."""
+        out = self._take_sentences(final=True)
+        out.extend(_split_long(self._buf, self._max))
+        self._buf = ""
+        return out
+
+    def _take_sentences(self, final: bool) -> list[str]:
+        out: list[str] = []
+        self._buf = self._buf.lstrip().lstrip(_ORPHAN_CLOSERS).lstrip()
+        start = 0
+        while (end := _find_boundary(self._buf, start, final)) is not None:
+            if len(self._buf[:end].strip()) < self._min:
+                if end < len(self._buf):
+                    start = end  # too short: join it to the next sentence
+                    continue
+                if not final:
+                    break  # too short and nothing after it yet: wait
+
+            out.extend(_split_long(self._buf[:end], self._max))
+            self._buf = self._buf[end:].lstrip().lstrip(_ORPHAN_CLOSERS).lstrip()
+            start = 0
+        return out
+
+
+def split_text(text: str, max_chars: int = 200) -> list[str]:
+    """Segment a whole text at once (same result as one ``push`` and a ``flush``)."""
+    segmenter = Segmenter(max_chars=max_chars)
+    return segmenter.push(text) + segmenter.flush()

@@ -1,0 +1,158 @@
+"""Every error path of the HTTP API answers a JSON error body with a 4xx code."""
+
+from __future__ import annotations
+
+import aiohttp
+import pytest
+
+from tests.conftest import LiveServer
+
+AUDIO_OFFER_HEAD = "v=0\r\no=- 1 1 IN IP4 0.0.0.0\r\ns=-\r\nt=0 0\r\n"
+
+
+async def _error(resp: aiohttp.ClientResponse) -> dict[str, str]:
+    assert resp.content_type == "application/json"
+    body = await resp.json()
+    assert set(body["error"]) == {"code", "message"}
+    assert "Traceback" not in body["error"]["message"]
+    return body["error"]
+
+
+@pytest.mark.parametrize(
+    ("payload", "status", "code"),
+    [
+        (b"{not json", 400, "bad_json"),
+        (b"[1, 2]", 400, "bad_json"),
+        (b'{"type": "answer", "sdp": "v=0"}', 400, "not_an_offer"),
+        (b'{"type": "offer"}', 400, "bad_sdp"),
+        (b'{"type": "offer", "sdp": 42}', 400, "bad_sdp"),
+        (b'{"type": "offer", "sdp": "hello"}', 400, "bad_sdp"),
+        (
+            b'{"type": "offer", "sdp": "v=0\\r\\nm=video 9 UDP/TLS/RTP/SAVPF 96\\r\\n"}',
+            400,
+            "no_audio",
+        ),
+        (
+            b'{"type": "offer", "sdp": "v=0\\r\\nm=audio 9 UDP/TLS/RTP/SAVPF 111\\r\\n'
+            b'a=sendonly\\r\\n"}',
+            400,
+            "no_audio",
+        ),
+        (b'{"type": "offer", "sdp": "v=0\\r\\nm=audio 9 RTP/AVP 0\\r\\n"}', 400, "bad_sdp"),
+        (b'{"type": "offer", "sdp": "v=0", "room": 7}', 400, "bad_room"),
+    ],
+)
+async def test_offer_errors(
+    live_server: LiveServer, payload: bytes, status: int, code: str
+) -> None:
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(
+            live_server.url + "/offer", data=payload, headers={"Content-Type": "application/json"}
+        ) as resp,
+    ):
+        assert resp.status == status
+        assert (await _error(resp))["code"] == code
+
+
+async def test_oversize_sdp_is_refused(live_server: LiveServer) -> None:
+    sdp = AUDIO_OFFER_HEAD + "m=audio 9 UDP/TLS/RTP/SAVPF 111\r\n" + "a=x\r\n" * 20_000
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(live_server.url + "/offer", json={"type": "offer", "sdp": sdp}) as resp,
+    ):
+        assert resp.status == 413
+        await _error(resp)
+
+
+async def test_whep_errors(live_server: LiveServer) -> None:
+    async with aiohttp.ClientSession() as http:
+        async with http.post(
+            live_server.url + "/whep", data="v=0", headers={"Content-Type": "application/json"}
+        ) as resp:
+            assert resp.status == 415
+            assert (await _error(resp))["code"] == "unsupported_media_type"
+        async with http.post(
+            live_server.url + "/whep",
+            data="v=0\r\nm=video 9 UDP/TLS/RTP/SAVPF 96\r\n",
+            headers={"Content-Type": "application/sdp"},
+        ) as resp:
+            assert resp.status == 400
+            assert (await _error(resp))["code"] == "no_audio"
+        async with http.delete(live_server.url + "/whep/nope") as resp:
+            assert resp.status == 404
+            assert (await _error(resp))["code"] == "unknown_session"
+
+
+async def test_unknown_sessions(live_server: LiveServer) -> None:
+    async with aiohttp.ClientSession() as http:
+        async with http.delete(live_server.url + "/sessions/abc") as resp:
+            assert resp.status == 404
+            assert (await _error(resp))["code"] == "unknown_session"
+        async with http.post(live_server.url + "/sessions/abc/say", json={"text": "hi"}) as resp:
+            assert resp.status == 404
+            assert (await _error(resp))["code"] == "unknown_session"
+        async with http.get(live_server.url + "/no/such/route") as resp:
+            assert resp.status == 404
+            assert (await _error(resp))["code"] == "not_found"
+        async with http.get(live_server.url + "/offer") as resp:
+            assert resp.status == 405
+            assert (await _error(resp))["code"] == "method_not_allowed"
+
+
+async def test_say_errors_on_a_live_session(live_server: LiveServer) -> None:
+    from tests.rtc_client import RtcClient
+
+    async with aiohttp.ClientSession() as http:
+        client = RtcClient(live_server.url, http)
+        await client.connect()
+        url = f"{live_server.url}/sessions/{client.session_id}/say"
+        try:
+            for body, code in [
+                (b"nope", "bad_json"),
+                (b'{"text": 5}', "bad_message"),
+                (b'{"text": "   "}', "empty_text"),
+                (('{"text": "' + "a" * 6000 + '"}').encode(), "text_too_long"),
+                (b'{"text": "hi", "id": 12}', "bad_message"),
+            ]:
+                async with http.post(
+                    url, data=body, headers={"Content-Type": "application/json"}
+                ) as resp:
+                    assert resp.status == 400, body
+                    assert (await _error(resp))["code"] == code
+            async with http.post(url, json={"text": "still works"}) as resp:
+                assert resp.status == 202
+            async with http.delete(f"{live_server.url}/sessions/{client.session_id}") as resp:
+                assert resp.status == 204
+            async with http.post(url, json={"text": "gone"}) as resp:
+                assert resp.status == 404
+        finally:
+            await client.close()
+
+
+async def test_health_and_readiness(live_server: LiveServer) -> None:
+    async with aiohttp.ClientSession() as http:
+        async with http.get(live_server.url + "/healthz") as resp:
+            assert resp.status == 200
+            assert (await resp.json())["status"] == "ok"
+        async with http.get(live_server.url + "/readyz") as resp:
+            assert resp.status == 200
+            assert (await resp.json())["ready"] is True
+        async with http.get(live_server.url + "/") as resp:
+            assert resp.status == 200
+            assert "text/html" in resp.content_type
+
+
+async def test_not_ready_engine_refuses_offers(live_server: LiveServer) -> None:
+    await live_server.engine.close()  # the double reports not ready, like a loading model
+    async with aiohttp.ClientSession() as http:
+        async with http.get(live_server.url + "/readyz") as resp:
+            assert resp.status == 503
+            assert (await resp.json())["error"]["code"] == "not_ready"
+        sdp = AUDIO_OFFER_HEAD + "m=audio 9 UDP/TLS/RTP/SAVPF 111\r\n"
+        async with http.post(
+            live_server.url + "/offer", json={"type": "offer", "sdp": sdp}
+        ) as resp:
+            assert resp.status == 503
+            assert resp.headers["Retry-After"]
+            assert (await _error(resp))["code"] == "not_ready"

@@ -1,0 +1,294 @@
+"""normalize_for_tts: spoken forms in English and Chinese, only characters ChatTTS keeps."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from agent.text.normalize import (
+    ALLOWED_CHARS,
+    normalize_for_tts,
+    read_int_en,
+    read_int_zh,
+    read_year_en,
+)
+
+# (input, lang, expected): real-world text as users and LLMs write it. lang None means
+# "detect": any CJK ideograph selects the Chinese reading.
+CASES: list[tuple[str, str | None, str]] = [
+    ("3 pm!", None, "three P M."),
+    (
+        "It's 3:30 pm and costs $12.50!",
+        None,
+        "Its three thirty P M and costs twelve dollars and fifty cents.",
+    ),
+    (
+        "I have 1,234,567 apples.",
+        None,
+        "I have one million two hundred thirty four thousand five hundred sixty seven apples.",
+    ),
+    ("The temperature is -5 degrees.", None, "The temperature is minus five degrees."),
+    ("Pi is about 3.14159.", None, "Pi is about three point one four one five nine."),
+    (
+        "He scored 0.5 points, then .75 more.",
+        None,
+        "He scored zero point five points, then point seven five more.",
+    ),
+    (
+        "Agent 007 called 0800 numbers.",
+        None,
+        "Agent zero zero seven called zero eight zero zero numbers.",
+    ),
+    (
+        "The 1st, 2nd, 3rd, 4th, 11th, 12th, 21st and 112th.",
+        None,
+        "The first, second, third, fourth, eleventh, twelfth, twenty first"
+        " and one hundred twelfth.",
+    ),
+    (
+        "Growth was 3.5% and -2% last year.",
+        None,
+        "Growth was three point five percent and minus two percent last year.",
+    ),
+    ("50 % off", None, "fifty percent off"),
+    ("$5", None, "five dollars"),
+    ("$5.50", None, "five dollars and fifty cents"),
+    ("$0.99", None, "ninety nine cents"),
+    ("$1", None, "one dollar"),
+    ("$1.01", None, "one dollar and one cent"),
+    ("$1.00", None, "one dollar"),
+    ("€3", None, "three euros"),
+    ("£2.50", None, "two pounds and fifty pence"),
+    ("¥100", None, "one hundred yen"),
+    ("100 USD", None, "one hundred US dollars"),
+    ("20 EUR", None, "twenty euros"),
+    (
+        "$5M and $2.5 billion and $10k",
+        None,
+        "five million dollars and two point five billion dollars and ten thousand dollars",
+    ),
+    (
+        "It costs $1,299.99.",
+        None,
+        "It costs one thousand two hundred ninety nine dollars and ninety nine cents.",
+    ),
+    ("3 pm", None, "three P M"),
+    ("3:30", None, "three thirty"),
+    ("15:45", None, "fifteen forty five"),
+    ("3:05 a.m.", None, "three oh five A M."),
+    ("at 12:00", None, "at twelve o clock"),
+    ("Meet me at 9 a.m.", None, "Meet me at nine A M."),
+    ("Meet at 9 a.m. tomorrow.", None, "Meet at nine A M tomorrow."),
+    ("The train leaves at 10:15:30.", None, "The train leaves at ten fifteen and thirty seconds."),
+    ("The ratio is 16:9.", None, "The ratio is sixteen to nine."),
+    ("On 2024-05-01 we launch.", None, "On May first, twenty twenty four we launch."),
+    ("Born on Jan 5, 1999.", None, "Born on January fifth, nineteen ninety nine."),
+    ("July 4, 1776", None, "July fourth, seventeen seventy six"),
+    ("In 2024 things changed.", None, "In twenty twenty four things changed."),
+    (
+        "Since 1999, in 1905 and by 2005.",
+        None,
+        "Since nineteen ninety nine, in nineteen oh five and by two thousand five.",
+    ),
+    ("In 1900 and in 2000.", None, "In nineteen hundred and in two thousand."),
+    ("from 2020-2024", None, "from twenty twenty to twenty twenty four"),
+    ("The 1990s and the '80s.", None, "The nineteen nineties and the eighties."),
+    ("Tom & Jerry", None, "Tom and Jerry"),
+    ("email me @ noon", None, "email me at noon"),
+    ("2 + 2 = 4", None, "two plus two equals four"),
+    ("Ticket #1", None, "Ticket number one"),
+    (
+        "It's 25°C today, 72°F there.",
+        None,
+        "Its twenty five degrees Celsius today, seventy two degrees Fahrenheit there.",
+    ),
+    ("Heat it to 180°.", None, "Heat it to one hundred eighty degrees."),
+    ("She ran 5 km in 30 min.", None, "She ran five kilometers in thirty minutes."),
+    ("1 km", None, "one kilometer"),
+    ("3kg of rice", None, "three kilograms of rice"),
+    ("100 km/h", None, "one hundred kilometers per hour"),
+    ("A 16 GB phone", None, "A sixteen gigabytes phone"),
+    ("$5/month", None, "five dollars per month"),
+    ("10 MB/s", None, "ten megabytes per second"),
+    ("and/or", None, "and or"),
+    ("TCP/IP", None, "TCP slash IP"),
+    (
+        "1/2 cup and 3/4 mile and 2/3 of them",
+        None,
+        "one half cup and three quarters mile and two thirds of them",
+    ),
+    ("Open 24/7", None, "Open twenty four slash seven"),
+    ("It takes 3-5 days.", None, "It takes three to five days."),
+    ("10-20% off", None, "ten to twenty percent off"),
+    ("5 - 3 = 2", None, "five minus three equals two"),
+    ("3 x 4", None, "three times four"),
+    ("~5 people", None, "about five people"),
+    ("x < 10 and y >= 3", None, "x is less than ten and y is at least three"),
+    ("Call (555) 123-4567.", None, "Call five five five, one two three, four five six seven."),
+    (
+        "Call +1 555-123-4567.",
+        None,
+        "Call plus one, five five five, one two three, four five six seven.",
+    ),
+    (
+        "Python 3.11 and version 1.2.3",
+        None,
+        "Python three point one one and version one dot two dot three",
+    ),
+    ("COVID-19 and GPT-4o", None, "COVID nineteen and GPT four o"),
+    ("Wow!!! Really?! Yes; no: maybe.", None, "Wow. Really. Yes. no, maybe."),
+    ("Well... I think so.", None, "Well. I think so."),
+    ("Hello — world – again - and (an aside).", None, "Hello, world, again, and, an aside."),
+    ('He said "hi".', None, "He said hi."),
+    ("I ❤️ emojis 😀 a lot!", None, "I emojis a lot."),
+    ("😀😀", None, ""),
+    ("", None, ""),
+    ("   \n\t ", None, ""),
+    ("state-of-the-art café", None, "state of the art cafe"),
+    ("Visit https://www.example.com/path?x=1. Bye.", None, "Visit example dot com. Bye."),
+    ("Mail john.doe@example.com now.", None, "Mail john doe at example dot com now."),
+    ("See example.org for more.", None, "See example dot org for more."),
+    ("Mr. Smith met Dr. Who.", None, "Mister Smith met Doctor Who."),
+    (
+        "Fruits, e.g. apples, i.e. food, etc.",
+        None,
+        "Fruits, for example apples, that is food, et cetera.",
+    ),
+    (
+        "We like apples, pears, etc. Then we eat.",
+        None,
+        "We like apples, pears, et cetera. Then we eat.",
+    ),
+    ("The U.S. is big.", None, "The U S is big."),
+    ("# Heading\n- item one\n- item two", None, "Heading. item one. item two"),
+    ("**bold** and _under_", None, "bold and under"),
+    ("The 10s of people", None, "The tens of people"),
+    (
+        "12345678901234567890",
+        None,
+        "one two three four five six seven eight nine zero"
+        " one two three four five six seven eight nine zero",
+    ),
+    ("我有5元。", None, "我有五元。"),
+    ("价格是$5.50，对吗？", None, "价格是五点五美元，对吗。"),
+    (
+        "今天是2024年5月1日，气温25°C，湿度60%。",
+        None,
+        "今天是二零二四年五月一日，气温二十五摄氏度，湿度百分之六十。",
+    ),
+    ("下午3:30开会，花了1,234.5元。", None, "下午三点三十分开会，花了一千二百三十四点五元。"),
+    ("我在2020-2024年住在北京。", None, "我在二零二零到二零二四年住在北京。"),
+    ("第1名，#3号，3:1获胜！", None, "第一名，三号号，三比一获胜。"),
+    ("“你好”，他说。《三体》很好看！", None, "你好，他说。三体很好看。"),
+    ("他跑了10 km。", None, "他跑了十公里。"),
+    ("一共10010人，100000000元，15个，-3度。", None, "一共一万零一十人，一亿元，十五个，负三度。"),
+    ("2:00开始，9 am结束", None, "两点开始，上午九点结束"),
+    ("时间是15:05:30。", None, "时间是十五点零五分三十秒。"),
+    ("打折30%", None, "打折百分之三十"),
+    ("速度100 km/h", None, "速度一百公里每小时"),
+    ("2024-05-01发布", None, "二零二四年五月一日发布"),
+    ("我用Python 3.11写代码", None, "我用Python 三点一一写代码"),
+    ("3/4的人同意", None, "四分之三的人同意"),
+    ("今天我们learn English, 好吗?", None, "今天我们learn English，好吗。"),
+    ("1990s的音乐", None, "一九九零年代的音乐"),
+    ("他1st到达。", None, "他第一到达。"),
+    ("价格是¥100。", None, "价格是一百元。"),
+    ("500美元", None, "五百美元"),
+    ("3 pm", "zh", "下午三点"),
+    ("你好 5", "en", "你好 five"),
+    ("Hello 5", "zh-CN", "Hello 五"),
+]
+
+
+@pytest.mark.parametrize(("text", "lang", "expected"), CASES)
+def test_normalize_table(text: str, lang: str | None, expected: str) -> None:
+    assert normalize_for_tts(text, lang) == expected
+
+
+@pytest.mark.parametrize(("text", "lang", "expected"), CASES)
+def test_table_output_only_has_chars_chattts_keeps(
+    text: str, lang: str | None, expected: str
+) -> None:
+    assert ALLOWED_CHARS.fullmatch(normalize_for_tts(text, lang))
+    assert ALLOWED_CHARS.fullmatch(expected)
+
+
+@pytest.mark.parametrize(
+    ("n", "words"),
+    [
+        (0, "zero"),
+        (7, "seven"),
+        (13, "thirteen"),
+        (20, "twenty"),
+        (21, "twenty one"),
+        (100, "one hundred"),
+        (101, "one hundred one"),
+        (999, "nine hundred ninety nine"),
+        (1000, "one thousand"),
+        (1001, "one thousand one"),
+        (1_000_000, "one million"),
+        (2_000_000_005, "two billion five"),
+        (-42, "minus forty two"),
+    ],
+)
+def test_read_int_en(n: int, words: str) -> None:
+    assert read_int_en(n) == words
+
+
+@pytest.mark.parametrize(
+    ("n", "words"),
+    [
+        (0, "零"),
+        (10, "十"),
+        (15, "十五"),
+        (20, "二十"),
+        (101, "一百零一"),
+        (110, "一百一十"),
+        (1005, "一千零五"),
+        (10010, "一万零一十"),
+        (100_000, "十万"),
+        (120_000_000, "一亿二千万"),
+        (100_010_000, "一亿零一万"),
+        (-3, "负三"),
+    ],
+)
+def test_read_int_zh(n: int, words: str) -> None:
+    assert read_int_zh(n) == words
+
+
+@pytest.mark.parametrize(
+    ("year", "words"),
+    [
+        (1984, "nineteen eighty four"),
+        (1905, "nineteen oh five"),
+        (1900, "nineteen hundred"),
+        (2000, "two thousand"),
+        (2009, "two thousand nine"),
+        (2010, "twenty ten"),
+        (2024, "twenty twenty four"),
+    ],
+)
+def test_read_year_en(year: int, words: str) -> None:
+    assert read_year_en(year) == words
+
+
+def test_unknown_language_is_rejected() -> None:
+    with pytest.raises(ValueError, match="unsupported language"):
+        normalize_for_tts("hi", "fr")
+
+
+_TRICKY = st.sampled_from(
+    list("0123456789.,:;!?$€£¥%-+/ aAmMpPkx\n年月日元。，！？°C#@&'\"()~你好")
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    text=st.one_of(st.text(), st.text(alphabet=_TRICKY)), lang=st.sampled_from([None, "en", "zh"])
+)
+def test_any_input_yields_only_kept_chars(text: str, lang: str | None) -> None:
+    out = normalize_for_tts(text, lang)
+    assert ALLOWED_CHARS.fullmatch(out), out
+    assert out == out.strip()
+    assert "  " not in out

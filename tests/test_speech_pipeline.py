@@ -1,0 +1,161 @@
+"""The speech pipeline without a network: ordering, backpressure, failures, streams."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncGenerator
+from typing import Any
+
+import numpy as np
+
+from agent.config import SpeechSettings
+from agent.engine import PCM, VoiceOptions
+from agent.speech import SpeechPipeline
+from tests.doubles import ToneEngine
+
+
+class Drain:
+    """Plays the buffer out as fast as it fills (as the track would, minus the clock)."""
+
+    def __init__(self, pipeline: SpeechPipeline) -> None:
+        self.pipeline = pipeline
+        self.frames: list[np.ndarray] = []
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def _run(self) -> None:
+        while True:
+            frame = self.pipeline.buffer.pop()
+            if frame is None:
+                await asyncio.sleep(0.001)
+                continue
+            self.frames.append(frame.pcm)
+            for mark in frame.marks:
+                mark()
+
+    def stop(self) -> None:
+        self._task.cancel()
+
+
+async def wait_for(predicate: Any, timeout: float = 5.0) -> None:
+    async with asyncio.timeout(timeout):
+        while not predicate():
+            await asyncio.sleep(0.005)
+
+
+async def test_generation_pauses_when_far_ahead_of_playout() -> None:
+    engine = ToneEngine(chunk_ms=20)
+    events: list[dict[str, Any]] = []
+    pipeline = SpeechPipeline(engine, SpeechSettings(max_buffer_ahead_s=1.0), events.append)
+    pipeline.start()
+    pipeline.say(" ".join(["word"] * 40))  # 10 s of audio
+    await asyncio.sleep(0.3)
+    # Nothing is playing: generation stops at the 1 s bound (50 frames), not 10 s.
+    assert len(pipeline.buffer) == 50
+    assert pipeline.buffer.buffered_seconds == 1.0
+    drain = Drain(pipeline)
+    await wait_for(lambda: any(e["type"] == "speech.ended" for e in events))
+    drain.stop()
+    assert len(drain.frames) == 500
+    await pipeline.close()
+
+
+async def test_event_order_and_segment_times() -> None:
+    events: list[dict[str, Any]] = []
+    pipeline = SpeechPipeline(ToneEngine(), SpeechSettings(), events.append)
+    pipeline.start()
+    drain = Drain(pipeline)
+    pipeline.say("One two. Three four five six.", "a")
+    pipeline.say("Seven.", "b")
+    await wait_for(lambda: {"type": "speech.ended", "id": "b", "interrupted": False} in events)
+    drain.stop()
+    assert [(e["type"], e["id"]) for e in events] == [
+        ("speech.started", "a"),
+        ("speech.segment", "a"),
+        ("speech.segment", "a"),
+        ("speech.ended", "a"),
+        ("speech.started", "b"),
+        ("speech.segment", "b"),
+        ("speech.ended", "b"),
+    ]
+    segments = [e for e in events if e["type"] == "speech.segment"]
+    assert [s["text"] for s in segments] == ["One two.", "Three four five six.", "Seven."]
+    assert [s["start_ms"] for s in segments] == [0, 500, 0]
+    await pipeline.close()
+
+
+class FailingEngine(ToneEngine):
+    async def synthesize(self, text: str, voice: VoiceOptions) -> AsyncGenerator[PCM, None]:
+        if "boom" in text:
+            yield np.zeros(2400, dtype=np.float32)
+            raise RuntimeError("model exploded")
+        async for chunk in super().synthesize(text, voice):
+            yield chunk
+
+
+async def test_engine_failure_ends_only_that_utterance() -> None:
+    events: list[dict[str, Any]] = []
+    pipeline = SpeechPipeline(FailingEngine(), SpeechSettings(), events.append)
+    pipeline.start()
+    drain = Drain(pipeline)
+    pipeline.say("this goes boom", "bad")
+    pipeline.say("this is fine", "good")
+    await wait_for(
+        lambda: any(e.get("id") == "good" and e["type"] == "speech.ended" for e in events)
+    )
+    drain.stop()
+    error = next(e for e in events if e["type"] == "error")
+    assert error["code"] == "tts_failed" and error["id"] == "bad" and "exploded" in error["message"]
+    ended = {e["id"]: e["interrupted"] for e in events if e["type"] == "speech.ended"}
+    assert ended == {"bad": True, "good": False}
+    assert pipeline.stats.engine_errors == 1
+    await pipeline.close()
+
+
+class SilentEngine(ToneEngine):
+    async def synthesize(self, text: str, voice: VoiceOptions) -> AsyncGenerator[PCM, None]:
+        return
+        yield
+
+
+async def test_utterance_without_audio_still_starts_and_ends() -> None:
+    events: list[dict[str, Any]] = []
+    pipeline = SpeechPipeline(SilentEngine(), SpeechSettings(), events.append)
+    pipeline.start()
+    pipeline.say("...", "quiet")
+    await wait_for(lambda: any(e["type"] == "speech.ended" for e in events))
+    assert [e["type"] for e in events] == ["speech.started", "speech.segment", "speech.ended"]
+    await pipeline.close()
+
+
+async def test_interrupted_stream_discards_its_remaining_deltas() -> None:
+    events: list[dict[str, Any]] = []
+    engine = ToneEngine()
+    pipeline = SpeechPipeline(engine, SpeechSettings(), events.append)
+    pipeline.start()
+    drain = Drain(pipeline)
+    first = pipeline.text_delta("The first answer is long. It", "s1")
+    await wait_for(lambda: any(e["type"] == "speech.started" for e in events))
+    pipeline.interrupt()
+    # The LLM keeps streaming the old answer for a moment: none of it is spoken.
+    assert pipeline.text_delta("More of the old answer. ", "s1") is None
+    assert pipeline.text_delta("And more. ") is None
+    assert pipeline.text_end() is None
+    second = pipeline.text_delta("A new answer. ", "s2")
+    pipeline.text_end()
+    await wait_for(lambda: {"type": "speech.ended", "id": "s2", "interrupted": False} in events)
+    drain.stop()
+    spoken = [e["text"] for e in events if e["type"] == "speech.segment"]
+    assert spoken == ["The first answer is long.", "A new answer."]
+    assert (first, second) == ("s1", "s2")
+    await pipeline.close()
+
+
+async def test_close_cancels_generation() -> None:
+    engine = ToneEngine(chunk_delay_s=0.01)
+    pipeline = SpeechPipeline(engine, SpeechSettings(), lambda e: None)
+    pipeline.start()
+    pipeline.say("a long text " * 20)
+    await wait_for(lambda: engine.started_streams == 1)
+    await pipeline.close()
+    assert engine.cancelled_streams == 1
+    assert len(pipeline.buffer) == 0

@@ -1,0 +1,162 @@
+"""The paced Opus packet track, driven directly (no network): pacing, onset, stalls, marks."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import numpy as np
+import pytest
+from aiortc.mediastreams import MediaStreamError
+
+from agent.opus import FRAME_SAMPLES
+from agent.playout import PlayoutBuffer, PlayoutFrame
+from agent.track import OpusPacketTrack
+
+
+def tone_frame(i: int = 0) -> np.ndarray:
+    t = (np.arange(FRAME_SAMPLES) + i * FRAME_SAMPLES) / 48_000
+    return (np.sin(2 * np.pi * 440 * t) * 12_000).astype(np.int16)
+
+
+async def test_packets_are_paced_gapless_and_silent_when_idle() -> None:
+    buffer = PlayoutBuffer(100)
+    track = OpusPacketTrack(buffer)
+    packets = []
+    started = time.monotonic()
+    for _ in range(50):
+        packets.append(await track.recv())
+    elapsed = time.monotonic() - started
+    assert 0.95 < elapsed < 1.1, elapsed  # 49 intervals of 20 ms after the first packet
+    assert [p.pts for p in packets] == [i * FRAME_SAMPLES for i in range(50)]
+    assert all(
+        p.time_base == packets[0].time_base and p.time_base.denominator == 48_000 for p in packets
+    )
+    # Idle: a constant cached silence packet, the encoder is no longer called.
+    assert len({bytes(p) for p in packets[5:]}) == 1
+    assert track.stats.encode_calls <= 8
+    track.stop()
+
+
+async def test_speech_frames_are_encoded_and_marks_fire_on_send() -> None:
+    buffer = PlayoutBuffer(100)
+    track = OpusPacketTrack(buffer)
+    fired: list[int] = []
+    for i in range(10):
+        await buffer.put(PlayoutFrame(tone_frame(i), [lambda i=i: fired.append(i)]))
+    sizes = []
+    for i in range(10):
+        packet = await track.recv()
+        sizes.append(len(bytes(packet)))
+        assert fired == list(range(i + 1))  # a frame's marks fire exactly when it is sent
+    assert min(sizes[2:]) > 40  # real speech packets at 32 kbps (~80 bytes), not silence
+    assert track.stats.speech_packets == 10
+    track.stop()
+
+
+@pytest.mark.parametrize("rephase", [True, False])
+async def test_speech_onset_after_silence(rephase: bool) -> None:
+    buffer = PlayoutBuffer(100)
+    track = OpusPacketTrack(buffer, rephase_on_onset=rephase)
+    waits = []
+    for trial in range(8):
+        for _ in range(6):  # idle for a while
+            await track.recv()
+        # Speech arrives somewhere between two ticks.
+        loop = asyncio.get_running_loop()
+        delay = 0.003 + 0.0019 * trial
+        put_at: list[float] = []
+
+        async def arrive(delay: float = delay, put_at: list[float] = put_at) -> None:
+            await asyncio.sleep(delay)
+            put_at.append(time.monotonic())
+            await buffer.put(PlayoutFrame(tone_frame()))
+
+        task = loop.create_task(arrive())
+        while True:
+            packet = await track.recv()
+            if len(bytes(packet)) > 40:
+                waits.append(time.monotonic() - put_at[0])
+                break
+        await task
+    pts = []
+    for _ in range(3):
+        pts.append((await track.recv()).pts)
+    assert np.all(np.diff(pts) == FRAME_SAMPLES)
+    median = float(np.median(waits))
+    if rephase:
+        assert median < 0.004, waits  # sent as it arrives
+        assert track.stats.early_rephases >= 6
+    else:
+        assert median > 0.004, waits  # waits for the next 20 ms tick
+    track.stop()
+
+
+async def test_onset_lead_is_bounded_and_paid_back() -> None:
+    buffer = PlayoutBuffer(100)
+    track = OpusPacketTrack(buffer, max_lead_s=0.03)
+    for _ in range(20):
+        await track.recv()
+        await buffer.put(PlayoutFrame(tone_frame()))  # onset right after each tick
+        await track.recv()
+    assert track._lead <= 0.03 + 1e-9
+    lead = track._lead
+    for _ in range(10):
+        await track.recv()  # silence pays the lead back, 1 ms per frame
+    assert track._lead <= max(0.0, lead - 0.009)
+    track.stop()
+
+
+async def test_a_stalled_loop_does_not_cause_a_burst() -> None:
+    buffer = PlayoutBuffer(500)
+    track = OpusPacketTrack(buffer)
+    for i in range(300):
+        await buffer.put(PlayoutFrame(tone_frame(i)))
+    for _ in range(5):
+        await track.recv()
+    time.sleep(0.25)  # the event loop is blocked (e.g. a slow callback elsewhere)
+    stamps = [time.monotonic()]
+    for _ in range(10):
+        await track.recv()
+        stamps.append(time.monotonic())
+    # A catch-up burst would send the 12 missed packets back to back. Instead: one packet
+    # right away, then 20 ms spacing (the clock moved forward), allowing for machine noise.
+    intervals = np.diff(stamps)
+    quick = int((intervals < 0.005).sum())
+    assert quick <= 1 + track.stats.late_rephases - 1, intervals
+    assert track.stats.late_rephases >= 1
+    assert stamps[-1] - stamps[0] > 0.17
+    track.stop()
+
+
+async def test_stop_ends_a_waiting_recv() -> None:
+    buffer = PlayoutBuffer(10)
+    track = OpusPacketTrack(buffer)
+    await track.recv()
+    pending = asyncio.ensure_future(track.recv())
+    await asyncio.sleep(0.005)
+    track.stop()
+    with pytest.raises(MediaStreamError):
+        await pending
+    with pytest.raises(MediaStreamError):
+        await track.recv()
+
+
+async def test_setters_change_the_encoder_and_reset_the_silence_cache() -> None:
+    buffer = PlayoutBuffer(10)
+    track = OpusPacketTrack(buffer)
+    for _ in range(6):
+        await track.recv()
+    calls = track.stats.encode_calls
+    track.set_bitrate(16_000)
+    track.set_fec(True)
+    track.set_expected_loss(10)
+    track.set_dtx(False)
+    assert (track.encoder.bitrate, track.encoder.fec, track.encoder.expected_loss_pct) == (
+        16_000,
+        True,
+        10,
+    )
+    await track.recv()
+    assert track.stats.encode_calls == calls + 1  # silence is re-encoded with the new settings
+    track.stop()
