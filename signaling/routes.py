@@ -37,7 +37,7 @@ async def post_offer(request: web.Request) -> web.Response:
     room = body.get("room")
     if room is not None and (not isinstance(room, str) or not 0 < len(room) <= MAX_ROOM_CHARS):
         raise ApiError(400, "bad_room", f"'room' must be a string of 1-{MAX_ROOM_CHARS} characters")
-    peer, answer = await _sessions(request).create(body.get("sdp"), "offer", room)
+    peer, answer = await _sessions(request).create(body.get("sdp"), "offer", room, request.remote)
     return web.json_response({"sdp": answer, "type": "answer", "session_id": peer.session.id})
 
 
@@ -48,7 +48,9 @@ async def post_whep(request: web.Request) -> web.Response:
         sdp = await request.text()
     except UnicodeDecodeError:
         raise ApiError(400, "bad_sdp", "SDP must be UTF-8 text") from None
-    peer, answer = await _sessions(request).create(sdp, "whep", request.query.get("room"))
+    peer, answer = await _sessions(request).create(
+        sdp, "whep", request.query.get("room"), request.remote
+    )
     location = f"/whep/{peer.session.id}"
     return web.Response(
         status=201,
@@ -91,6 +93,19 @@ async def get_session(request: web.Request) -> web.Response:
     return web.json_response({**peer.session.stats(), "kind": peer.kind, "room": peer.room})
 
 
+async def ice_servers(request: web.Request) -> web.Response:
+    """The ICE servers the browser should use: the same list the server uses."""
+    config = request.app[CONFIG]
+    servers = []
+    for url in config.ice_servers:
+        server: dict[str, str] = {"urls": url}
+        if url.startswith(("turn:", "turns:")) and config.ice_username:
+            server["username"] = config.ice_username
+            server["credential"] = config.ice_credential or ""
+        servers.append(server)
+    return web.json_response({"iceServers": servers})
+
+
 async def healthz(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok"})
 
@@ -126,6 +141,7 @@ def add_routes(app: web.Application) -> None:
     app.router.add_delete("/sessions/{session_id}", delete_session)
     app.router.add_get("/sessions/{session_id}", get_session)
     app.router.add_post("/sessions/{session_id}/say", post_say)
+    app.router.add_get("/ice-servers", ice_servers)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/", index)

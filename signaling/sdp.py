@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ipaddress
+
 from signaling.errors import ApiError
 
 MAX_SDP_BYTES = 64 * 1024
@@ -48,3 +50,43 @@ def _direction(section: list[str]) -> str:
 def _port_zero(section: list[str]) -> bool:
     parts = section[0].split()
     return len(parts) > 1 and parts[1] == "0"
+
+
+def add_mdns_fallback(sdp: str, peer_ip: str | None, host_ips: list[str]) -> str:
+    """Give each mDNS (``*.local``) candidate a twin with a plain IP address.
+
+    Browsers hide their addresses behind random ``.local`` names; aioice resolves them by
+    multicast, which fails across subnets, in containers and on many Wi-Fi networks, and then
+    fails ICE at once because it has no candidate pair to check. The port in an mDNS
+    candidate is real, and the address is usually the one the browser's HTTP request came
+    from (or, for a browser on this machine, one of this machine's own addresses). The twin
+    gives aioice a pair to check; the browser's own checks then complete the connection.
+    A twin that turns out wrong costs one failed check.
+    """
+    if peer_ip and not _is_loopback(peer_ip):
+        addresses = [peer_ip]
+    else:
+        addresses = host_ips
+    if not addresses or ".local " not in sdp:
+        return sdp
+    newline = "\r\n" if "\r\n" in sdp else "\n"
+    out: list[str] = []
+    for line in sdp.splitlines():
+        out.append(line)
+        parts = line.split()
+        # a=candidate:<foundation> <component> <transport> <priority> <address> <port> typ <t>
+        if len(parts) >= 8 and line.startswith("a=candidate:") and parts[4].endswith(".local"):
+            for index, address in enumerate(addresses):
+                twin = list(parts)
+                twin[0] = f"{parts[0]}m{index}"[:44]
+                twin[3] = str(max(0, int(parts[3]) - 1 - index)) if parts[3].isdigit() else parts[3]
+                twin[4] = address
+                out.append(" ".join(twin))
+    return newline.join(out) + (newline if sdp.endswith(newline) else "")
+
+
+def _is_loopback(address: str) -> bool:
+    try:
+        return ipaddress.ip_address(address.split("%")[0]).is_loopback
+    except ValueError:
+        return False

@@ -7,6 +7,7 @@ import logging
 import uuid
 from dataclasses import dataclass
 
+from aioice.ice import get_host_addresses
 from aiortc import (
     RTCConfiguration,
     RTCDataChannel,
@@ -19,7 +20,7 @@ from agent.config import Config
 from agent.engine import TTSEngine
 from agent.session import AgentSession
 from signaling.errors import ApiError
-from signaling.sdp import check_offer_sdp
+from signaling.sdp import add_mdns_fallback, check_offer_sdp
 
 log = logging.getLogger(__name__)
 
@@ -62,9 +63,16 @@ class SessionRegistry:
         ]
         return RTCConfiguration(iceServers=servers)
 
-    async def create(self, sdp: object, kind: str, room: str | None = None) -> tuple[Peer, str]:
-        """Answer an offer: returns the peer and the answer SDP (ICE gathered, non-trickle)."""
-        offer_sdp = check_offer_sdp(sdp)
+    async def create(
+        self, sdp: object, kind: str, room: str | None = None, peer_ip: str | None = None
+    ) -> tuple[Peer, str]:
+        """Answer an offer: returns the peer and the answer SDP (ICE gathered, non-trickle).
+
+        ``peer_ip`` is the address the HTTP request came from (for mDNS candidates).
+        """
+        offer_sdp = add_mdns_fallback(
+            check_offer_sdp(sdp), peer_ip, get_host_addresses(use_ipv4=True, use_ipv6=False)
+        )
         if not self.engine.ready:
             raise ApiError(
                 503, "not_ready", "the speech engine is still loading", {"Retry-After": "5"}

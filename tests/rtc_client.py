@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,7 +43,13 @@ class RtcClient:
         self._reader: asyncio.Task[None] | None = None
         self.channel = None
 
-    async def connect(self, *, whep: bool = False, room: str | None = None) -> None:
+    async def connect(
+        self,
+        *,
+        whep: bool = False,
+        room: str | None = None,
+        rewrite_offer: Callable[[str], str] | None = None,
+    ) -> None:
         self.pc.addTransceiver("audio", direction="recvonly")
         if not whep:
             self.channel = self.pc.createDataChannel("agent")
@@ -56,6 +63,8 @@ class RtcClient:
 
         await self.pc.setLocalDescription(await self.pc.createOffer())
         sdp = self.pc.localDescription.sdp
+        if rewrite_offer is not None:
+            sdp = rewrite_offer(sdp)
         if whep:
             async with self.http.post(
                 self.base_url + "/whep", data=sdp, headers={"Content-Type": "application/sdp"}

@@ -156,3 +156,9 @@ async def test_not_ready_engine_refuses_offers(live_server: LiveServer) -> None:
             assert resp.status == 503
             assert resp.headers["Retry-After"]
             assert (await _error(resp))["code"] == "not_ready"
+
+
+async def test_ice_servers_for_the_browser(live_server: LiveServer) -> None:
+    async with aiohttp.ClientSession() as http, http.get(live_server.url + "/ice-servers") as resp:
+        assert resp.status == 200
+        assert await resp.json() == {"iceServers": []}

@@ -1,0 +1,746 @@
+// Browser client for the voice agent: one WebRTC call, a data channel `agent` for text and
+// events, and live getStats() plots. Plain ES module, no build step, no external resources.
+// Wire contract: shared DESIGN.md ("Wire contract, version 1").
+
+const OFFER_URL = "/offer";
+const SESSION_URL = (id) => `/sessions/${encodeURIComponent(id)}`;
+const ICE_GATHER_TIMEOUT_MS = 2000; // non-trickle: send the offer after gathering or this long
+const CONNECT_TIMEOUT_MS = 15000; // offer posted -> data channel open
+const HANGUP_WAIT_MS = 1000; // how long Hang up waits for DELETE /sessions/{id}
+const STATS_INTERVAL_MS = 1000;
+const PLOT_POINTS = 60; // one per second: the last minute
+const MAX_STATS_SAMPLES = 3600; // what window.voiceAgent.stats keeps (an hour)
+
+// ---------------------------------------------------------------------------------------
+// Elements
+
+const $ = (id) => document.getElementById(id);
+const ui = {
+  connect: $("connect"),
+  hangup: $("hangup"),
+  state: $("state"),
+  session: $("session"),
+  alert: $("alert"),
+  form: $("say-form"),
+  text: $("text"),
+  say: $("say"),
+  interrupt: $("interrupt"),
+  caption: $("caption"),
+  audio: $("remote-audio"),
+  transcript: $("transcript"),
+  transcriptEmpty: $("transcript-empty"),
+  stats: $("stats"),
+};
+
+// ---------------------------------------------------------------------------------------
+// Session state (one call at a time)
+
+const session = {
+  pc: null,
+  channel: null,
+  id: null,
+  generation: 0, // bumped on every connect/teardown so stale async work can tell
+  statsTimer: null,
+  statsBusy: false,
+  prevInbound: null,
+  seq: 0,
+  captionFor: null,
+  hangingUp: false,
+};
+const texts = new Map(); // client id -> text we asked the agent to say
+const items = new Map(); // utterance id -> transcript <li>
+const events = []; // every data-channel event object received, in order
+const stats = []; // every stats sample (what the plots draw)
+
+// ---------------------------------------------------------------------------------------
+// Small helpers
+
+class ServerError extends Error {
+  constructor(code, message, status) {
+    super(message);
+    this.code = code;
+    this.status = status;
+  }
+}
+
+function describeError(err) {
+  if (err instanceof ServerError) return `${err.code}: ${err.message}`;
+  if (err && err.name === "TypeError" && /fetch/i.test(err.message)) {
+    return `Could not reach the server (${err.message})`;
+  }
+  return (err && err.message) || String(err);
+}
+
+function showAlert(text, kind = "error") {
+  ui.alert.textContent = text;
+  ui.alert.dataset.kind = kind;
+  ui.alert.hidden = false;
+}
+
+function clearAlert() {
+  ui.alert.hidden = true;
+  ui.alert.textContent = "";
+}
+
+function withTimeout(promise, ms, what) {
+  let timer;
+  const timeout = new Promise((_, reject) => {
+    timer = setTimeout(() => reject(new Error(`Timed out ${what}`)), ms);
+  });
+  return Promise.race([promise, timeout]).finally(() => clearTimeout(timer));
+}
+
+function newClientId() {
+  session.seq += 1;
+  const rand = Math.random().toString(36).slice(2, 8);
+  return `c-${Date.now().toString(36)}-${session.seq}-${rand}`;
+}
+
+// ---------------------------------------------------------------------------------------
+// Connection state shown in the header: idle | connecting | connected | disconnected |
+// failed | closed. "connected" means the peer connection is up AND the channel is open.
+
+function setState(name, detail = "") {
+  ui.state.textContent = name;
+  ui.state.dataset.state = name;
+  ui.state.title = detail;
+  const live = session.pc !== null;
+  const open = name === "connected";
+  ui.connect.disabled = live;
+  ui.hangup.disabled = !live;
+  ui.text.disabled = !open;
+  ui.say.disabled = !open;
+  ui.interrupt.disabled = !open;
+  ui.session.textContent = session.id ? `session ${session.id}` : "";
+}
+
+function refreshState() {
+  const { pc, channel } = session;
+  if (!pc) return;
+  const pcState = pc.connectionState ?? pc.iceConnectionState;
+  if (pcState === "failed") {
+    teardown("failed");
+    showAlert("The connection failed (ICE could not reach the server).");
+    return;
+  }
+  if (pcState === "closed") {
+    teardown("closed");
+    return;
+  }
+  if (pcState === "disconnected") {
+    setState("disconnected", "media path interrupted; waiting for it to recover");
+    return;
+  }
+  const connected = (pcState === "connected" || pcState === "completed") &&
+    channel && channel.readyState === "open";
+  setState(connected ? "connected" : "connecting", `peer: ${pcState}, channel: ${channel?.readyState}`);
+}
+
+// ---------------------------------------------------------------------------------------
+// Media: today the page only listens (recvonly). A microphone becomes
+// addAudio(pc, micTrack) -> a sendrecv transceiver carrying the track; nothing else changes.
+
+function addAudio(pc, micTrack = null) {
+  if (micTrack) {
+    return pc.addTransceiver(micTrack, { direction: "sendrecv" });
+  }
+  return pc.addTransceiver("audio", { direction: "recvonly" });
+}
+
+function playRemote(event) {
+  const stream = event.streams && event.streams[0] ? event.streams[0] : new MediaStream([event.track]);
+  ui.audio.srcObject = stream;
+  const started = ui.audio.play();
+  if (started && typeof started.catch === "function") {
+    started.catch(() => {
+      showAlert("The browser blocked audio playback: click anywhere on the page to hear the agent.", "info");
+      const resume = () => {
+        ui.audio.play().then(clearAlert, () => {});
+      };
+      document.addEventListener("click", resume, { once: true });
+    });
+  }
+}
+
+async function iceServers() {
+  // The server's own STUN/TURN list (empty by default, which works on localhost and a LAN),
+  // so both ends gather the same kinds of candidates.
+  try {
+    const resp = await fetch("/ice-servers");
+    if (resp.ok) {
+      const body = await resp.json();
+      if (Array.isArray(body.iceServers)) return body.iceServers;
+    }
+  } catch (err) {
+    console.warn("could not fetch /ice-servers, using none", err);
+  }
+  return [];
+}
+
+function waitForIceGathering(pc, timeoutMs) {
+  if (pc.iceGatheringState === "complete") return Promise.resolve();
+  return new Promise((resolve) => {
+    const done = () => {
+      clearTimeout(timer);
+      pc.removeEventListener("icegatheringstatechange", onChange);
+      resolve();
+    };
+    const onChange = () => {
+      if (pc.iceGatheringState === "complete") done();
+    };
+    const timer = setTimeout(done, timeoutMs); // send what we have
+    pc.addEventListener("icegatheringstatechange", onChange);
+  });
+}
+
+function waitForChannelOpen(channel, pc) {
+  if (channel.readyState === "open") return Promise.resolve();
+  return new Promise((resolve, reject) => {
+    const cleanup = () => {
+      channel.removeEventListener("open", onOpen);
+      channel.removeEventListener("close", onClose);
+      pc.removeEventListener("connectionstatechange", onPc);
+    };
+    const onOpen = () => { cleanup(); resolve(); };
+    const onClose = () => { cleanup(); reject(new Error("The data channel closed before it opened")); };
+    const onPc = () => {
+      if (pc.connectionState === "failed" || pc.connectionState === "closed") {
+        cleanup();
+        reject(new Error(`The connection ${pc.connectionState} before the data channel opened`));
+      }
+    };
+    channel.addEventListener("open", onOpen);
+    channel.addEventListener("close", onClose);
+    pc.addEventListener("connectionstatechange", onPc);
+  });
+}
+
+async function postOffer(description) {
+  const body = { sdp: description.sdp, type: description.type };
+  const room = new URLSearchParams(location.search).get("room");
+  if (room) body.room = room;
+  const res = await fetch(OFFER_URL, {
+    method: "POST",
+    headers: { "Content-Type": "application/json", Accept: "application/json" },
+    body: JSON.stringify(body),
+  });
+  let data = null;
+  try {
+    data = await res.json();
+  } catch {
+    data = null;
+  }
+  if (!res.ok) {
+    const err = data && data.error;
+    if (err && err.code) throw new ServerError(err.code, err.message || "", res.status);
+    throw new ServerError(`http_${res.status}`, res.statusText || "request failed", res.status);
+  }
+  if (!data || typeof data.sdp !== "string" || data.type !== "answer") {
+    throw new ServerError("bad_answer", "The server's answer is not an SDP answer", res.status);
+  }
+  return data;
+}
+
+// ---------------------------------------------------------------------------------------
+// Connect / hang up
+
+let connecting = null;
+
+function connect() {
+  if (connecting) return connecting;
+  if (session.pc) return Promise.resolve();
+  connecting = doConnect().finally(() => { connecting = null; });
+  return connecting;
+}
+
+async function doConnect() {
+  clearAlert();
+  const generation = ++session.generation;
+  events.length = 0;
+  stats.length = 0;
+  session.prevInbound = null;
+  resetPlots();
+
+  const pc = new RTCPeerConnection({ iceServers: await iceServers() });
+  session.pc = pc;
+  setState("connecting");
+  const stale = () => session.generation !== generation;
+
+  try {
+    addAudio(pc);
+    const channel = pc.createDataChannel("agent");
+    session.channel = channel;
+    channel.binaryType = "arraybuffer";
+    channel.addEventListener("message", onChannelMessage);
+    channel.addEventListener("open", refreshState);
+    channel.addEventListener("close", () => {
+      if (session.channel === channel && session.pc) {
+        const expected = session.hangingUp;
+        teardown("closed");
+        if (!expected) showAlert("The agent closed the session.", "info");
+      }
+    });
+    pc.addEventListener("track", playRemote);
+    pc.addEventListener("connectionstatechange", refreshState);
+    pc.addEventListener("iceconnectionstatechange", refreshState);
+
+    await pc.setLocalDescription(await pc.createOffer());
+    await waitForIceGathering(pc, ICE_GATHER_TIMEOUT_MS);
+    if (stale()) return;
+    const answer = await postOffer(pc.localDescription);
+    if (stale()) return;
+    session.id = answer.session_id ?? null;
+    await pc.setRemoteDescription({ type: "answer", sdp: answer.sdp });
+    startStats();
+    refreshState();
+    await withTimeout(waitForChannelOpen(channel, pc), CONNECT_TIMEOUT_MS, "waiting for the connection");
+    if (stale()) return;
+    refreshState();
+    ui.text.focus();
+  } catch (err) {
+    if (!stale()) {
+      teardown("failed");
+      showAlert(describeError(err));
+    }
+    throw err;
+  }
+}
+
+function teardown(finalState, { notifyServer = false } = {}) {
+  const { pc, channel, id } = session;
+  session.generation += 1;
+  session.hangingUp = false;
+  session.pc = null;
+  session.channel = null;
+  session.id = null;
+  stopStats();
+  if (channel) {
+    try { channel.close(); } catch { /* already closed */ }
+  }
+  if (pc) {
+    try { pc.close(); } catch { /* already closed */ }
+  }
+  ui.audio.srcObject = null;
+  for (const li of items.values()) {
+    if (li.dataset.status === "speaking") setItemStatus(li, "interrupted", "cut off");
+  }
+  setCaption(null, "");
+  if (notifyServer && id) {
+    fetch(SESSION_URL(id), { method: "DELETE", keepalive: true }).catch(() => {});
+  }
+  setState(finalState);
+}
+
+// Hang up: tell the server first (DELETE /sessions/{id}, at most HANGUP_WAIT_MS), then
+// close locally; closing first would let the server drop the session and answer 404.
+async function hangup() {
+  if (!session.pc) return;
+  const { id } = session;
+  const generation = session.generation;
+  ui.hangup.disabled = true;
+  session.hangingUp = true; // the channel closing now is expected, not news
+  if (id) {
+    try {
+      await withTimeout(fetch(SESSION_URL(id), { method: "DELETE" }), HANGUP_WAIT_MS, "hanging up");
+    } catch {
+      // The server may already be gone; closing locally is enough.
+    }
+  }
+  if (session.generation === generation) teardown("closed");
+}
+
+function hangupOnUnload() {
+  if (session.pc) teardown("closed", { notifyServer: true });
+}
+
+// ---------------------------------------------------------------------------------------
+// Data channel: client -> server
+
+function send(message) {
+  const ch = session.channel;
+  if (!ch || ch.readyState !== "open") throw new Error("Not connected");
+  ch.send(JSON.stringify(message));
+}
+
+function say(text) {
+  const clean = String(text ?? "").trim();
+  if (!clean) return null;
+  const id = newClientId();
+  texts.set(id, clean);
+  send({ type: "say", text: clean, id });
+  return id;
+}
+
+function interrupt() {
+  send({ type: "interrupt" });
+}
+
+// ---------------------------------------------------------------------------------------
+// Data channel: server -> client events
+
+function onChannelMessage(ev) {
+  let msg;
+  const raw = typeof ev.data === "string" ? ev.data : new TextDecoder().decode(ev.data);
+  try {
+    msg = JSON.parse(raw);
+  } catch {
+    msg = { type: "invalid", raw };
+  }
+  if (msg === null || typeof msg !== "object") msg = { type: "invalid", raw };
+  events.push(msg);
+  try {
+    handleEvent(msg);
+  } finally {
+    window.dispatchEvent(new CustomEvent("voiceagent:event", { detail: msg }));
+  }
+}
+
+function handleEvent(msg) {
+  switch (msg.type) {
+    case "speech.started": {
+      const li = ensureItem(msg.id);
+      setItemStatus(li, "speaking", "speaking");
+      break;
+    }
+    case "speech.segment": {
+      const li = ensureItem(msg.id);
+      if (!texts.has(msg.id) && msg.text) {
+        // Not our text (e.g. said through HTTP): build it from the captions.
+        const textEl = li.querySelector(".text");
+        textEl.textContent = `${textEl.textContent} ${msg.text}`.trim();
+      }
+      setCaption(msg.id, msg.text ?? "");
+      break;
+    }
+    case "speech.ended": {
+      const li = ensureItem(msg.id);
+      if (msg.interrupted) setItemStatus(li, "interrupted", "interrupted");
+      else setItemStatus(li, "done", "done");
+      if (session.captionFor === msg.id) setCaption(null, "");
+      break;
+    }
+    case "error": {
+      const code = msg.code ?? "error";
+      const text = `${code}: ${msg.message ?? ""}`;
+      showAlert(`The agent reported an error. ${text}`);
+      appendErrorItem(code, msg.message ?? "");
+      break;
+    }
+    case "invalid":
+      appendErrorItem("invalid_event", `Unreadable message from the server: ${String(msg.raw).slice(0, 200)}`);
+      break;
+    default:
+      // Unknown event types are kept in window.voiceAgent.events and otherwise ignored
+      // (the contract may grow).
+      break;
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Transcript
+
+function ensureItem(id) {
+  const key = String(id ?? "");
+  let li = items.get(key);
+  if (li) return li;
+  li = document.createElement("li");
+  li.className = "utterance";
+  li.dataset.id = key;
+  const text = document.createElement("span");
+  text.className = "text";
+  text.textContent = texts.get(key) ?? "";
+  const badge = document.createElement("span");
+  badge.className = "badge";
+  li.append(text, badge);
+  items.set(key, li);
+  appendTranscript(li);
+  return li;
+}
+
+function setItemStatus(li, status, label) {
+  li.dataset.status = status;
+  li.querySelector(".badge").textContent = label;
+}
+
+function appendErrorItem(code, message) {
+  const li = document.createElement("li");
+  li.className = "error-item";
+  li.dataset.status = "error";
+  li.dataset.code = code;
+  const text = document.createElement("span");
+  text.className = "text";
+  text.textContent = message;
+  const badge = document.createElement("span");
+  badge.className = "badge";
+  badge.textContent = code;
+  li.append(text, badge);
+  appendTranscript(li);
+}
+
+function appendTranscript(li) {
+  const nearBottom = ui.transcript.scrollHeight - ui.transcript.scrollTop - ui.transcript.clientHeight < 40;
+  ui.transcript.append(li);
+  ui.transcriptEmpty.hidden = true;
+  if (nearBottom) ui.transcript.scrollTop = ui.transcript.scrollHeight;
+}
+
+function setCaption(id, text) {
+  session.captionFor = id;
+  ui.caption.textContent = text;
+}
+
+// ---------------------------------------------------------------------------------------
+// Stats: one sample a second from pc.getStats()
+
+const METRICS = [
+  { key: "bitrateKbps", label: "Bitrate", unit: "kbps", digits: 1, scale: 40 },
+  { key: "packetsPerSecond", label: "Packets", unit: "/s", digits: 0, scale: 60 },
+  { key: "packetsLost", label: "Packets lost", unit: "", digits: 0, scale: 5 },
+  { key: "jitterMs", label: "Jitter", unit: "ms", digits: 1, scale: 10 },
+  { key: "jitterBufferMs", label: "Jitter buffer", unit: "ms", digits: 0, scale: 60 },
+  { key: "rttMs", label: "Round trip", unit: "ms", digits: 1, scale: 10 },
+  { key: "audioLevel", label: "Audio level", unit: "", digits: 3, scale: 1, fixed: true },
+  { key: "concealedSamples", label: "Concealed samples", unit: "", digits: 0, scale: 100 },
+];
+
+function pickStats(report) {
+  const byId = new Map();
+  let inbound = null;
+  let remoteOutbound = null;
+  let transport = null;
+  const pairs = [];
+  report.forEach((s) => {
+    byId.set(s.id, s);
+    const kind = s.kind ?? s.mediaType;
+    if (s.type === "inbound-rtp" && kind === "audio" && !inbound) inbound = s;
+    else if (s.type === "remote-outbound-rtp" && kind === "audio" && !remoteOutbound) remoteOutbound = s;
+    else if (s.type === "transport" && !transport) transport = s;
+    else if (s.type === "candidate-pair") pairs.push(s);
+  });
+  let pair = transport && transport.selectedCandidatePairId ? byId.get(transport.selectedCandidatePairId) : null;
+  if (!pair) pair = pairs.find((p) => p.selected) ?? pairs.find((p) => p.nominated && p.state === "succeeded") ?? null;
+  return { inbound, remoteOutbound, pair };
+}
+
+function num(v) {
+  return typeof v === "number" && Number.isFinite(v) ? v : null;
+}
+
+function makeSample({ inbound, remoteOutbound, pair }, prev) {
+  const sample = {
+    t: Date.now(),
+    bitrateKbps: null,
+    packetsPerSecond: null,
+    packetsReceived: null,
+    packetsLost: null,
+    jitterMs: null,
+    jitterBufferMs: null,
+    rttMs: null,
+    audioLevel: null,
+    concealedSamples: null,
+    totalSamplesReceived: null,
+  };
+  let rtt = remoteOutbound && num(remoteOutbound.roundTripTime) !== null &&
+    (remoteOutbound.roundTripTimeMeasurements ?? 1) > 0 ? remoteOutbound.roundTripTime : null;
+  if (rtt === null && pair) rtt = num(pair.currentRoundTripTime);
+  sample.rttMs = rtt === null ? null : rtt * 1000;
+  if (!inbound) return sample;
+
+  sample.packetsReceived = num(inbound.packetsReceived);
+  sample.packetsLost = num(inbound.packetsLost);
+  sample.jitterMs = num(inbound.jitter) === null ? null : inbound.jitter * 1000;
+  sample.audioLevel = num(inbound.audioLevel);
+  sample.concealedSamples = num(inbound.concealedSamples);
+  sample.totalSamplesReceived = num(inbound.totalSamplesReceived);
+  if (prev) {
+    const dt = (inbound.timestamp - prev.timestamp) / 1000;
+    if (dt > 0) {
+      if (num(inbound.bytesReceived) !== null && num(prev.bytesReceived) !== null) {
+        sample.bitrateKbps = ((inbound.bytesReceived - prev.bytesReceived) * 8) / dt / 1000;
+      }
+      if (sample.packetsReceived !== null && num(prev.packetsReceived) !== null) {
+        sample.packetsPerSecond = (inbound.packetsReceived - prev.packetsReceived) / dt;
+      }
+    }
+    const dCount = (inbound.jitterBufferEmittedCount ?? 0) - (prev.jitterBufferEmittedCount ?? 0);
+    const dDelay = (inbound.jitterBufferDelay ?? 0) - (prev.jitterBufferDelay ?? 0);
+    if (dCount > 0) sample.jitterBufferMs = (dDelay / dCount) * 1000;
+  }
+  return sample;
+}
+
+async function sampleStats() {
+  const pc = session.pc;
+  if (!pc || session.statsBusy) return;
+  session.statsBusy = true;
+  try {
+    const picked = pickStats(await pc.getStats());
+    if (pc !== session.pc) return;
+    const sample = makeSample(picked, session.prevInbound);
+    if (picked.inbound) session.prevInbound = picked.inbound;
+    stats.push(sample);
+    if (stats.length > MAX_STATS_SAMPLES) stats.splice(0, stats.length - MAX_STATS_SAMPLES);
+    drawPlots();
+  } catch (err) {
+    console.warn("getStats failed", err);
+  } finally {
+    session.statsBusy = false;
+  }
+}
+
+function startStats() {
+  stopStats();
+  session.statsTimer = setInterval(sampleStats, STATS_INTERVAL_MS);
+}
+
+function stopStats() {
+  if (session.statsTimer !== null) clearInterval(session.statsTimer);
+  session.statsTimer = null;
+}
+
+// ---------------------------------------------------------------------------------------
+// Sparklines
+
+const plots = [];
+
+function buildPlots() {
+  for (const metric of METRICS) {
+    const box = document.createElement("figure");
+    box.className = "metric";
+    box.dataset.metric = metric.key;
+    const head = document.createElement("figcaption");
+    const label = document.createElement("span");
+    label.className = "label";
+    label.textContent = metric.label;
+    const value = document.createElement("output");
+    value.className = "value";
+    value.id = `stat-${metric.key}`;
+    value.textContent = "—";
+    head.append(label, value);
+    const canvas = document.createElement("canvas");
+    canvas.setAttribute("aria-hidden", "true");
+    canvas.height = 48;
+    box.append(head, canvas);
+    ui.stats.append(box);
+    plots.push({ metric, canvas, value });
+  }
+}
+
+function formatValue(metric, v) {
+  if (v === null || v === undefined) return "—";
+  const text = v.toFixed(metric.digits);
+  return metric.unit ? `${text} ${metric.unit}` : text;
+}
+
+function drawPlot({ metric, canvas, value }, points) {
+  const current = points.length ? points[points.length - 1] : null;
+  value.textContent = formatValue(metric, current);
+
+  const dpr = window.devicePixelRatio || 1;
+  const cssW = canvas.clientWidth || 200;
+  const cssH = canvas.clientHeight || 48;
+  if (canvas.width !== Math.round(cssW * dpr) || canvas.height !== Math.round(cssH * dpr)) {
+    canvas.width = Math.round(cssW * dpr);
+    canvas.height = Math.round(cssH * dpr);
+  }
+  const ctx = canvas.getContext("2d");
+  if (!ctx) return;
+  const w = canvas.width;
+  const h = canvas.height;
+  ctx.clearRect(0, 0, w, h);
+
+  const style = getComputedStyle(canvas);
+  const color = style.color || "#4a9";
+  const present = points.filter((p) => p !== null);
+  let max = metric.scale;
+  if (!metric.fixed) for (const p of present) max = Math.max(max, p * 1.15);
+  const pad = 2 * dpr;
+  const step = (w - 2 * pad) / (PLOT_POINTS - 1);
+  const x = (i) => w - pad - (points.length - 1 - i) * step;
+  const y = (v) => h - pad - (Math.max(0, Math.min(v, max)) / max) * (h - 2 * pad);
+
+  // Baseline.
+  ctx.globalAlpha = 0.25;
+  ctx.fillStyle = color;
+  ctx.fillRect(0, h - dpr, w, dpr);
+
+  // Area and line, broken where a value is missing.
+  ctx.lineWidth = 1.5 * dpr;
+  ctx.strokeStyle = color;
+  let run = [];
+  const flush = () => {
+    if (!run.length) return;
+    ctx.globalAlpha = 0.18;
+    ctx.beginPath();
+    ctx.moveTo(x(run[0][0]), h);
+    for (const [i, v] of run) ctx.lineTo(x(i), y(v));
+    ctx.lineTo(x(run[run.length - 1][0]), h);
+    ctx.closePath();
+    ctx.fill();
+    ctx.globalAlpha = 1;
+    ctx.beginPath();
+    run.forEach(([i, v], k) => (k ? ctx.lineTo(x(i), y(v)) : ctx.moveTo(x(i), y(v))));
+    if (run.length === 1) ctx.arc(x(run[0][0]), y(run[0][1]), dpr, 0, 2 * Math.PI);
+    ctx.stroke();
+    run = [];
+  };
+  points.forEach((v, i) => (v === null ? flush() : run.push([i, v])));
+  flush();
+  ctx.globalAlpha = 1;
+}
+
+function drawPlots() {
+  const recent = stats.slice(-PLOT_POINTS);
+  for (const plot of plots) {
+    drawPlot(plot, recent.map((s) => (s[plot.metric.key] ?? null)));
+  }
+}
+
+function resetPlots() {
+  drawPlots();
+}
+
+// ---------------------------------------------------------------------------------------
+// Wiring
+
+ui.connect.addEventListener("click", () => {
+  connect().catch((err) => console.warn("connect failed:", err));
+});
+ui.hangup.addEventListener("click", hangup);
+ui.form.addEventListener("submit", (ev) => {
+  ev.preventDefault();
+  clearAlert();
+  try {
+    if (say(ui.text.value)) ui.text.value = "";
+  } catch (err) {
+    showAlert(describeError(err));
+  }
+  ui.text.focus();
+});
+ui.interrupt.addEventListener("click", () => {
+  try {
+    interrupt();
+  } catch (err) {
+    showAlert(describeError(err));
+  }
+});
+window.addEventListener("resize", drawPlots);
+window.addEventListener("pagehide", hangupOnUnload);
+
+buildPlots();
+drawPlots();
+setState("idle");
+
+// Test and console hooks.
+window.voiceAgent = {
+  get pc() { return session.pc; },
+  get channel() { return session.channel; },
+  get sessionId() { return session.id; },
+  get state() { return ui.state.dataset.state; },
+  events,
+  stats,
+  connect,
+  hangup,
+  say,
+  interrupt,
+};

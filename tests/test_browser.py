@@ -1,0 +1,509 @@
+"""End to end in headless Chromium: the page from the real server, a real WebRTC call.
+
+The `live_server` fixture (tests/conftest.py) runs the aiohttp application on a localhost
+port with a ToneEngine that speaks every text as a sine tone, 0.25 s per word. The browser
+loads static/ from it, connects through the UI, says things through the UI and reads
+``RTCPeerConnection.getStats()`` while the agent speaks.
+
+Needs Chromium at /usr/bin/chromium (Debian: ``apt-get install -y chromium``; .ci/run
+installs it; CHROMIUM_PATH overrides the path) and the ``playwright`` Python package;
+Playwright's own browser download (``playwright install``) is never used. Without them
+these tests are skipped, or fail when ``VOICE_AGENT_REQUIRE_BROWSER=1`` (set it in CI so
+that a missing browser cannot pass silently). Run with ``pytest -s`` to see the measured
+figures.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+import pytest_asyncio
+
+CHROMIUM = os.environ.get("CHROMIUM_PATH", "/usr/bin/chromium")
+HAVE_CHROMIUM = os.path.exists(CHROMIUM)
+REQUIRE_BROWSER = os.environ.get("VOICE_AGENT_REQUIRE_BROWSER") == "1"
+
+# Shared NOTES.md: the flags measured to work headless on these machines.
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-quic",
+    "--no-first-run",
+    "--use-fake-ui-for-media-stream",
+    "--use-fake-device-for-media-stream",
+    "--autoplay-policy=no-user-gesture-required",
+]
+
+SECONDS_PER_WORD = 0.25  # ToneEngine's default
+SILENCE_LEVEL = 0.01  # inbound-rtp audioLevel (linear, 0..1) above this counts as sound
+QUIET_LEVEL = 0.005  # "back to ~0" after an interrupt
+
+pytestmark = [pytest.mark.browser, pytest.mark.timeout(90)]
+
+try:
+    from playwright.async_api import Browser, Page, async_playwright
+    from playwright.async_api import TimeoutError as PlaywrightTimeout
+except ImportError:  # pragma: no cover - depends on the machine
+    if REQUIRE_BROWSER:
+        raise
+    pytest.skip(
+        "the playwright Python package is not installed (pip install playwright; "
+        "no `playwright install` needed: the tests drive the system Chromium)",
+        allow_module_level=True,
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# Fixtures
+
+
+@pytest_asyncio.fixture
+async def browser() -> AsyncIterator[Browser]:
+    if not HAVE_CHROMIUM:
+        message = (
+            f"Chromium not found at {CHROMIUM}: install it with `apt-get install -y chromium` "
+            "(.ci/run does) or point CHROMIUM_PATH at a Chromium/Chrome binary"
+        )
+        if REQUIRE_BROWSER:
+            pytest.fail(message)
+        pytest.skip(message)
+    async with async_playwright() as pw:
+        browser = await pw.chromium.launch(
+            executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS
+        )
+        try:
+            yield browser
+        finally:
+            await browser.close()
+
+
+@dataclass
+class AgentPage:
+    page: Page
+    log: list[str] = field(default_factory=list)
+
+    def page_errors(self) -> list[str]:
+        return [line for line in self.log if line.startswith("pageerror")]
+
+    def context(self) -> str:
+        return "\nbrowser log:\n" + "\n".join(self.log[-40:])
+
+
+@pytest_asyncio.fixture
+async def agent_page(browser: Browser, live_server: Any) -> AsyncIterator[AgentPage]:
+    context = await browser.new_context()
+    page = await context.new_page()
+    page.set_default_timeout(15_000)
+    result = AgentPage(page)
+    page.on("console", lambda m: result.log.append(f"console.{m.type}: {m.text}"))
+    page.on("pageerror", lambda e: result.log.append(f"pageerror: {e}"))
+    await page.goto(live_server.url + "/")
+    await page.wait_for_function("() => window.voiceAgent !== undefined")
+    try:
+        yield result
+    finally:
+        await context.close()
+
+
+# ---------------------------------------------------------------------------------------
+# Page-side helpers (JavaScript run in the page)
+
+# The audio inbound-rtp stats object, or null.
+INBOUND_JS = """
+async () => {
+  const pc = window.voiceAgent.pc;
+  if (!pc) return null;
+  const report = await pc.getStats();
+  let s = null;
+  report.forEach((x) => { if (x.type === 'inbound-rtp' && x.kind === 'audio') s = x; });
+  return s ? {...s} : null;
+}
+"""
+
+# Polls the inbound stats every 20 ms until predicate(stats) holds; the stats, or null.
+WAIT_INBOUND_JS = """
+async ({predicate, timeoutMs, inbound}) => {
+  const getInbound = eval(inbound);
+  const test = eval(predicate);
+  const t0 = performance.now();
+  while (performance.now() - t0 < timeoutMs) {
+    const s = await getInbound();
+    if (s && test(s)) return s;
+    await new Promise((r) => setTimeout(r, 20));
+  }
+  return null;
+}
+"""
+
+# Polls the inbound stats every `intervalMs` while the agent speaks the first utterance that
+# starts after events[fromIndex]; stops `tailMs` after its speech.ended. Times are ms from
+# the start of the probe.
+SPEECH_PROBE_JS = """
+async ({fromIndex, timeoutMs, intervalMs, tailMs, inbound}) => {
+  const va = window.voiceAgent;
+  const getInbound = eval(inbound);
+  const t0 = performance.now();
+  const samples = [];
+  let id = null, startedAt = null, endedAt = null;
+  while (performance.now() - t0 < timeoutMs) {
+    const events = va.events.slice(fromIndex);
+    if (id === null) {
+      const started = events.find((e) => e.type === 'speech.started');
+      if (started) { id = started.id; startedAt = performance.now() - t0; }
+    }
+    if (id !== null && endedAt === null &&
+        events.some((e) => e.type === 'speech.ended' && e.id === id)) {
+      endedAt = performance.now() - t0;
+    }
+    const stats = await getInbound();
+    samples.push({t: performance.now() - t0, stats});
+    if (endedAt !== null && performance.now() - t0 - endedAt >= tailMs) break;
+    await new Promise((r) => setTimeout(r, intervalMs));
+  }
+  return {id, startedAt, endedAt, samples};
+}
+"""
+
+# Clicks Interrupt, then times speech.ended for `id` and the level falling to `quiet`;
+# then samples the level for another second (nothing queued may play on).
+INTERRUPT_JS = """
+async ({id, quiet, inbound}) => {
+  const va = window.voiceAgent;
+  const getInbound = eval(inbound);
+  const level = async () => ((await getInbound()) || {}).audioLevel || 0;
+  const ended = () => va.events.some((e) => e.type === 'speech.ended' && e.id === id);
+  document.getElementById('interrupt').click();
+  const t0 = performance.now();
+  let endedAt = null, quietAt = null;
+  const levels = [];
+  while (performance.now() - t0 < 5000 && (endedAt === null || quietAt === null)) {
+    if (endedAt === null && ended()) endedAt = performance.now() - t0;
+    const l = await level();
+    levels.push([Math.round(performance.now() - t0), l]);
+    if (quietAt === null && l < quiet) quietAt = performance.now() - t0;
+    await new Promise((r) => setTimeout(r, 20));
+  }
+  const after = [];
+  for (let i = 0; i < 10; i++) {
+    await new Promise((r) => setTimeout(r, 100));
+    after.push(await level());
+  }
+  return {endedAt, quietAt, levels, after};
+}
+"""
+
+TRANSCRIPT_ITEM_JS = """
+(id) => {
+  const items = [...document.querySelectorAll('#transcript li')];
+  const li = items.find((el) => el.dataset.id === id);
+  if (!li) return null;
+  return {text: li.querySelector('.text').textContent, status: li.dataset.status};
+}
+"""
+
+
+async def wait_for_inbound(
+    ap: AgentPage, predicate: str, timeout_s: float
+) -> dict[str, Any] | None:
+    """Poll the audio inbound-rtp stats until `predicate` (a JS function of them) holds."""
+    arg = {"predicate": predicate, "timeoutMs": timeout_s * 1000, "inbound": INBOUND_JS}
+    result: dict[str, Any] | None = await ap.page.evaluate(WAIT_INBOUND_JS, arg)
+    return result
+
+
+async def connect(ap: AgentPage) -> None:
+    """Click Connect; wait for the connected state and for audio packets to flow."""
+    await ap.page.click("#connect")
+    try:
+        await ap.page.wait_for_selector('#state[data-state="connected"]', timeout=20_000)
+    except PlaywrightTimeout as exc:
+        state = await ap.page.text_content("#state")
+        alert = await ap.page.text_content("#alert")
+        raise AssertionError(
+            f"not connected: state={state!r} alert={alert!r}{ap.context()}"
+        ) from exc
+    # The agent sends packets (silence) even while it has nothing to say.
+    packets = await wait_for_inbound(ap, "(s) => (s.packetsReceived || 0) > 25", timeout_s=10)
+    assert packets is not None, f"no audio packets after connecting{ap.context()}"
+
+
+async def say_in_ui(ap: AgentPage, text: str) -> int:
+    """Type `text`, click Say; returns len(voiceAgent.events) before the click."""
+    before = int(await ap.page.evaluate("() => window.voiceAgent.events.length"))
+    await ap.page.fill("#text", text)
+    await ap.page.click("#say")
+    return before
+
+
+async def events(ap: AgentPage) -> list[dict[str, Any]]:
+    return list(await ap.page.evaluate("() => window.voiceAgent.events"))
+
+
+async def probe_speech(ap: AgentPage, from_index: int, timeout_s: float) -> dict[str, Any]:
+    """Stats sampled every 100 ms over the next utterance (see SPEECH_PROBE_JS)."""
+    arg = {
+        "fromIndex": from_index,
+        "timeoutMs": timeout_s * 1000,
+        "intervalMs": 100,
+        "tailMs": 300,
+        "inbound": INBOUND_JS,
+    }
+    probe: dict[str, Any] = await ap.page.evaluate(SPEECH_PROBE_JS, arg)
+    if probe["id"] is None or probe["endedAt"] is None:
+        what = "speech.started" if probe["id"] is None else "speech.ended"
+        raise AssertionError(f"no {what} within {timeout_s} s: {await events(ap)}{ap.context()}")
+    return probe
+
+
+def speaking_window(probe: dict[str, Any], trim_ms: float) -> list[dict[str, Any]]:
+    """Stats samples taken while the agent was speaking, trimmed by `trim_ms` at both ends."""
+    lo = probe["startedAt"] + trim_ms
+    hi = probe["endedAt"] - trim_ms
+    return [s["stats"] for s in probe["samples"] if s["stats"] and lo <= s["t"] <= hi]
+
+
+def event_index(evs: list[dict[str, Any]], type_: str, id_: str) -> int:
+    for i, e in enumerate(evs):
+        if e.get("type") == type_ and e.get("id") == id_:
+            return i
+    raise AssertionError(f"no {type_} for {id_!r} in {json.dumps(evs)}")
+
+
+async def transcript_item(ap: AgentPage, id_: str) -> dict[str, Any] | None:
+    item: dict[str, Any] | None = await ap.page.evaluate(TRANSCRIPT_ITEM_JS, id_)
+    return item
+
+
+# ---------------------------------------------------------------------------------------
+# Tests
+
+
+async def test_says_a_sentence_through_the_ui(agent_page: AgentPage) -> None:
+    ap = agent_page
+    await connect(ap)
+
+    before = await ap.page.evaluate(INBOUND_JS)
+    assert (before.get("audioLevel") or 0.0) < SILENCE_LEVEL, f"sound before speech: {before}"
+
+    sentence = "the quick brown fox jumps over the lazy dog and runs away"
+    words = len(sentence.split())
+    assert words == 12
+    start_index = await say_in_ui(ap, sentence)
+    probe = await probe_speech(ap, start_index, timeout_s=15)
+    uid = probe["id"]
+
+    # Events: speech.started, then speech.ended (not interrupted) for the client's id;
+    # captions, if any, in between.
+    evs = (await events(ap))[start_index:]
+    i_started = event_index(evs, "speech.started", uid)
+    i_ended = event_index(evs, "speech.ended", uid)
+    assert i_started < i_ended, evs
+    assert evs[i_ended]["interrupted"] is False, evs[i_ended]
+    assert not [e for e in evs if e.get("type") == "error"], evs
+    for i, e in enumerate(evs):
+        if e.get("type") == "speech.segment" and e.get("id") == uid:
+            assert i_started < i < i_ended, evs
+            assert e["text"].strip() in sentence, e
+
+    # The transcript shows the sentence under the id the page sent (the server echoed it).
+    item = await transcript_item(ap, uid)
+    assert item is not None, f"no transcript item for {uid!r}"
+    assert item["text"] == sentence, f"transcript item {item!r}: server did not echo our id?"
+    assert item["status"] == "done", item
+    assert sentence in (await ap.page.text_content("#transcript") or "")
+
+    # Speech lasts as long as the tone (0.25 s per word), give or take event timing.
+    duration_s = (probe["endedAt"] - probe["startedAt"]) / 1000
+    expected_s = words * SECONDS_PER_WORD
+    assert expected_s - 0.5 <= duration_s <= expected_s + 0.8, (duration_s, expected_s)
+
+    # getStats over the speech: 50 packets/s, sound, (almost) nothing concealed.
+    window = speaking_window(probe, trim_ms=0)
+    assert len(window) >= 10, probe["samples"]
+    first, last = window[0], window[-1]
+    seconds = (last["timestamp"] - first["timestamp"]) / 1000
+    assert seconds >= 2.0, (seconds, probe)
+    packet_rate = (last["packetsReceived"] - first["packetsReceived"]) / seconds
+    assert 45 <= packet_rate <= 55, f"{packet_rate:.1f} packets/s over {seconds:.2f} s"
+
+    levels = [s.get("audioLevel") or 0.0 for s in speaking_window(probe, trim_ms=400)]
+    assert levels, probe["samples"]
+    loud = sum(level > SILENCE_LEVEL for level in levels) / len(levels)
+    median = sorted(levels)[len(levels) // 2]
+    assert loud >= 0.8, f"audioLevel above {SILENCE_LEVEL} in only {loud:.0%}: {levels}"
+
+    received = last["totalSamplesReceived"] - first["totalSamplesReceived"]
+    concealed = last["concealedSamples"] - first["concealedSamples"]
+    assert received > 0, (first, last)
+    assert concealed < 0.01 * received, f"{concealed} of {received} samples concealed"
+    print(
+        f"\nspeech: {duration_s:.2f} s for {expected_s:.2f} s of tone, "
+        f"{packet_rate:.1f} packets/s, audible in {loud:.0%} of {len(levels)} samples "
+        f"(median level {median:.3f}), concealed {concealed} of {received} samples"
+    )
+
+    # The page's own once-a-second samples (what the plots draw) saw the same stream.
+    page_stats = await ap.page.evaluate("() => window.voiceAgent.stats")
+    rates = [s["packetsPerSecond"] for s in page_stats if s.get("packetsPerSecond") is not None]
+    assert any(40 <= r <= 60 for r in rates), page_stats
+    assert any((s.get("bitrateKbps") or 0) > 0 for s in page_stats), page_stats
+    assert (await ap.page.text_content("#stat-packetsPerSecond")) != "—"
+
+    assert not ap.page_errors(), ap.context()
+
+    # Hang up: the server is told first (DELETE /sessions/{id} -> 204), then the call closes.
+    session_id = await ap.page.evaluate("() => window.voiceAgent.sessionId")
+    assert session_id, "no session_id from POST /offer"
+    async with ap.page.expect_response(lambda r: r.request.method == "DELETE") as deleted:
+        await ap.page.click("#hangup")
+    response = await deleted.value
+    assert response.url.endswith(f"/sessions/{session_id}"), response.url
+    assert response.status == 204, (response.status, await response.text())
+    await ap.page.wait_for_selector('#state[data-state="closed"]')
+    assert await ap.page.evaluate("() => window.voiceAgent.pc === null")
+    assert not await ap.page.is_visible("#alert"), await ap.page.text_content("#alert")
+    console_errors = [line for line in ap.log if line.startswith("console.error")]
+    assert not console_errors, ap.context()
+
+
+async def test_interrupt_stops_speech(agent_page: AgentPage) -> None:
+    ap = agent_page
+    await connect(ap)
+
+    long_text = " ".join(["this sentence keeps going for a long while"] * 5)  # 40 words: 10 s
+    start_index = await say_in_ui(ap, long_text)
+    loud = await wait_for_inbound(ap, f"(s) => (s.audioLevel || 0) > {SILENCE_LEVEL}", 5)
+    assert loud is not None, f"the agent never became audible: {await events(ap)}{ap.context()}"
+    uid = await ap.page.evaluate(
+        """async (n) => {
+          for (let i = 0; i < 100; i++) {
+            const e = window.voiceAgent.events.slice(n).find((e) => e.type === 'speech.started');
+            if (e) return e.id;
+            await new Promise((r) => setTimeout(r, 20));
+          }
+          return null;
+        }""",
+        start_index,
+    )
+    assert uid is not None, f"audible but no speech.started: {await events(ap)}"
+
+    result = await ap.page.evaluate(
+        INTERRUPT_JS, {"id": uid, "quiet": QUIET_LEVEL, "inbound": INBOUND_JS}
+    )
+    print(
+        f"\ninterrupt: speech.ended after {result['endedAt']:.0f} ms, "
+        f"audioLevel < {QUIET_LEVEL} after {result['quietAt']:.0f} ms"
+    )
+    assert result["endedAt"] is not None, f"no speech.ended after interrupt: {await events(ap)}"
+    assert result["endedAt"] < 1000, result
+    assert result["quietAt"] is not None, f"still audible 5 s after interrupt: {result}"
+    assert result["quietAt"] < 1000, f"audible for {result['quietAt']:.0f} ms: {result}"
+    assert max(result["after"]) < SILENCE_LEVEL, f"sound came back after interrupt: {result}"
+
+    evs = (await events(ap))[start_index:]
+    i_started = event_index(evs, "speech.started", uid)
+    i_ended = event_index(evs, "speech.ended", uid)
+    assert i_started < i_ended, evs
+    assert evs[i_ended]["interrupted"] is True, evs[i_ended]
+    item = await transcript_item(ap, uid)
+    assert item is not None and item["status"] == "interrupted", item
+
+    # The session goes on: the next sentence is spoken in full.
+    next_index = await say_in_ui(ap, "still here")
+    probe = await probe_speech(ap, next_index, timeout_s=10)
+    evs = (await events(ap))[next_index:]
+    assert evs[event_index(evs, "speech.ended", probe["id"])]["interrupted"] is False, evs
+    assert not ap.page_errors(), ap.context()
+
+
+async def test_unknown_type_shows_error_and_session_lives_on(agent_page: AgentPage) -> None:
+    ap = agent_page
+    await connect(ap)
+
+    before = await ap.page.evaluate("() => window.voiceAgent.events.length")
+    await ap.page.evaluate("() => window.voiceAgent.channel.send(JSON.stringify({type: 'nope'}))")
+    await ap.page.wait_for_function(
+        "(n) => window.voiceAgent.events.slice(n).some((e) => e.type === 'error')",
+        arg=before,
+        timeout=5_000,
+    )
+    errors = [e for e in (await events(ap))[before:] if e.get("type") == "error"]
+    assert errors[0]["code"] == "unknown_type", errors
+    assert isinstance(errors[0].get("message"), str) and errors[0]["message"], errors
+
+    # Shown to the user: an alert and a row in the transcript.
+    assert await ap.page.is_visible("#alert")
+    assert "unknown_type" in (await ap.page.text_content("#alert") or "")
+    assert await ap.page.is_visible('#transcript li[data-code="unknown_type"]')
+    assert await ap.page.get_attribute("#state", "data-state") == "connected"
+
+    # And the agent still speaks.
+    sentence = "still speaking after an error"
+    start_index = await say_in_ui(ap, sentence)
+    probe = await probe_speech(ap, start_index, timeout_s=10)
+    evs = (await events(ap))[start_index:]
+    assert evs[event_index(evs, "speech.ended", probe["id"])]["interrupted"] is False, evs
+    levels = [s.get("audioLevel") or 0.0 for s in speaking_window(probe, trim_ms=200)]
+    assert any(level > SILENCE_LEVEL for level in levels), levels
+    item = await transcript_item(ap, probe["id"])
+    assert item == {"text": sentence, "status": "done"}, item
+    assert not ap.page_errors(), ap.context()
+
+
+async def test_offer_error_body_is_shown(agent_page: AgentPage) -> None:
+    """A JSON error from POST /offer reaches the user (a route answers for the server)."""
+    ap = agent_page
+    body = {"error": {"code": "too_many_sessions", "message": "the server is full"}}
+
+    async def refuse(route: Any) -> None:
+        await route.fulfill(status=503, content_type="application/json", body=json.dumps(body))
+
+    await ap.page.route("**/offer", refuse)
+    await ap.page.click("#connect")
+    await ap.page.wait_for_selector('#state[data-state="failed"]')
+    alert = await ap.page.text_content("#alert") or ""
+    assert "too_many_sessions" in alert and "the server is full" in alert, alert
+    assert await ap.page.is_enabled("#connect")
+    assert await ap.page.evaluate("() => window.voiceAgent.pc === null")
+
+    # A retry against the real server works.
+    await ap.page.unroute("**/offer")
+    await connect(ap)
+    assert not ap.page_errors(), ap.context()
+
+
+async def test_text_said_over_http_appears_in_transcript(
+    agent_page: AgentPage, live_server: Any
+) -> None:
+    """POST /sessions/{id}/say: the page never saw the text; captions fill the transcript."""
+    ap = agent_page
+    await connect(ap)
+    session_id = await ap.page.evaluate("() => window.voiceAgent.sessionId")
+    before = int(await ap.page.evaluate("() => window.voiceAgent.events.length"))
+
+    text = "Spoken on behalf of the server. Two sentences."
+    response = await ap.page.request.post(
+        f"{live_server.url}/sessions/{session_id}/say", data={"text": text}
+    )
+    assert response.status == 202, (response.status, await response.text())
+    uid = (await response.json())["id"]
+
+    probe = await probe_speech(ap, before, timeout_s=10)
+    assert probe["id"] == uid, (probe["id"], uid)
+    evs = (await events(ap))[before:]
+    assert evs[event_index(evs, "speech.ended", uid)]["interrupted"] is False, evs
+    captions = [e["text"] for e in evs if e.get("type") == "speech.segment" and e["id"] == uid]
+    # The page knew no text for this id: the transcript is built from the captions.
+    item = await transcript_item(ap, uid)
+    assert item is not None and item["status"] == "done", item
+    assert captions, f"no speech.segment captions: {evs}"
+    assert " ".join(item["text"].split()) == text, (item, captions)
+    assert not ap.page_errors(), ap.context()

@@ -1,0 +1,194 @@
+"""ChatTTSEngine end to end on the tiny random-weight checkpoint (real ChatTTS code, no mocks)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from agent.chattts.engine import ChatTTSEngine
+from agent.chattts.scheduler import SAMPLE_RATE, Stream
+from agent.config import ChatTTSSettings
+from agent.engine import EngineError, TTSEngine, VoiceOptions
+from tests.conftest_chattts import (  # noqa: F401  (fixtures)
+    chattts_engine,
+    tiny_model_dir,
+    tiny_settings,
+)
+
+
+async def collect(engine: ChatTTSEngine, text: str, voice: VoiceOptions = VoiceOptions()) -> np.ndarray:
+    chunks = [c async for c in engine.synthesize(text, voice)]
+    for c in chunks:
+        assert c.dtype == np.float32 and c.ndim == 1 and len(c) > 0
+    return np.concatenate(chunks) if chunks else np.zeros(0, np.float32)
+
+
+async def drain(stream: Stream) -> np.ndarray:
+    out = []
+    while (c := await stream.get()) is not None:
+        out.append(c)
+    return np.concatenate(out) if out else np.zeros(0, np.float32)
+
+
+def test_tiny_checkpoint_has_the_chattts_layout(tiny_model_dir: Path) -> None:
+    for rel in [
+        "asset/Vocos.safetensors",
+        "asset/DVAE.safetensors",
+        "asset/Decoder.safetensors",
+        "asset/Embed.safetensors",
+        "asset/gpt/config.json",
+        "asset/gpt/model.safetensors",
+        "asset/tokenizer/tokenizer.json",
+        "asset/tokenizer/tokenizer_config.json",
+        "asset/tokenizer/special_tokens_map.json",
+    ]:
+        assert (tiny_model_dir / rel).is_file(), rel
+    manifest = json.loads((tiny_model_dir / "manifest.json").read_text())
+    assert manifest["size"] == "tiny" and len(manifest["sha256"]) == 9
+    total = sum(p.stat().st_size for p in tiny_model_dir.rglob("*") if p.is_file())
+    assert total < 10_000_000
+
+
+async def test_ready_only_after_start_and_warm_up(tiny_settings: ChatTTSSettings) -> None:
+    engine = ChatTTSEngine(tiny_settings)
+    assert isinstance(engine, TTSEngine)
+    assert engine.sample_rate == 24_000 and engine.name == "chattts"
+    assert not engine.ready
+    with pytest.raises(EngineError):
+        async for _ in engine.synthesize("hello", VoiceOptions()):
+            pass
+    await engine.start()
+    assert engine.ready
+    assert engine.scheduler is not None and engine.scheduler.steps > 0  # warm-up ran
+    await engine.start()  # idempotent
+    await engine.close()
+    assert not engine.ready
+
+
+async def test_first_audio_after_at_most_first_chunk_tokens(chattts_engine: ChatTTSEngine) -> None:
+    sched = chattts_engine.scheduler
+    assert sched is not None
+    stream = sched.submit("this sentence is long enough for several chunks of audio", VoiceOptions())
+    first = await stream.get()
+    assert first is not None and len(first) > 0
+    assert stream.stats.first_audio_tokens is not None
+    assert stream.stats.first_audio_tokens <= chattts_engine.settings.first_chunk_tokens
+    rest = await drain(stream)
+    assert stream.stats.chunks >= 4
+    assert len(first) + len(rest) == stream.stats.samples
+    # Decode work is linear: each token is decoded about once plus a fixed window overhead.
+    assert stream.stats.decoded_tokens <= 1.6 * stream.stats.tokens + 24
+
+
+async def test_same_seed_same_audio_other_seed_other_audio(chattts_engine: ChatTTSEngine) -> None:
+    text = "the quick brown fox jumps over the lazy dog"
+    a = await collect(chattts_engine, text, VoiceOptions(voice="seed:1234"))
+    b = await collect(chattts_engine, text, VoiceOptions(voice="seed:1234"))
+    c = await collect(chattts_engine, text, VoiceOptions(voice="seed:99"))
+    assert len(a) > 0 and np.array_equal(a, b)
+    assert len(a) != len(c) or not np.allclose(a, c)
+
+
+async def test_speech_length_follows_text_length(chattts_engine: ChatTTSEngine) -> None:
+    short = await collect(chattts_engine, "hello there")
+    medium = await collect(chattts_engine, "hello there, this is a somewhat longer sentence")
+    long = await collect(
+        chattts_engine,
+        "hello there, this is a much longer sentence, with many more words in it, so that "
+        "the speech it becomes should last several seconds at least",
+    )
+    durations = [len(x) / SAMPLE_RATE for x in (short, medium, long)]
+    assert durations[0] < durations[1] < durations[2]
+    assert 0.2 <= durations[2] / 26 <= 0.8  # seconds per word, roughly speech
+
+
+async def test_cancelling_one_stream_leaves_the_other_intact(chattts_engine: ChatTTSEngine) -> None:
+    other_text = "the other session keeps talking until the very end of its sentence"
+    alone = await collect(chattts_engine, other_text, VoiceOptions(voice="seed:5"))
+
+    async def cut_short() -> int:
+        gen = chattts_engine.synthesize(
+            "this one is interrupted after its first chunk of audio arrives", VoiceOptions()
+        )
+        first = await gen.__anext__()
+        await gen.aclose()
+        return len(first)
+
+    async def cancelled_task() -> None:
+        async for _ in chattts_engine.synthesize("this one is cancelled as a task", VoiceOptions()):
+            await asyncio.sleep(10)
+
+    task = asyncio.create_task(cancelled_task())
+    n_first, together = await asyncio.gather(
+        cut_short(), collect(chattts_engine, other_text, VoiceOptions(voice="seed:5"))
+    )
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert n_first > 0
+    # Same audio as when it ran alone (batched kernels may round differently in the last bits).
+    assert len(together) == len(alone)
+    assert np.allclose(together, alone, atol=1e-4)
+    sched = chattts_engine.scheduler
+    assert sched is not None
+    deadline = time.monotonic() + 5
+    while sched.gpt.rows and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+    assert not sched.gpt.rows  # the cancelled rows left the batch
+
+
+async def test_streams_ready_together_share_batched_steps(chattts_engine: ChatTTSEngine) -> None:
+    sched = chattts_engine.scheduler
+    assert sched is not None
+    texts = [f"session number {w} speaks this sentence now" for w in ("one", "two", "three")]
+    steps_before = sched.steps
+    streams = [sched.submit(t, VoiceOptions(voice=f"seed:{i}")) for i, t in enumerate(texts)]
+    await asyncio.gather(*(drain(s) for s in streams))
+    tokens = [s.stats.tokens for s in streams]
+    steps = sched.steps - steps_before
+    assert steps < 0.6 * sum(tokens)  # one step advanced several streams
+    assert steps <= max(tokens) + 3
+
+
+async def test_unread_stream_is_parked_and_resumes(chattts_engine: ChatTTSEngine) -> None:
+    sched = chattts_engine.scheduler
+    assert sched is not None
+    long_text = " ".join(["a slow listener does not read this long text"] * 6)
+    slow = sched.submit(long_text, VoiceOptions())
+    first = await slow.get()
+    assert first is not None
+    # Nobody reads `slow` now: it must stop generating once ~max_buffered_s is waiting.
+    deadline = time.monotonic() + 20
+    while slow.stats.parked == 0 and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+    assert slow.stats.parked >= 1
+    tokens_when_parked = slow.stats.tokens
+    busy = await collect(chattts_engine, "meanwhile another session is served normally")
+    assert len(busy) > 0
+    assert slow.stats.tokens == tokens_when_parked  # no compute while parked
+    rest = await drain(slow)  # reading resumes it, to the end
+    assert len(rest) > 0 and slow.stats.finished is not None
+
+
+async def test_voice_options(chattts_engine: ChatTTSEngine) -> None:
+    sched = chattts_engine.scheduler
+    assert sched is not None
+    spk = sched._voices.speaker_string(42)  # a ChatTTS speaker string, as users paste them
+    audio = await collect(chattts_engine, "a pasted speaker string", VoiceOptions(voice=spk))
+    assert len(audio) > 0
+    tuned = await collect(
+        chattts_engine, "tuned sampling", VoiceOptions(speed=7, temperature=0.5, top_p=0.9, top_k=30)
+    )
+    assert len(tuned) > 0
+    for bad in (VoiceOptions(voice="not a voice"), VoiceOptions(voice="seed:x"), VoiceOptions(speed=12)):
+        with pytest.raises(EngineError):
+            await collect(chattts_engine, "bad options", bad)
+
+
+async def test_text_that_normalizes_to_nothing_yields_no_audio(chattts_engine: ChatTTSEngine) -> None:
+    assert len(await collect(chattts_engine, "!!! ???")) == 0

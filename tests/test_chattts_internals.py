@@ -1,0 +1,121 @@
+"""The parts under the engine, on the tiny checkpoint: batched GPT loop, streaming decode, loader."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from agent.chattts.decode import SAMPLES_PER_TOKEN, StreamingDecoder, StreamParams, chat_decode_fn
+from agent.chattts.gpt import BatchedGPT, Sampling
+from agent.chattts.loader import LoadedModel, ModelLoadError, load_chat, resolve_device
+from agent.config import ChatTTSSettings
+from tests.conftest_chattts import (  # noqa: F401  (fixtures)
+    tiny_chat,
+    tiny_model_dir,
+    tiny_settings,
+)
+
+
+def generate(chat: object, text: str, n: int, seed: int = 1) -> list[torch.Tensor]:
+    gpt = BatchedGPT(chat)
+    row = gpt.make_row(text, prompt="[speed_5]", spk_emb=None, sampling=Sampling(max_new_tokens=n), seed=seed)
+    gpt.add(row)
+    while gpt.rows:
+        gpt.step()
+    return row.hiddens
+
+
+def test_batched_loop_matches_chattts_generate(tiny_chat: LoadedModel) -> None:
+    """Teacher-forced on ChatTTS's own tokens, our loop reproduces ChatTTS's hidden states, even
+    while another row joins, is parked and resumes in the same batch."""
+    import ChatTTS
+
+    chat = tiny_chat.chat
+    text = chat.normalizer("hello world how are you", True, True, None)
+    params = ChatTTS.Chat.InferCodeParams(manual_seed=1, max_new_token=40, show_tqdm=False)
+    ref = next(chat._infer_code([text], False, chat.device, True, params))
+    ref_ids, ref_hidden = list(ref.ids[0]), ref.hiddens[0]
+
+    gpt = BatchedGPT(chat)
+    row = gpt.make_row(text, prompt="[speed_5]", spk_emb=None, sampling=Sampling(max_new_tokens=40), seed=0)
+    forced = iter(ref_ids)
+    real_sample = gpt._sample
+    gpt._sample = lambda r, logits: next(forced) if r is row else real_sample(r, logits)  # type: ignore[method-assign]
+    other = gpt.make_row("another sentence", prompt="[speed_5]", spk_emb=None, sampling=Sampling(max_new_tokens=40), seed=2)
+    gpt.add(row)
+    for step in range(len(ref_ids) - 1):
+        if step == 3:
+            gpt.add(other)
+        if step == 9 and other in gpt.rows:
+            gpt.park(other)
+        if step == 15 and other.parked_kv is not None:
+            gpt.add(other)
+        gpt.step()
+    ours = torch.stack(row.hiddens[: len(ref_ids)])
+    assert ours.shape == ref_hidden.shape
+    assert torch.allclose(ours, ref_hidden, atol=1e-4)
+
+
+def snr_db(x: np.ndarray, ref: np.ndarray) -> float:
+    n = min(len(x), len(ref))
+    err = np.sum((x[:n] - ref[:n]) ** 2)
+    return float(10 * np.log10(np.sum(ref[:n] ** 2) / max(err, 1e-20)))
+
+
+def test_streamed_audio_matches_full_decode_over_seams(tiny_chat: LoadedModel) -> None:
+    chat = tiny_chat.chat
+    hiddens = generate(chat, "a sentence long enough to produce a good number of seams in the audio", 400)
+    assert len(hiddens) > 120
+    decode = chat_decode_fn(chat)
+    full = decode(torch.stack(hiddens))
+    dec = StreamingDecoder(decode, StreamParams())
+    parts, seams = [], []
+    first_at = None
+    for n in range(1, len(hiddens) + 1):
+        if dec.due(n):
+            parts.append(dec.push(hiddens[:n], final=False))
+            seams.append(dec.emitted_samples)
+            first_at = first_at or n
+    parts.append(dec.push(hiddens, final=True))
+    streamed = np.concatenate(parts)
+    assert first_at == 24 and len(parts[0]) > 0
+    assert len(streamed) == len(full)
+    around = [slice(max(0, s - 1024), s + 1024) for s in seams]
+    seam_snr = snr_db(np.concatenate([streamed[w] for w in around]), np.concatenate([full[w] for w in around]))
+    assert seam_snr >= 30.0, seam_snr
+    assert snr_db(streamed, full) >= 30.0
+    # Linear work: every token once, plus left context and lookahead per chunk.
+    assert dec.decoded_tokens <= 1.6 * len(hiddens)
+
+
+def test_decoder_slices_only_settled_audio() -> None:
+    """With a decoder whose output depends on the right context, no emitted sample changes."""
+
+    def decode(h: torch.Tensor) -> np.ndarray:
+        v = h[:, 0].numpy().astype(np.float32)
+        nxt = np.concatenate([v[1:], np.zeros(1, np.float32)])  # one token of look-ahead
+        return np.repeat(v + nxt, SAMPLES_PER_TOKEN)[: len(v) * SAMPLES_PER_TOKEN - 256]
+
+    hiddens = [torch.full((2,), float(i)) for i in range(100)]
+    dec = StreamingDecoder(decode, StreamParams(lookahead=2, crossfade=512))
+    out = [dec.push(hiddens[:n], False) for n in range(1, 101) if dec.due(n)]
+    out.append(dec.push(hiddens, True))
+    np.testing.assert_allclose(np.concatenate(out), decode(torch.stack(hiddens)), atol=1e-5)
+
+
+def test_loader_rejects_missing_and_tampered_models(tiny_model_dir: Path, tmp_path: Path) -> None:
+    assert resolve_device("auto").type in {"cpu", "cuda"}
+    with pytest.raises(ModelLoadError):
+        load_chat(ChatTTSSettings(model_dir=tmp_path / "absent", device="cpu"))
+    bad = tmp_path / "bad"
+    shutil.copytree(tiny_model_dir, bad)
+    manifest = json.loads((bad / "manifest.json").read_text())
+    manifest["sha256"]["sha256_asset_Vocos_safetensors"] = "0" * 64
+    (bad / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ModelLoadError):
+        load_chat(ChatTTSSettings(model_dir=bad, device="cpu"))

@@ -1,0 +1,58 @@
+"""Offers whose host candidates are hidden behind unresolvable mDNS names still connect."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import uuid
+
+import aiohttp
+
+from signaling.sdp import add_mdns_fallback
+from tests.conftest import LiveServer
+from tests.rtc_client import RtcClient
+
+CANDIDATE = "a=candidate:1 1 udp 2113937151 {addr} 54321 typ host generation 0"
+
+
+def test_twins_use_the_http_peer_address() -> None:
+    sdp = "v=0\r\n" + CANDIDATE.format(addr="abc-def.local") + "\r\n"
+    out = add_mdns_fallback(sdp, "192.168.1.20", ["10.0.0.5"]).split("\r\n")
+    assert out[1] == CANDIDATE.format(addr="abc-def.local")
+    assert out[2] == "a=candidate:1m0 1 udp 2113937150 192.168.1.20 54321 typ host generation 0"
+    assert out[-1] == ""
+
+
+def test_a_local_browser_gets_twins_on_this_machines_addresses() -> None:
+    sdp = "v=0\n" + CANDIDATE.format(addr="x.local") + "\n"
+    lines = add_mdns_fallback(sdp, "127.0.0.1", ["10.0.0.5", "10.0.0.6"]).splitlines()
+    assert [line.split()[4] for line in lines[1:]] == ["x.local", "10.0.0.5", "10.0.0.6"]
+
+
+def test_plain_candidates_are_left_alone() -> None:
+    sdp = "v=0\r\n" + CANDIDATE.format(addr="10.1.1.1") + "\r\n"
+    assert add_mdns_fallback(sdp, "10.1.1.1", ["10.0.0.5"]) == sdp
+
+
+def hide_behind_mdns(sdp: str) -> str:
+    """What Chrome and Firefox do: host addresses become random, unresolvable .local names."""
+    return re.sub(
+        r"(a=candidate:\S+ \d+ udp \d+ )(\S+)( \d+ typ host)",
+        lambda m: f"{m[1]}{uuid.uuid4()}.local{m[3]}",
+        sdp,
+    )
+
+
+async def test_mdns_only_offer_connects_and_hears_the_agent(live_server: LiveServer) -> None:
+    async with aiohttp.ClientSession() as http:
+        client = RtcClient(live_server.url, http)
+        await client.connect(rewrite_offer=hide_behind_mdns)
+        try:
+            client.send({"type": "say", "text": "can you hear me", "id": "m"})
+            await client.wait_event(lambda e: e["type"] == "speech.ended", timeout=15)
+            await asyncio.sleep(0.2)
+        finally:
+            await client.close()
+    assert client.pc.connectionState in ("connected", "closed")
+    loud = [f for f in client.audio.frames if abs(f).max() > 0.2]
+    assert len(loud) > 30  # ~0.75 s of the tone arrived
