@@ -41,8 +41,20 @@ class ChatTTSSettings:
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     compile: bool = False
     first_chunk_tokens: int = 24  # tokens generated before the first audio chunk
-    chunk_tokens: int = 24  # tokens per later chunk
+    chunk_tokens: int = 24  # smallest later chunk (tokens)
     threads: int = 0  # torch intra-op threads; 0 leaves torch's default
+    decode_left_context: int = 4  # tokens re-decoded left of each decode window
+    decode_lookahead: int = 4  # tokens at the frontier decoded but not emitted yet
+    crossfade_samples: int = 512  # samples blended at each seam (21 ms at 24 kHz)
+    # Later chunks grow with the audio already emitted (growth x emitted tokens, capped);
+    # None: chosen after warm-up from the device's measured speed.
+    chunk_growth: float | None = None
+    max_chunk_tokens: int = 192
+    max_batch: int = 8  # streams generating together; more wait for a slot
+    max_buffered_s: float = 2.0  # unread audio per stream before it stops using compute
+    default_voice: str = "seed:2"
+    max_new_tokens: int = 2048  # ChatTTS's own cap (~44 s per utterance)
+    warmup_text: str = "Hello there."
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""The parts under the engine, on the tiny checkpoint: batched GPT loop, streaming decode, loader."""
+"""Under the engine, on the tiny checkpoint: batched GPT loop, streaming decode, loader."""
 
 from __future__ import annotations
 
@@ -14,16 +14,16 @@ from agent.chattts.decode import SAMPLES_PER_TOKEN, StreamingDecoder, StreamPara
 from agent.chattts.gpt import BatchedGPT, Sampling
 from agent.chattts.loader import LoadedModel, ModelLoadError, load_chat, resolve_device
 from agent.config import ChatTTSSettings
-from tests.conftest_chattts import (  # noqa: F401  (fixtures)
-    tiny_chat,
-    tiny_model_dir,
-    tiny_settings,
-)
+
+# Session fixtures (tiny checkpoint, loaded Chat, started engine), shared by both modules.
+pytest_plugins = ["tests.conftest_chattts"]
 
 
 def generate(chat: object, text: str, n: int, seed: int = 1) -> list[torch.Tensor]:
     gpt = BatchedGPT(chat)
-    row = gpt.make_row(text, prompt="[speed_5]", spk_emb=None, sampling=Sampling(max_new_tokens=n), seed=seed)
+    row = gpt.make_row(
+        text, prompt="[speed_5]", spk_emb=None, sampling=Sampling(max_new_tokens=n), seed=seed
+    )
     gpt.add(row)
     while gpt.rows:
         gpt.step()
@@ -42,11 +42,19 @@ def test_batched_loop_matches_chattts_generate(tiny_chat: LoadedModel) -> None:
     ref_ids, ref_hidden = list(ref.ids[0]), ref.hiddens[0]
 
     gpt = BatchedGPT(chat)
-    row = gpt.make_row(text, prompt="[speed_5]", spk_emb=None, sampling=Sampling(max_new_tokens=40), seed=0)
+    row = gpt.make_row(
+        text, prompt="[speed_5]", spk_emb=None, sampling=Sampling(max_new_tokens=40), seed=0
+    )
     forced = iter(ref_ids)
     real_sample = gpt._sample
     gpt._sample = lambda r, logits: next(forced) if r is row else real_sample(r, logits)  # type: ignore[method-assign]
-    other = gpt.make_row("another sentence", prompt="[speed_5]", spk_emb=None, sampling=Sampling(max_new_tokens=40), seed=2)
+    other = gpt.make_row(
+        "another sentence",
+        prompt="[speed_5]",
+        spk_emb=None,
+        sampling=Sampling(max_new_tokens=40),
+        seed=2,
+    )
     gpt.add(row)
     for step in range(len(ref_ids) - 1):
         if step == 3:
@@ -69,7 +77,9 @@ def snr_db(x: np.ndarray, ref: np.ndarray) -> float:
 
 def test_streamed_audio_matches_full_decode_over_seams(tiny_chat: LoadedModel) -> None:
     chat = tiny_chat.chat
-    hiddens = generate(chat, "a sentence long enough to produce a good number of seams in the audio", 400)
+    hiddens = generate(
+        chat, "a sentence long enough to produce a good number of seams in the audio", 400
+    )
     assert len(hiddens) > 120
     decode = chat_decode_fn(chat)
     full = decode(torch.stack(hiddens))
@@ -86,7 +96,9 @@ def test_streamed_audio_matches_full_decode_over_seams(tiny_chat: LoadedModel) -
     assert first_at == 24 and len(parts[0]) > 0
     assert len(streamed) == len(full)
     around = [slice(max(0, s - 1024), s + 1024) for s in seams]
-    seam_snr = snr_db(np.concatenate([streamed[w] for w in around]), np.concatenate([full[w] for w in around]))
+    seam_snr = snr_db(
+        np.concatenate([streamed[w] for w in around]), np.concatenate([full[w] for w in around])
+    )
     assert seam_snr >= 30.0, seam_snr
     assert snr_db(streamed, full) >= 30.0
     # Linear work: every token once, plus left context and lookahead per chunk.
@@ -119,3 +131,17 @@ def test_loader_rejects_missing_and_tampered_models(tiny_model_dir: Path, tmp_pa
     (bad / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(ModelLoadError):
         load_chat(ChatTTSSettings(model_dir=bad, device="cpu"))
+    # Without our manifest a directory is taken for a copy of the published model and checked
+    # against ChatTTS's own hash table, which random weights fail.
+    (bad / "manifest.json").unlink()
+    with pytest.raises(ModelLoadError):
+        load_chat(ChatTTSSettings(model_dir=bad, device="cpu"))
+
+
+def test_tiny_model_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from agent.chattts.tiny import main, read_manifest
+
+    assert main([str(tmp_path / "m"), "--seed", "3"]) == 0
+    manifest = read_manifest(tmp_path / "m")
+    assert manifest is not None and manifest["seed"] == 3
+    assert "random-weight" in capsys.readouterr().out

@@ -1,0 +1,1 @@
+"""ChatTTS engine: loading, random checkpoints, batched generation, streaming decode."""

@@ -1,0 +1,99 @@
+"""Loading ChatTTS: the published model from Hugging Face, a local copy, or a random checkpoint.
+
+Blocking (disk, maybe network, seconds to minutes): call it from a worker thread, never from
+the event loop. The engine calls it once and shares the result between all sessions.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from agent.chattts.tiny import apply_dims, dims_from_manifest, read_manifest
+from agent.config import ChatTTSSettings
+
+log = logging.getLogger(__name__)
+
+
+class ModelLoadError(RuntimeError):
+    """ChatTTS could not load (missing files, hash mismatch, download failed)."""
+
+
+@dataclass
+class LoadedModel:
+    chat: Any  # ChatTTS.Chat
+    device: torch.device
+    source: str  # "huggingface" | "custom"
+    random_weights: bool  # a checkpoint built by agent.chattts.tiny (speaks noise)
+    manifest: dict[str, Any] | None
+
+
+def resolve_device(name: str) -> torch.device:
+    """``auto`` picks CUDA when present; anything else is passed to torch as is."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(name)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ModelLoadError(f"device {name!r} requested but CUDA is not available")
+    return dev
+
+
+def load_chat(settings: ChatTTSSettings) -> LoadedModel:
+    """Load ChatTTS as ``settings`` says. Raises ``ModelLoadError`` when ChatTTS reports failure.
+
+    - ``model_dir`` None: ChatTTS's own Hugging Face download (``2Noise/ChatTTS``, ~1.1 GB,
+      progress bars from huggingface_hub) into the usual HF cache, or the cached snapshot.
+    - ``model_dir`` with ``asset/``: a local copy in the published layout, hash-checked by
+      ChatTTS against its own table; or a random checkpoint built by ``build_tiny_model``,
+      whose manifest supplies the dimensions and hashes.
+    - ``model_dir`` without ``asset/``: used as the Hugging Face cache directory (download
+      into it on first use, reuse afterwards).
+    """
+    import ChatTTS
+
+    if settings.threads > 0:
+        torch.set_num_threads(settings.threads)
+    device = resolve_device(settings.device)
+    chat = ChatTTS.Chat(logging.getLogger("agent.chattts.ChatTTS"))
+    manifest = None
+    if settings.model_dir is None:
+        source, custom_path = "huggingface", None
+        log.info("loading ChatTTS from Hugging Face (2Noise/ChatTTS); first run downloads ~1.1 GB")
+    else:
+        model_dir = Path(settings.model_dir).expanduser()
+        if not model_dir.exists():
+            raise ModelLoadError(f"model directory {model_dir} does not exist")
+        manifest = read_manifest(model_dir)
+        if manifest is not None:
+            apply_dims(chat, dims_from_manifest(manifest))
+            # Our files, our hashes: ChatTTS still verifies every file against this table.
+            chat.sha256_map = dict(manifest["sha256"])
+            log.warning(
+                "loading a RANDOM-WEIGHT ChatTTS checkpoint (%s, size=%s): it speaks noise",
+                model_dir,
+                manifest.get("size"),
+            )
+        if (model_dir / "asset").is_dir():
+            source, custom_path = "custom", str(model_dir)
+        else:
+            source, custom_path = "huggingface", str(model_dir)
+    ok = chat.load(
+        source=source,
+        custom_path=custom_path,
+        device=device,
+        compile=settings.compile,
+    )
+    if not ok:
+        raise ModelLoadError(f"ChatTTS failed to load (source={source}, path={custom_path})")
+    log.info("ChatTTS loaded on %s (source=%s)", device, source)
+    return LoadedModel(
+        chat=chat,
+        device=device,
+        source=source,
+        random_weights=manifest is not None,
+        manifest=manifest,
+    )

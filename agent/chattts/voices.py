@@ -1,0 +1,104 @@
+"""Voice choice: the default voice, seeded voices (``seed:1234``) and raw ChatTTS speaker strings.
+
+A ChatTTS voice is a speaker embedding (a vector of the GPT's width) put in place of the
+``[spk_emb]`` token. ``seed:N`` draws it the way ``Chat.sample_random_speaker`` does
+(``mean + std * randn``) but from a private generator seeded with N, never torch's global RNG
+(shared by every thread). The sampling seed of an utterance is derived from the voice too, so a
+given (text, voice, options) always produces the same audio.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from agent.chattts.gpt import Sampling
+from agent.engine import EngineError, VoiceOptions
+
+DEFAULT_SPEED = 5
+
+
+@dataclass(frozen=True)
+class ResolvedVoice:
+    spk_emb: torch.Tensor | None
+    prompt: str  # ChatTTS code prompt, e.g. "[speed_5]"
+    sampling: Sampling
+    seed: int
+
+
+def parse_seed(voice: str) -> int | None:
+    if not voice.startswith("seed:"):
+        return None
+    try:
+        return int(voice[5:])
+    except ValueError as e:
+        raise EngineError(f"bad voice {voice!r}: expected seed:<integer>") from e
+
+
+class VoiceBank:
+    """Resolves ``VoiceOptions`` against one loaded Chat. Used by the worker thread only."""
+
+    def __init__(self, chat: Any, default_voice: str, max_new_tokens: int) -> None:
+        self._chat = chat
+        self._default = default_voice
+        self._max_new_tokens = max_new_tokens
+        self._dim = int(chat.config.gpt.hidden_size)
+        self._seeded: dict[int, torch.Tensor] = {}
+
+    def speaker_for_seed(self, seed: int) -> torch.Tensor:
+        emb = self._seeded.get(seed)
+        if emb is None:
+            spk = self._chat.speaker
+            gen = torch.Generator().manual_seed(seed)
+            noise = torch.randn(self._dim, generator=gen).to(spk.std.device, spk.std.dtype)
+            emb = noise.mul_(spk.std).add_(spk.mean)
+            self._seeded[seed] = emb
+        return emb
+
+    def speaker_string(self, seed: int) -> str:
+        """The ChatTTS speaker string of ``seed:N`` (portable to any ChatTTS install)."""
+        return str(self._chat.speaker._encode(self.speaker_for_seed(seed)))
+
+    def resolve(self, opts: VoiceOptions) -> ResolvedVoice:
+        voice = opts.voice or self._default
+        seed = parse_seed(voice)
+        spk_emb: torch.Tensor | None
+        if voice == "none":
+            # ChatTTS without a speaker ([empty_spk]): the voice varies with the sampling seed.
+            spk_emb, seed = None, 0
+        elif seed is not None:
+            spk_emb = self.speaker_for_seed(seed)
+        else:
+            try:
+                arr = self._chat.speaker._decode(voice)
+            except Exception as e:  # lzma / base16384 errors: not a speaker string
+                raise EngineError(
+                    f"unknown voice {voice[:40]!r}: not seed:N nor a ChatTTS speaker"
+                ) from e
+            if arr.shape != (self._dim,):
+                raise EngineError(
+                    f"speaker string has {arr.shape[0]} values, model needs {self._dim}"
+                )
+            spk_emb = torch.from_numpy(arr)
+            seed = int.from_bytes(hashlib.sha256(voice.encode()).digest()[:4], "little")
+        speed = DEFAULT_SPEED if opts.speed is None else opts.speed
+        if not 0 <= speed <= 9:
+            raise EngineError(f"speed must be 0..9, got {speed}")
+        defaults = Sampling()
+        sampling = Sampling(
+            temperature=defaults.temperature
+            if opts.temperature is None
+            else float(opts.temperature),
+            top_p=defaults.top_p if opts.top_p is None else float(opts.top_p),
+            top_k=defaults.top_k if opts.top_k is None else int(opts.top_k),
+            repetition_penalty=defaults.repetition_penalty,
+            max_new_tokens=self._max_new_tokens,
+        )
+        if sampling.temperature <= 0 or not 0 < sampling.top_p <= 1 or sampling.top_k < 1:
+            raise EngineError("temperature must be > 0, top_p in (0, 1], top_k >= 1")
+        return ResolvedVoice(
+            spk_emb=spk_emb, prompt=f"[speed_{speed}]", sampling=sampling, seed=seed
+        )
