@@ -63,10 +63,7 @@ def add_mdns_fallback(sdp: str, peer_ip: str | None, host_ips: list[str]) -> str
     gives aioice a pair to check; the browser's own checks then complete the connection.
     A twin that turns out wrong costs one failed check.
     """
-    if peer_ip and not _is_loopback(peer_ip):
-        addresses = [peer_ip]
-    else:
-        addresses = host_ips
+    addresses = [peer_ip] if peer_ip and not _is_loopback(peer_ip) else host_ips
     if not addresses or ".local " not in sdp:
         return sdp
     newline = "\r\n" if "\r\n" in sdp else "\n"
