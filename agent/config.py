@@ -42,7 +42,7 @@ class ChatTTSSettings:
     compile: bool = False
     first_chunk_tokens: int = 24  # tokens generated before the first audio chunk
     chunk_tokens: int = 24  # smallest later chunk (tokens)
-    threads: int = 0  # torch intra-op threads; 0 leaves torch's default
+    threads: int = 0  # torch intra-op threads; 0: all cores but one on CPU, torch's on GPU
     decode_left_context: int = 4  # tokens re-decoded left of each decode window
     decode_lookahead: int = 4  # tokens at the frontier decoded but not emitted yet
     crossfade_samples: int = 512  # samples blended at each seam (21 ms at 24 kHz)

@@ -60,6 +60,12 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         "--compile", action="store_true", default=_env_bool(env, "COMPILE"), help="torch.compile"
     )
     serve.add_argument(
+        "--threads",
+        type=int,
+        default=int(_env(env, "THREADS", "0") or 0),
+        help="torch threads for inference (0: all cores but one on CPU)",
+    )
+    serve.add_argument(
         "--bitrate", type=int, default=int(_env(env, "BITRATE", str(OpusSettings().bitrate)) or 0)
     )
     serve.add_argument("--log-level", default=_env(env, "LOG_LEVEL", "INFO"))
@@ -92,6 +98,7 @@ def config_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> Config
             model_dir=Path(args.model_dir) if args.model_dir else None,
             device=args.device,
             compile=args.compile,
+            threads=args.threads,
         ),
     )
 

@@ -7,6 +7,7 @@ the event loop. The engine calls it once and shares the result between all sessi
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -55,9 +56,13 @@ def load_chat(settings: ChatTTSSettings) -> LoadedModel:
     """
     import ChatTTS
 
+    device = resolve_device(settings.device)
     if settings.threads > 0:
         torch.set_num_threads(settings.threads)
-    device = resolve_device(settings.device)
+    elif device.type == "cpu":
+        # Leave a core to the event loop that paces the audio: inference on every core
+        # would delay packets for every session in the process.
+        torch.set_num_threads(max(1, (os.cpu_count() or 2) - 1))
     chat = ChatTTS.Chat(logging.getLogger("agent.chattts.ChatTTS"))
     manifest = None
     if settings.model_dir is None:
