@@ -16,6 +16,10 @@ class OpusSettings:
     complexity: int = 9
     fec: bool = False
     expected_loss_pct: int = 0
+    # DTX would cut idle sessions from ~14 kbps (coded digital silence) to 0.4 kbps (1-byte
+    # "no data" packets), but speech after a DTX stretch fades in over ~200 ms (measured:
+    # frame RMS 0.10 -> 0.35 over 10 frames at the receiver): every utterance would start
+    # softly. Off by default; the setter is there for bandwidth-bound deployments.
     dtx: bool = False
 
 

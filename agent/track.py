@@ -195,7 +195,10 @@ class OpusPacketTrack(MediaStreamTrack):
             stats.encode_calls += 1
             payload = self.encoder.encode(_ZERO_FRAME)
             self._silence_run.append(payload)
-            if len(self._silence_run) >= 3 and len(set(self._silence_run[-3:])) == 1:
+            settled = len(self._silence_run) >= 3 and len(set(self._silence_run[-3:])) == 1
+            # With DTX the encoder switches to 1-byte "no data" packets after ~200 ms of
+            # silence: cache that packet, not the full silence frames that come first.
+            if settled and (not self.encoder.dtx or len(payload) <= 2):
                 self._silence_packet = payload
                 self._silence_run.clear()
             elif len(self._silence_run) > 3:

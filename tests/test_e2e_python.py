@@ -154,3 +154,19 @@ async def test_utterances_are_spoken_in_order(live_server: LiveServer) -> None:
     assert order == [
         (kind, f"n{i}") for i in range(3) for kind in ("speech.started", "speech.ended")
     ]
+
+
+async def test_speech_starts_at_full_level_after_idle(live_server: LiveServer) -> None:
+    """No fade-in at onsets (DTX, if it were on by default, would cost the first ~200 ms)."""
+    async with aiohttp.ClientSession() as http:
+        client = RtcClient(live_server.url, http)
+        await client.connect()
+        try:
+            await asyncio.sleep(1.0)  # a second of idle silence first
+            audio, _ = await _speak_and_record(client, "one two three four")
+        finally:
+            await client.close()
+    first, _ = speech_span(audio)
+    onset = audio[first : first + 10 * 960].reshape(10, 960)
+    rms = np.sqrt((onset**2).mean(axis=1))
+    assert (rms[1:] > 0.3).all(), rms  # full level (0.35) from the second frame on

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from aiortc.mediastreams import MediaStreamError
 
+from agent.config import OpusSettings
 from agent.opus import FRAME_SAMPLES
 from agent.playout import PlayoutBuffer, PlayoutFrame
 from agent.track import OpusPacketTrack
@@ -159,4 +160,20 @@ async def test_setters_change_the_encoder_and_reset_the_silence_cache() -> None:
     )
     await track.recv()
     assert track.stats.encode_calls == calls + 1  # silence is re-encoded with the new settings
+    track.stop()
+
+
+@pytest.mark.parametrize("dtx", [False, True])
+async def test_idle_silence_is_cached_and_tiny_with_dtx(dtx: bool) -> None:
+    buffer = PlayoutBuffer(10)
+    track = OpusPacketTrack(buffer, OpusSettings(dtx=dtx))
+    packets = [bytes(await track.recv()) for _ in range(30)]
+    calls = track.stats.encode_calls
+    packets += [bytes(await track.recv()) for _ in range(10)]
+    assert track.stats.encode_calls == calls  # idle costs no encoding
+    if dtx:
+        assert len(packets[-1]) <= 2  # a TOC-only "no data" packet
+    else:
+        assert 10 < len(packets[-1]) < 60  # coded digital silence
+    assert len(set(packets[-10:])) == 1
     track.stop()
