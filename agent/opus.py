@@ -31,6 +31,7 @@ _SET_INBAND_FEC = 4012
 _SET_PACKET_LOSS_PERC = 4014
 _SET_DTX = 4016
 _SET_SIGNAL = 4024
+_RESET_STATE = 4028
 _SIGNAL_VOICE = 3001
 
 MIN_BITRATE = 6_000
@@ -180,6 +181,16 @@ class OpusEncoder:
                 ),
                 f"opus_encoder_ctl({request})",
             )
+
+    def reset(self) -> None:
+        """OPUS_RESET_STATE: back to a freshly created encoder's state, settings kept."""
+        with self._lock:
+            if self._handle is None:
+                raise OpusError("encoder is closed")
+            code = self._lib.opus_encoder_ctl(
+                ctypes.c_void_p(self._handle), ctypes.c_int(_RESET_STATE)
+            )
+            _check(code, "opus_encoder_ctl(OPUS_RESET_STATE)")
 
     # --- encoding -------------------------------------------------------------------
     def encode(self, pcm: npt.NDArray[np.int16]) -> bytes:

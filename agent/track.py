@@ -32,6 +32,13 @@ TIME_BASE = fractions.Fraction(1, SAMPLE_RATE)
 FRAME_SECONDS = FRAME_SAMPLES / SAMPLE_RATE
 _ZERO_FRAME = np.zeros(FRAME_SAMPLES, dtype=np.int16)
 _ZERO_FRAME.flags.writeable = False
+# Silence frames encoded after speech before the encoder is reset: they carry the speech
+# tail (libopus's 6.5 ms lookahead) and let the decoder fade out.
+SILENCE_SETTLE_FRAMES = 3
+# libopus's output for digital silence is periodic, not constant: one packet at complexity
+# 9-10, a cycle of 4 at complexity 5 and 7 (measured, libopus 1.6). Cycles up to this long
+# are detected and replayed.
+MAX_SILENCE_CYCLE = 4
 
 
 @dataclass
@@ -76,10 +83,13 @@ class OpusPacketTrack(MediaStreamTrack):
         self._pts = -FRAME_SAMPLES
         self._lead = 0.0  # how far ahead of the original schedule onsets have moved us
         self._speaking = False  # was the last packet speech?
-        # Encoding digital silence settles to one constant packet after a few frames;
-        # reusing it saves a libopus call per idle frame per session.
-        self._silence_packet: bytes | None = None
+        # Encoding digital silence from a reset encoder settles to a short cycle of packets
+        # after a few frames; replaying it saves a libopus call per idle frame per session.
+        self._silence_cycle: list[bytes] | None = None
+        self._silence_pos = 0
         self._silence_run: list[bytes] = []
+        self._silent_frames = 0  # silence frames encoded since the last speech frame
+        self._spoke = False  # speech was encoded since the encoder was created or reset
         self._waiter: asyncio.Future[None] | None = None
         self.stats = TrackStats()
 
@@ -101,7 +111,7 @@ class OpusPacketTrack(MediaStreamTrack):
         self._settings_changed()
 
     def _settings_changed(self) -> None:
-        self._silence_packet = None
+        self._silence_cycle = None
         self._silence_run.clear()
 
     # --- pacing -------------------------------------------------------------------------
@@ -177,7 +187,9 @@ class OpusPacketTrack(MediaStreamTrack):
         if frame is not None:
             self._speaking = True
             self._silence_run.clear()
-            self._silence_packet = None
+            self._silence_cycle = None
+            self._silent_frames = 0
+            self._spoke = True
             stats.speech_packets += 1
             stats.encode_calls += 1
             payload = self.encoder.encode(frame.pcm)
@@ -191,20 +203,42 @@ class OpusPacketTrack(MediaStreamTrack):
             assert self._start is not None
             self._start += step
             self._lead -= step
-        if self._silence_packet is None:
+        if self._silence_cycle is None:
+            self._silent_frames += 1
+            if self._spoke and self._silent_frames > SILENCE_SETTLE_FRAMES:
+                # After speech libopus's silence output keeps changing for seconds (at
+                # complexity 5 it never repeats); from a reset state it is periodic within a
+                # few frames. The speech tail went out in the frames before.
+                self.encoder.reset()
+                self._spoke = False
+                self._silence_run.clear()
             stats.encode_calls += 1
             payload = self.encoder.encode(_ZERO_FRAME)
-            self._silence_run.append(payload)
-            settled = len(self._silence_run) >= 3 and len(set(self._silence_run[-3:])) == 1
+            run = self._silence_run
+            run.append(payload)
             # With DTX the encoder switches to 1-byte "no data" packets after ~200 ms of
-            # silence: cache that packet, not the full silence frames that come first.
-            if settled and (not self.encoder.dtx or len(payload) <= 2):
-                self._silence_packet = payload
-                self._silence_run.clear()
-            elif len(self._silence_run) > 3:
-                self._silence_run.pop(0)
+            # silence: replay that packet, not the full silence frames that come first.
+            if not self.encoder.dtx:
+                periods = range(1, MAX_SILENCE_CYCLE + 1)
+            elif len(payload) <= 2:
+                periods = range(1, 2)
+            else:
+                periods = range(0)  # DTX has not kicked in yet: keep encoding
+            for period in periods:
+                # Two full identical periods plus one more packet agreeing: a cycle.
+                if len(run) >= 2 * period + 1 and all(
+                    run[-1 - i] == run[-1 - i - period] for i in range(period + 1)
+                ):
+                    self._silence_cycle = run[-period:]
+                    self._silence_pos = 0
+                    run.clear()
+                    break
+            else:
+                if len(run) > 2 * MAX_SILENCE_CYCLE + 1:
+                    run.pop(0)
         else:
-            payload = self._silence_packet
+            payload = self._silence_cycle[self._silence_pos]
+            self._silence_pos = (self._silence_pos + 1) % len(self._silence_cycle)
         stats.bytes += len(payload)
         return payload
 

@@ -177,3 +177,21 @@ async def test_idle_silence_is_cached_and_tiny_with_dtx(dtx: bool) -> None:
         assert 10 < len(packets[-1]) < 60  # coded digital silence
     assert len(set(packets[-10:])) == 1
     track.stop()
+
+
+@pytest.mark.parametrize("complexity", [5, 9, 10])
+async def test_silence_after_speech_stops_costing_encodes(complexity: int) -> None:
+    """libopus's silence after speech keeps changing (at complexity 5 it cycles): the track
+    resets the encoder once the speech tail is out, then replays the silence cycle."""
+    buffer = PlayoutBuffer(100)
+    track = OpusPacketTrack(buffer, OpusSettings(complexity=complexity), rephase_on_onset=False)
+    for round_ in range(2):
+        for i in range(25):
+            await buffer.put(PlayoutFrame(tone_frame(i)))
+        for _ in range(25 + 20):
+            await track.recv()
+        calls = track.stats.encode_calls
+        for _ in range(15):
+            await track.recv()
+        assert track.stats.encode_calls == calls, (round_, complexity)
+    track.stop()
