@@ -1,0 +1,749 @@
+"""Shared machinery of the benches: a bench server, a light recording client, the glue.
+
+Three processes per measurement, all on one machine (they share CLOCK_MONOTONIC, so
+``time.monotonic()`` values compare across them):
+
+- the orchestrator (``bench/streams.py`` / ``bench/latency.py``) starts the two others, samples
+  the server's CPU time and RSS with psutil, and prints the tables;
+- a server (``python bench/_common.py server ...``): the real app from ``build_app`` with a
+  bench engine (``tests.doubles.ToneEngine`` paced by ``chunk_delay_s``), a driver that keeps
+  every session speaking (continuously, intermittently, or utterance by utterance after
+  silence for latency), and one of three outgoing tracks:
+    ``ours``      the product's ``OpusPacketTrack`` (pre-encoded 20 ms Opus packets),
+    ``norephase`` the same with ``rephase_on_onset=False``,
+    ``default``   aiortc's default path: a track that pops the same ``PlayoutBuffer`` and
+                  returns s16 48 kHz ``AudioFrame`` s paced like ``AudioStreamTrack``, so
+                  aiortc encodes them itself (its Opus encoder, in its executor);
+- a client (``python bench/_common.py client ...``): N aiortc peer connections in one
+  process whose ``RTCRtpReceiver._handle_rtp_packet`` is replaced by a recorder (arrival
+  time, sequence number, payload): no jitter buffer, no live decoding. Payloads are decoded
+  with libopus only after the measurement.
+
+Everything here is bench code: it patches aiortc and the agent *inside the bench's own
+processes* only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import ctypes
+import fractions
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import numpy as np  # noqa: E402
+
+SAMPLE_RATE = 48_000
+FRAME = 960
+SILENCE_RMS = 0.01  # decoded per-packet RMS below this is silence (the tone is at 0.35)
+
+
+# ==========================================================================================
+# Server side
+# ==========================================================================================
+
+
+def _install_server_patches(variant: str) -> None:
+    """Swap the session's track class and hook onset/send timestamps (server process only)."""
+    from aiortc.rtcrtpsender import RTCRtpSender
+
+    import agent.session as session_mod
+    from agent.track import OpusPacketTrack
+
+    if variant == "default":
+        session_mod.OpusPacketTrack = DefaultPathTrack  # type: ignore[misc,assignment]
+    elif variant == "norephase":
+
+        class NoRephaseTrack(OpusPacketTrack):
+            def __init__(self, source: Any, opus: Any = None, **kw: Any) -> None:
+                super().__init__(source, opus, rephase_on_onset=False, **kw)
+
+        session_mod.OpusPacketTrack = NoRephaseTrack  # type: ignore[misc]
+    elif variant != "ours":
+        raise SystemExit(f"unknown variant {variant!r}")
+
+    # speech.started is emitted by the mark of an utterance's first frame, inside the
+    # track's recv(): remember which utterance that frame belongs to.
+    orig_send_event = session_mod.AgentSession.send_event
+
+    def send_event(self: Any, event: dict[str, Any]) -> None:
+        if event.get("type") == "speech.started":
+            track = self.track
+            track.bench_onset = event["id"]
+            track.bench_started_at[event["id"]] = time.monotonic()
+            track.bench_buffered_at[event["id"]] = self.pipeline.buffer.last_arrival
+        orig_send_event(self, event)
+
+    session_mod.AgentSession.send_event = send_event  # type: ignore[method-assign]
+
+    # The moment the sender has the encoded payload of that frame in hand; what follows
+    # (RTP header, SRTP protect, sendto) is synchronous, tens of microseconds.
+    orig_next = RTCRtpSender._next_encoded_frame
+
+    async def _next_encoded_frame(self: Any, codec: Any) -> Any:
+        enc = await orig_next(self, codec)
+        track = self.track
+        onset = getattr(track, "bench_onset", None)
+        if onset is not None and enc is not None:
+            track.bench_sent_at[onset] = time.monotonic()
+            track.bench_onset = None
+        return enc
+
+    RTCRtpSender._next_encoded_frame = _next_encoded_frame  # type: ignore[method-assign]
+
+    # Every track gets the bench attributes.
+    for cls in (OpusPacketTrack, DefaultPathTrack):
+        cls.bench_onset = None  # type: ignore[attr-defined]
+    orig_init = OpusPacketTrack.__init__
+
+    def init(self: Any, *a: Any, **kw: Any) -> None:
+        orig_init(self, *a, **kw)
+        self.bench_started_at = {}
+        self.bench_sent_at = {}
+        self.bench_buffered_at = {}
+
+    OpusPacketTrack.__init__ = init  # type: ignore[method-assign]
+
+
+def _make_default_track_class() -> type:
+    from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
+    from av import AudioFrame
+
+    from agent.track import TrackStats
+
+    time_base = fractions.Fraction(1, SAMPLE_RATE)
+    zero = np.zeros((1, FRAME), dtype=np.int16)
+
+    class _DefaultPathTrack(MediaStreamTrack):
+        """aiortc's default path fed by the product pipeline: s16 mono 48 kHz AudioFrames.
+
+        Paced exactly like ``aiortc.mediastreams.AudioStreamTrack.recv`` (wall clock from
+        the first recv, ``asyncio.sleep`` until start + pts/rate); the sender then encodes
+        each frame with aiortc's Opus encoder in the loop's default executor.
+        """
+
+        kind = "audio"
+
+        def __init__(self, source: Any, opus: Any = None) -> None:
+            super().__init__()
+            self._source = source
+            self._start: float | None = None
+            self._pts = 0
+            self.stats = TrackStats()
+            self.bench_onset: str | None = None
+            self.bench_started_at: dict[str, float] = {}
+            self.bench_buffered_at: dict[str, float] = {}
+            self.bench_sent_at: dict[str, float] = {}
+
+        async def recv(self) -> AudioFrame:  # type: ignore[override]
+            if self.readyState != "live":
+                raise MediaStreamError
+            if self._start is None:
+                self._start = time.time()
+                self._pts = 0
+            else:
+                self._pts += FRAME
+                wait = self._start + self._pts / SAMPLE_RATE - time.time()
+                await asyncio.sleep(wait)
+            if self.readyState != "live":
+                raise MediaStreamError
+            frame = self._source.pop()
+            pcm = zero if frame is None else frame.pcm.reshape(1, -1)
+            out = AudioFrame.from_ndarray(pcm, format="s16", layout="mono")
+            out.sample_rate = SAMPLE_RATE
+            out.pts = self._pts
+            out.time_base = time_base
+            self.stats.packets += 1
+            if frame is None:
+                self.stats.silence_packets += 1
+            else:
+                self.stats.speech_packets += 1
+                for mark in frame.marks:
+                    mark()
+            return out
+
+    return _DefaultPathTrack
+
+
+DefaultPathTrack: Any = None  # set in serve()
+
+
+def _bench_engine_class() -> type:
+    from tests.doubles import ToneEngine
+
+    class BenchEngine(ToneEngine):
+        """ToneEngine that records when the first chunk of each text leaves it.
+
+        The first word of a latency utterance is its unique token; ``first_chunk_at[token]``
+        is ``time.monotonic()`` just before that chunk is yielded to the pipeline.
+        """
+
+        def __init__(self, **kw: Any) -> None:
+            super().__init__(**kw)
+            self.first_chunk_at: dict[str, float] = {}
+
+        async def synthesize(self, text: str, voice: Any) -> AsyncIterator[Any]:
+            token = text.split()[0] if text.split() else ""
+            first = token.startswith("tok")
+            gen = super().synthesize(text, voice)
+            try:
+                async for chunk in gen:
+                    if first:
+                        self.first_chunk_at[token] = time.monotonic()
+                        first = False
+                    yield chunk
+            finally:
+                await gen.aclose()
+
+    return BenchEngine
+
+
+async def _wait_until_sending(track: Any, packets: int = 10) -> None:
+    while track.stats.packets < packets:
+        await asyncio.sleep(0.05)
+
+
+async def _wait_idle(pipeline: Any) -> None:
+    while pipeline.busy:
+        await asyncio.sleep(0.01)
+
+
+def _words(seconds: float, seconds_per_word: float) -> str:
+    return " ".join(["la"] * max(1, round(seconds / seconds_per_word)))
+
+
+async def _drive(peer: Any, index: int, opts: argparse.Namespace, state: dict[str, Any]) -> None:
+    session = peer.session
+    pipeline = session.pipeline
+    rng = random.Random(opts.seed * 100_003 + index)
+    await _wait_until_sending(session.track)
+    spw = opts.seconds_per_word
+    if opts.mode == "continuous":
+        # Always one utterance queued behind the one speaking: generation never stops.
+        said = 0
+        text = _words(opts.talk_s, spw)
+        while True:
+            while said - pipeline.stats.utterances < 1:
+                pipeline.say(text)
+                said += 1
+            await asyncio.sleep(0.2)
+    elif opts.mode == "intermittent":
+        period = opts.talk_s + opts.silence_s
+        await asyncio.sleep(rng.uniform(0, period))
+        while True:
+            pipeline.say(_words(opts.talk_s * rng.uniform(0.75, 1.25), spw))
+            await asyncio.sleep(0.05)
+            await _wait_idle(pipeline)
+            await asyncio.sleep(opts.silence_s * rng.uniform(0.75, 1.25))
+    elif opts.mode == "latency":
+        await asyncio.sleep(rng.uniform(0.2, 1.0))
+        for k in range(opts.utterances):
+            await asyncio.sleep(rng.uniform(opts.gap_min, opts.gap_max))
+            token = f"tok{index}x{k}"
+            text = token + " " + _words(rng.uniform(0.6, 1.2), spw)
+            pipeline.say(text, token)
+            await asyncio.sleep(0.05)
+            await _wait_idle(pipeline)
+        state["done"].add(session.id)
+    else:
+        raise SystemExit(f"unknown mode {opts.mode!r}")
+
+
+def serve(argv: Sequence[str]) -> None:
+    p = argparse.ArgumentParser(prog="bench server")
+    p.add_argument("--variant", default="ours", choices=("ours", "norephase", "default"))
+    p.add_argument(
+        "--mode", default="continuous", choices=("continuous", "intermittent", "latency")
+    )
+    p.add_argument("--complexity", type=int, default=9)
+    p.add_argument("--bitrate", type=int, default=32_000)
+    p.add_argument("--chunk-ms", type=int, default=100)
+    p.add_argument("--chunk-delay", type=float, default=0.05)
+    p.add_argument("--seconds-per-word", type=float, default=0.25)
+    p.add_argument("--talk-s", type=float, default=30.0)
+    p.add_argument("--silence-s", type=float, default=2.0)
+    p.add_argument("--utterances", type=int, default=20)
+    p.add_argument("--gap-min", type=float, default=0.3)
+    p.add_argument("--gap-max", type=float, default=0.7)
+    p.add_argument("--seed", type=int, default=1)
+    opts = p.parse_args(argv)
+
+    import logging
+
+    logging.basicConfig(level=logging.WARNING)
+    global DefaultPathTrack
+    DefaultPathTrack = _make_default_track_class()
+    _install_server_patches(opts.variant)
+
+    from aiohttp import web
+
+    from agent.config import Config, OpusSettings
+    from signaling.app import build_app
+    from signaling.keys import SESSIONS
+
+    engine = _bench_engine_class()(
+        chunk_ms=opts.chunk_ms,
+        chunk_delay_s=opts.chunk_delay,
+        seconds_per_word=opts.seconds_per_word,
+    )
+    config = Config(
+        host="127.0.0.1",
+        port=0,
+        log_level="WARNING",
+        opus=OpusSettings(bitrate=opts.bitrate, complexity=opts.complexity),
+    )
+    app = build_app(config, engine)
+    state: dict[str, Any] = {"done": set(), "drivers": {}}
+
+    async def watcher(app: web.Application) -> AsyncIterator[None]:
+        async def loop() -> None:
+            index = 0
+            while True:
+                for peer in app[SESSIONS].peers():
+                    if peer.session.id not in state["drivers"]:
+                        state["drivers"][peer.session.id] = asyncio.create_task(
+                            _drive(peer, index, opts, state)
+                        )
+                        index += 1
+                await asyncio.sleep(0.05)
+
+        task = asyncio.create_task(loop())
+        yield
+        task.cancel()
+
+    async def stats(request: web.Request) -> web.Response:
+        sessions = {}
+        for peer in app[SESSIONS].peers():
+            s = peer.session
+            t = s.track.stats
+            sessions[s.id] = {
+                "packets": t.packets,
+                "speech_packets": t.speech_packets,
+                "encode_calls": getattr(t, "encode_calls", 0),
+                "early_rephases": getattr(t, "early_rephases", 0),
+                "late_rephases": getattr(t, "late_rephases", 0),
+                "underruns": s.pipeline.buffer.underruns,
+                "utterances": s.pipeline.stats.utterances,
+                "started_at": s.track.bench_started_at,
+                "sent_at": s.track.bench_sent_at,
+                "buffered_at": s.track.bench_buffered_at,
+                "done": s.id in state["done"],
+            }
+        return web.json_response({"sessions": sessions, "first_chunk_at": engine.first_chunk_at})
+
+    app.cleanup_ctx.append(watcher)
+    app.router.add_get("/bench/stats", stats)
+
+    async def main() -> None:
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        while not engine.ready:
+            await asyncio.sleep(0.01)
+        print(f"READY {port}", flush=True)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGTERM, stop.set)
+        # Exit when the orchestrator closes our stdin.
+        loop.run_in_executor(None, _wait_stdin_eof, loop, stop)
+        await stop.wait()
+        os._exit(0)  # tearing down hundreds of peers is not what we measure
+
+    asyncio.run(main())
+
+
+def _wait_stdin_eof(loop: asyncio.AbstractEventLoop, stop: asyncio.Event) -> None:
+    sys.stdin.read()
+    loop.call_soon_threadsafe(stop.set)
+
+
+# ==========================================================================================
+# Client side
+# ==========================================================================================
+
+
+@dataclass
+class Recording:
+    session_id: str = ""
+    arrivals: list[float] = field(default_factory=list)
+    seqs: list[int] = field(default_factory=list)
+    payloads: list[bytes] = field(default_factory=list)
+
+
+_RECORDING = [True]
+
+
+def _install_client_patches() -> None:
+    from aiortc.rtcrtpreceiver import RTCRtpReceiver
+
+    async def record(self: Any, packet: Any, arrival_time_ms: int) -> None:
+        if not _RECORDING[0]:
+            return
+        rec = self.bench_recording
+        rec.arrivals.append(time.monotonic())
+        rec.seqs.append(packet.sequence_number)
+        rec.payloads.append(packet.payload)
+
+    RTCRtpReceiver._handle_rtp_packet = record  # type: ignore[method-assign]
+
+
+class OpusDecoder:
+    """Mono 48 kHz libopus decoder (the library bundled in av), for after-the-fact decoding."""
+
+    def __init__(self) -> None:
+        from agent.opus import _libopus
+
+        lib = _libopus()
+        lib.opus_decoder_create.restype = ctypes.c_void_p
+        lib.opus_decoder_create.argtypes = [
+            ctypes.c_int32,
+            ctypes.c_int,
+            ctypes.POINTER(ctypes.c_int),
+        ]
+        lib.opus_decode.restype = ctypes.c_int
+        lib.opus_decode.argtypes = [
+            ctypes.c_void_p,
+            ctypes.c_char_p,
+            ctypes.c_int32,
+            ctypes.c_void_p,
+            ctypes.c_int,
+            ctypes.c_int,
+        ]
+        lib.opus_decoder_destroy.argtypes = [ctypes.c_void_p]
+        err = ctypes.c_int(0)
+        self._lib = lib
+        self._h = lib.opus_decoder_create(SAMPLE_RATE, 1, ctypes.byref(err))
+        if err.value or not self._h:
+            raise RuntimeError(f"opus_decoder_create failed: {err.value}")
+        self._pcm = np.zeros(5760, dtype=np.int16)
+
+    def rms(self, payload: bytes | None) -> float:
+        """Decode one packet (None = lost: concealment) and return its RMS in [0, 1]."""
+        n = self._lib.opus_decode(
+            self._h, payload, len(payload) if payload else 0, self._pcm.ctypes.data, 5760, 0
+        )
+        if n <= 0:
+            return -1.0
+        x = self._pcm[:n].astype(np.float32) / 32768.0
+        return float(np.sqrt(np.mean(x * x)))
+
+    def close(self) -> None:
+        if self._h:
+            self._lib.opus_decoder_destroy(self._h)
+            self._h = None
+
+
+def _unwrap(seqs: list[int]) -> np.ndarray:
+    s = np.asarray(seqs, dtype=np.int64)
+    if not len(s):
+        return s
+    d = np.diff(s)
+    d = (d + 32768) % 65536 - 32768
+    return np.concatenate(([s[0]], s[0] + np.cumsum(d)))
+
+
+def analyse_recording(rec: Recording, t0: float, t1: float) -> dict[str, Any]:
+    """Window stats and decoded onsets of one stream (decoding happens here, after the run)."""
+    arr = np.asarray(rec.arrivals, dtype=np.float64)
+    seq = _unwrap(rec.seqs)
+    win = (arr >= t0) & (arr < t1)
+    a = arr[win]
+    gaps = np.diff(a) if len(a) > 1 else np.zeros(0)
+    # Decode everything in sequence order (lost packets concealed), flag non-silent packets.
+    order = np.argsort(seq, kind="stable")
+    dec = OpusDecoder()
+    rms = np.zeros(len(seq), dtype=np.float32)
+    prev = None
+    last_i = 0
+    decode_errors = 0
+    for i in order:
+        if prev is not None and seq[i] == prev:
+            rms[i] = rms[last_i]  # duplicate
+            continue
+        if prev is not None:
+            for _ in range(max(0, int(seq[i] - prev - 1))):
+                dec.rms(None)
+        r = dec.rms(rec.payloads[i])
+        if r < 0:
+            decode_errors += 1
+        rms[i] = r
+        prev, last_i = seq[i], i
+    dec.close()
+    speech = rms > SILENCE_RMS
+    # Onsets: a speech packet whose predecessor (in sequence) was silent for >= 3 packets.
+    onsets: list[float] = []
+    quiet = 3
+    for i in order:
+        if speech[i]:
+            if quiet >= 3:
+                onsets.append(float(arr[i]))
+            quiet = 0
+        else:
+            quiet += 1
+    wseq = seq[win]
+    expected = int(wseq.max() - wseq.min()) + 1 if len(wseq) else 0
+    return {
+        "session_id": rec.session_id,
+        "packets": int(win.sum()),
+        "lost": max(0, expected - len(np.unique(wseq))),
+        "gaps_total": len(gaps),
+        "gaps_over_40ms": int((gaps > 0.040).sum()),
+        "max_gap_ms": float(gaps.max() * 1000) if len(gaps) else 0.0,
+        "speech_share": float(speech[win].mean()) if win.any() else 0.0,
+        "decode_errors": decode_errors,
+        "bytes": int(sum(len(rec.payloads[i]) for i in np.flatnonzero(win))),
+        "onsets": onsets,
+    }
+
+
+async def _client_main(opts: argparse.Namespace) -> None:
+    import aiohttp
+    from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
+
+    _install_client_patches()
+    pcs: list[Any] = []
+    recs: list[Recording] = []
+    t_start = time.monotonic()
+
+    async def connect(http: aiohttp.ClientSession) -> None:
+        pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+        transceiver = pc.addTransceiver("audio", direction="recvonly")
+        rec = Recording()
+        transceiver.receiver.bench_recording = rec
+        await pc.setLocalDescription(await pc.createOffer())
+        body = {"sdp": pc.localDescription.sdp, "type": "offer"}
+        async with http.post(opts.url + "/offer", json=body) as resp:
+            if resp.status != 200:
+                raise RuntimeError(f"offer failed: {resp.status} {await resp.text()}")
+            data = await resp.json()
+        rec.session_id = data["session_id"]
+        await pc.setRemoteDescription(RTCSessionDescription(sdp=data["sdp"], type="answer"))
+        pcs.append(pc)
+        recs.append(rec)
+
+    async with aiohttp.ClientSession() as http:
+        for i in range(0, opts.n, opts.batch):
+            await asyncio.gather(*(connect(http) for _ in range(min(opts.batch, opts.n - i))))
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and any(len(r.arrivals) < 5 for r in recs):
+        await asyncio.sleep(0.05)
+    flowing = sum(len(r.arrivals) >= 5 for r in recs)
+    print(f"CONNECTED {flowing} {time.monotonic() - t_start:.2f}", flush=True)
+
+    loop = asyncio.get_running_loop()
+    line = await loop.run_in_executor(None, sys.stdin.readline)
+    parts = line.split()
+    if not parts or parts[0] != "STOP":
+        os._exit(1)
+    t0, t1, out = float(parts[1]), float(parts[2]), parts[3]
+    # Stop receiving before the (CPU-heavy) decoding so it cannot disturb the window.
+    _RECORDING[0] = False
+    results = [analyse_recording(r, t0, t1) for r in recs]
+    with open(out, "w") as f:  # noqa: ASYNC230 - the measurement is over
+        json.dump({"streams": results}, f)
+    print("DONE", flush=True)
+    os._exit(0)
+
+
+def client(argv: Sequence[str]) -> None:
+    p = argparse.ArgumentParser(prog="bench client")
+    p.add_argument("--url", required=True)
+    p.add_argument("--n", type=int, required=True)
+    p.add_argument("--batch", type=int, default=10)
+    opts = p.parse_args(argv)
+    import logging
+
+    logging.basicConfig(level=logging.ERROR)
+    asyncio.run(_client_main(opts))
+
+
+# ==========================================================================================
+# Orchestrator helpers
+# ==========================================================================================
+
+
+NICE = [0]  # set by the orchestrators' --nice; applied to every server and client
+
+
+def _pin(pid: int, cpus: list[int] | None) -> None:
+    if NICE[0]:
+        try:
+            os.setpriority(os.PRIO_PROCESS, pid, NICE[0])
+        except OSError as exc:
+            print(f"  (could not set nice {NICE[0]}: {exc})", flush=True)
+    if cpus:
+        with contextlib.suppress(OSError):
+            os.sched_setaffinity(pid, cpus)
+
+
+class Server:
+    def __init__(self, args: list[str], log: Path, cpus: list[int] | None = None) -> None:
+        self.log = log.open("w")
+        self.proc = subprocess.Popen(
+            [sys.executable, str(Path(__file__)), "server", *args],
+            cwd=ROOT,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.log,
+            text=True,
+        )
+        _pin(self.proc.pid, cpus)
+        line = self.proc.stdout.readline() if self.proc.stdout else ""
+        if not line.startswith("READY"):
+            self.stop()
+            raise RuntimeError(f"server did not start: {line!r}; see {log}")
+        self.port = int(line.split()[1])
+        self.url = f"http://127.0.0.1:{self.port}"
+        import psutil
+
+        self.ps = psutil.Process(self.proc.pid)
+
+    def cpu(self) -> float:
+        t = self.ps.cpu_times()
+        return t.user + t.system
+
+    def rss(self) -> int:
+        return int(self.ps.memory_info().rss)
+
+    def runqueue_wait(self) -> float:
+        """Seconds the event-loop thread has been runnable but waiting for a CPU."""
+        return runqueue_wait(self.proc.pid)
+
+    def threads(self) -> int:
+        return int(self.ps.num_threads())
+
+    def stats(self) -> dict[str, Any]:
+        import urllib.request
+
+        with urllib.request.urlopen(self.url + "/bench/stats", timeout=30) as resp:
+            return json.loads(resp.read())
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.log.close()
+
+
+class Client:
+    def __init__(self, url: str, n: int, log: Path, cpus: list[int] | None = None) -> None:
+        self.log = log.open("w")
+        self.proc = subprocess.Popen(
+            [sys.executable, str(Path(__file__)), "client", "--url", url, "--n", str(n)],
+            cwd=ROOT,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.log,
+            text=True,
+        )
+        _pin(self.proc.pid, cpus)
+        import psutil
+
+        self.ps = psutil.Process(self.proc.pid)
+        self.cpu0 = 0.0
+        line = self.proc.stdout.readline() if self.proc.stdout else ""
+        if not line.startswith("CONNECTED"):
+            self.stop()
+            raise RuntimeError(f"client failed: {line!r}; see {log}")
+        self.flowing = int(line.split()[1])
+        self.connect_s = float(line.split()[2])
+
+    def cpu(self) -> float:
+        t = self.ps.cpu_times()
+        return t.user + t.system
+
+    def finish(self, t0: float, t1: float, out: Path, timeout: float = 300) -> dict[str, Any]:
+        assert self.proc.stdin and self.proc.stdout
+        self.proc.stdin.write(f"STOP {t0!r} {t1!r} {out}\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line.startswith("DONE"):
+            raise RuntimeError(f"client failed at the end: {line!r}")
+        self.proc.wait(timeout)
+        return json.loads(out.read_text())
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.log.close()
+
+
+def runqueue_wait(pid: int) -> float:
+    """Seconds thread ``pid`` (a process's main thread) spent runnable, waiting for a CPU."""
+    try:
+        fields = Path(f"/proc/{pid}/task/{pid}/schedstat").read_text().split()
+        return int(fields[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return float("nan")
+
+
+def system_busy() -> float:
+    """CPU seconds all processes of the machine have used (all cores together)."""
+    import psutil
+
+    t = psutil.cpu_times()
+    return float(sum(t) - t.idle - getattr(t, "iowait", 0.0))
+
+
+def pct(values: Sequence[float], q: float) -> float:
+    return (
+        float(np.percentile(np.asarray(values, dtype=np.float64), q))
+        if len(values)
+        else float("nan")
+    )
+
+
+def table(headers: list[str], rows: list[list[Any]]) -> str:
+    cells = [[str(h) for h in headers]] + [[_fmt(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    lines = []
+    for k, r in enumerate(cells):
+        lines.append(
+            "  ".join(
+                c.rjust(w) if j else c.ljust(w)
+                for j, (c, w) in enumerate(zip(r, widths, strict=True))
+            )
+        )
+        if k == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        if v != v:
+            return "-"
+        if abs(v) >= 100:
+            return f"{v:.0f}"
+        if abs(v) >= 10:
+            return f"{v:.1f}"
+        return f"{v:.2f}"
+    return str(v)
+
+
+def main(argv: Sequence[str]) -> None:
+    if not argv or argv[0] not in ("server", "client"):
+        raise SystemExit("usage: _common.py server|client ...")
+    (serve if argv[0] == "server" else client)(argv[1:])
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
