@@ -579,15 +579,32 @@ def client(argv: Sequence[str]) -> None:
 # ==========================================================================================
 
 
-NICE = [0]  # set by the orchestrators' --nice; applied to every server and client
+def add_run_arguments(
+    p: argparse.ArgumentParser, *, max_wait: float, retries: int, quick_help: str
+) -> None:
+    """The options both orchestrators share (engine pacing, pinning, retries, output)."""
+    p.add_argument(
+        "--chunk-delay",
+        type=float,
+        default=0.05,
+        help="engine pacing: seconds between 100 ms chunks (0.05 = 2x real time)",
+    )
+    p.add_argument("--pin", action="store_true", help="server on CPU 0, clients on CPU 1")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument(
+        "--max-wait",
+        type=float,
+        default=max_wait,
+        help="a run whose server event-loop thread waited for a CPU more than this %% of the "
+        "run while other processes were busy is retried (the machine is shared); the least "
+        "disturbed try is reported",
+    )
+    p.add_argument("--retries", type=int, default=retries)
+    p.add_argument("--quick", action="store_true", help=quick_help)
+    p.add_argument("--json", type=Path, help="also write the raw results here")
 
 
 def _pin(pid: int, cpus: list[int] | None) -> None:
-    if NICE[0]:
-        try:
-            os.setpriority(os.PRIO_PROCESS, pid, NICE[0])
-        except OSError as exc:
-            print(f"  (could not set nice {NICE[0]}: {exc})", flush=True)
     if cpus:
         with contextlib.suppress(OSError):
             os.sched_setaffinity(pid, cpus)

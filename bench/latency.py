@@ -194,40 +194,20 @@ def main() -> int:
     p.add_argument("--gap-min", type=float, default=0.3)
     p.add_argument("--gap-max", type=float, default=0.7)
     p.add_argument("--complexity", type=int, default=9)
-    p.add_argument("--chunk-delay", type=float, default=0.05)
     p.add_argument("--variants", default=",".join(VARIANTS))
-    p.add_argument("--pin", action="store_true", help="server on CPU 0, clients on CPU 1")
-    p.add_argument(
-        "--nice",
-        type=int,
-        default=0,
-        help="scheduling priority of the server and client processes (e.g. -10, needs root): "
-        "on a shared machine this keeps other people's jobs from disturbing the measurement",
+    _common.add_run_arguments(
+        p, max_wait=2.0, retries=1, quick_help="N=1,10 with 6 utterances each"
     )
-    p.add_argument("--seed", type=int, default=1)
-    p.add_argument(
-        "--max-wait",
-        type=float,
-        default=2.0,
-        help="a run whose server event-loop thread waited for a CPU more than this %% of the "
-        "run while other processes were busy is retried (the machine is shared); the least "
-        "disturbed try is reported",
-    )
-    p.add_argument("--retries", type=int, default=1)
-    p.add_argument("--quick", action="store_true", help="N=1,10 with 6 utterances each")
-    p.add_argument("--json", type=Path, help="also write the raw results here")
     args = p.parse_args()
     if args.quick:
         args.n = "1,10"
         args.utterances = 6
         args.retries = 0
     ns = [int(x) for x in args.n.split(",") if x]
-    _common.NICE[0] = args.nice
     variants = [v for v in args.variants.split(",") if v]
     print(
         f"# bench/latency.py  N={ns}  utterances/session={args.utterances}  gaps "
         f"{args.gap_min}-{args.gap_max}s  complexity={args.complexity}  pin={args.pin}  "
-        f"nice={args.nice}  "
         f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
         flush=True,
     )

@@ -216,32 +216,9 @@ def main() -> int:
     )
     p.add_argument("--talk", type=float, default=2.0, help="intermittent: seconds of speech")
     p.add_argument("--silence", type=float, default=2.0, help="intermittent: seconds of silence")
-    p.add_argument(
-        "--chunk-delay",
-        type=float,
-        default=0.05,
-        help="engine pacing: seconds between 100 ms chunks (0.05 = 2x real time)",
+    _common.add_run_arguments(
+        p, max_wait=5.0, retries=2, quick_help="N=10, 6 s windows: a smoke run"
     )
-    p.add_argument("--pin", action="store_true", help="server on CPU 0, clients on CPU 1")
-    p.add_argument(
-        "--nice",
-        type=int,
-        default=0,
-        help="scheduling priority of the server and client processes (e.g. -10, needs root): "
-        "on a shared machine this keeps other people's jobs from disturbing the measurement",
-    )
-    p.add_argument("--seed", type=int, default=1)
-    p.add_argument(
-        "--max-wait",
-        type=float,
-        default=5.0,
-        help="a run whose server event-loop thread waited for a CPU more than this %% of the "
-        "window while other processes were busy is retried (the machine is shared); the least "
-        "disturbed try is reported",
-    )
-    p.add_argument("--retries", type=int, default=2)
-    p.add_argument("--quick", action="store_true", help="N=10, 6 s windows: a smoke run")
-    p.add_argument("--json", type=Path, help="also write the raw results here")
     p.add_argument("--from-json", type=Path, help="print the tables of a saved --json run")
     args = p.parse_args()
     if args.quick:
@@ -256,14 +233,13 @@ def main() -> int:
             print(report(saved, pattern))
         return 0
     ns = [int(x) for x in args.n.split(",") if x]
-    _common.NICE[0] = args.nice
     patterns = [x for x in args.patterns.split(",") if x]
     results: list[dict[str, Any]] = []
     started = time.time()
     print(
         f"# bench/streams.py  N={ns}  window={args.seconds:g}s  complexity={args.complexity}  "
         f"bitrate={args.bitrate}  engine chunk_delay={args.chunk_delay}s/100ms  "
-        f"pin={args.pin}  nice={args.nice}  {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
+        f"pin={args.pin}  {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
         flush=True,
     )
     with tempfile.TemporaryDirectory(prefix="bench-streams-") as tmp:
