@@ -68,6 +68,10 @@ class PlayoutBuffer:
             if self.on_arrival is not None:
                 self.on_arrival()
 
+    def peek(self) -> PlayoutFrame | None:
+        """The frame the next ``pop`` would return, left in place (for encoding ahead)."""
+        return self._frames[0] if self._frames else None
+
     def pop(self) -> PlayoutFrame | None:
         if not self._frames:
             if self.producing:

@@ -6,6 +6,7 @@ import dataclasses
 import json
 import logging
 from collections import deque
+from concurrent.futures import Executor
 from typing import Any
 
 from aiortc import RTCDataChannel
@@ -32,11 +33,19 @@ MAX_PENDING_EVENTS = 128  # events raised before the data channel opened
 
 
 class AgentSession:
-    def __init__(self, session_id: str, engine: TTSEngine, config: Config) -> None:
+    def __init__(
+        self,
+        session_id: str,
+        engine: TTSEngine,
+        config: Config,
+        encode_executor: Executor | None = None,
+    ) -> None:
         self.id = session_id
         self.config = config
         self.pipeline = SpeechPipeline(engine, config.speech, self.send_event)
-        self.track = OpusPacketTrack(self.pipeline.buffer, config.opus)
+        self.track = OpusPacketTrack(
+            self.pipeline.buffer, config.opus, encode_executor=encode_executor
+        )
         self.channel: RTCDataChannel | None = None
         self._pending: deque[Event] = deque(maxlen=MAX_PENDING_EVENTS)
         self.errors_sent = 0

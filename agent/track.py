@@ -11,12 +11,20 @@ Two refinements over a plain clock:
   creates is bounded and paid back by stretching later silence by 1 ms per frame;
 - no bursts: if the event loop was late by more than ``max_late_s`` the clock is moved
   forward rather than sending a catch-up burst.
+
+Encoding ahead: with an ``encode_executor`` (worker threads), while speech flows the next
+buffered frame is handed to a worker right after the current packet goes out, so libopus
+runs (with the GIL released: it is a ctypes call) on another core during the 20 ms sleep and
+the event loop only collects the result. The frame stays in the playout buffer until its
+tick, so an interrupt still drops it; a result whose frame was dropped is discarded. The
+first frame after silence is encoded inline, so onset latency is unchanged.
 """
 
 from __future__ import annotations
 
 import asyncio
 import fractions
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,6 +72,7 @@ class OpusPacketTrack(MediaStreamTrack):
         max_lead_s: float = 0.1,
         payback_per_frame_s: float = 0.001,
         max_late_s: float = 0.06,
+        encode_executor: Executor | None = None,
     ) -> None:
         super().__init__()
         settings = opus or OpusSettings()
@@ -91,6 +100,9 @@ class OpusPacketTrack(MediaStreamTrack):
         self._silent_frames = 0  # silence frames encoded since the last speech frame
         self._spoke = False  # speech was encoded since the encoder was created or reset
         self._waiter: asyncio.Future[None] | None = None
+        self._executor = encode_executor
+        # (frame, its encoding in flight) while a worker encodes the next frame ahead.
+        self._ahead: tuple[PlayoutFrame, Future[bytes]] | None = None
         self.stats = TrackStats()
 
     # --- encoder settings (network adaptation drives these) ----------------------------
@@ -154,7 +166,28 @@ class OpusPacketTrack(MediaStreamTrack):
         if frame is not None:
             for mark in frame.marks:
                 mark()
+            self._encode_next_ahead()
         return packet
+
+    def _encode_next_ahead(self) -> None:
+        if self._executor is None:
+            return
+        upcoming = self._source.peek()
+        if upcoming is not None:
+            self._ahead = (upcoming, self._executor.submit(self.encoder.encode, upcoming.pcm))
+
+    def _take_ahead(self, frame: PlayoutFrame | None) -> bytes | None:
+        """The ahead-encoded payload for ``frame``, or None (and the stale job settled)."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is None:
+            return None
+        upcoming, job = ahead
+        if upcoming is frame:
+            return job.result()  # normally done already: it had 20 ms
+        # The frame was dropped (interrupt): the encoder must not run it after what follows.
+        if not job.cancel():
+            job.result()
+        return None
 
     async def _sleep_until(
         self, loop: asyncio.AbstractEventLoop, when: float, *, wake_on_arrival: bool
@@ -184,6 +217,7 @@ class OpusPacketTrack(MediaStreamTrack):
     def _encode(self, frame: PlayoutFrame | None) -> bytes:
         stats = self.stats
         stats.packets += 1
+        ready = self._take_ahead(frame)
         if frame is not None:
             self._speaking = True
             self._silence_run.clear()
@@ -192,7 +226,7 @@ class OpusPacketTrack(MediaStreamTrack):
             self._spoke = True
             stats.speech_packets += 1
             stats.encode_calls += 1
-            payload = self.encoder.encode(frame.pcm)
+            payload = ready if ready is not None else self.encoder.encode(frame.pcm)
             stats.bytes += len(payload)
             return payload
         self._speaking = False
@@ -244,6 +278,7 @@ class OpusPacketTrack(MediaStreamTrack):
 
     def stop(self) -> None:
         super().stop()
+        self._take_ahead(None)
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
         self.encoder.close()

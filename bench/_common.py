@@ -139,7 +139,7 @@ def _make_default_track_class() -> type:
 
         kind = "audio"
 
-        def __init__(self, source: Any, opus: Any = None) -> None:
+        def __init__(self, source: Any, opus: Any = None, **_: Any) -> None:
             super().__init__()
             self._source = source
             self._start: float | None = None
@@ -271,6 +271,7 @@ def serve(argv: Sequence[str]) -> None:
         "--mode", default="continuous", choices=("continuous", "intermittent", "latency")
     )
     p.add_argument("--complexity", type=int, default=9)
+    p.add_argument("--encode-threads", type=int, default=0)
     p.add_argument("--bitrate", type=int, default=32_000)
     p.add_argument("--chunk-ms", type=int, default=100)
     p.add_argument("--chunk-delay", type=float, default=0.05)
@@ -305,7 +306,9 @@ def serve(argv: Sequence[str]) -> None:
         host="127.0.0.1",
         port=0,
         log_level="WARNING",
-        opus=OpusSettings(bitrate=opts.bitrate, complexity=opts.complexity),
+        opus=OpusSettings(
+            bitrate=opts.bitrate, complexity=opts.complexity, encode_threads=opts.encode_threads
+        ),
     )
     app = build_app(config, engine)
     state: dict[str, Any] = {"done": set(), "drivers": {}}
@@ -590,6 +593,12 @@ def add_run_arguments(
         help="engine pacing: seconds between 100 ms chunks (0.05 = 2x real time)",
     )
     p.add_argument("--pin", action="store_true", help="server on CPU 0, clients on CPU 1")
+    p.add_argument(
+        "--encode-threads",
+        type=int,
+        default=0,
+        help="OpusSettings(encode_threads=...): 0 inline on the loop, -1 one per core but one",
+    )
     p.add_argument("--seed", type=int, default=1)
     p.add_argument(
         "--max-wait",

@@ -49,6 +49,8 @@ def run_one(n: int, variant: str, args: argparse.Namespace, workdir: Path) -> di
         "latency",
         "--complexity",
         str(args.complexity),
+        "--encode-threads",
+        str(args.encode_threads),
         "--utterances",
         str(args.utterances),
         "--gap-min",

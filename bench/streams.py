@@ -50,6 +50,8 @@ def run_one(
         pattern,
         "--complexity",
         str(args.complexity),
+        "--encode-threads",
+        str(args.encode_threads),
         "--bitrate",
         str(args.bitrate),
         "--chunk-delay",

@@ -68,6 +68,13 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     serve.add_argument(
         "--bitrate", type=int, default=int(_env(env, "BITRATE", str(OpusSettings().bitrate)) or 0)
     )
+    serve.add_argument(
+        "--encode-threads",
+        type=int,
+        default=int(_env(env, "ENCODE_THREADS", "0") or 0),
+        help="threads encoding speech one frame ahead, off the event loop "
+        "(0: on the loop; -1: one per core but one)",
+    )
     serve.add_argument("--log-level", default=_env(env, "LOG_LEVEL", "INFO"))
 
     tiny = commands.add_parser(
@@ -92,7 +99,7 @@ def config_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> Config
         ice_credential=args.ice_credential,
         engine=args.engine,
         log_level=args.log_level.upper(),
-        opus=replace(base.opus, bitrate=args.bitrate),
+        opus=replace(base.opus, bitrate=args.bitrate, encode_threads=args.encode_threads),
         chattts=replace(
             ChatTTSSettings(),
             model_dir=Path(args.model_dir) if args.model_dir else None,

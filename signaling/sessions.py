@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from aioice.ice import get_host_addresses
@@ -41,6 +43,7 @@ class SessionRegistry:
         self.engine = engine
         self._peers: dict[str, Peer] = {}
         self._closing: set[asyncio.Task[bool]] = set()
+        self.encode_executor = _encode_executor(config.opus.encode_threads)
 
     def __len__(self) -> int:
         return len(self._peers)
@@ -79,7 +82,7 @@ class SessionRegistry:
             )
         session_id = uuid.uuid4().hex
         pc = RTCPeerConnection(self._rtc_configuration())
-        session = AgentSession(session_id, self.engine, self.config)
+        session = AgentSession(session_id, self.engine, self.config, self.encode_executor)
         peer = Peer(pc, session, kind, room)
         try:
             try:
@@ -130,3 +133,14 @@ class SessionRegistry:
         await asyncio.gather(*(self.close(sid) for sid in list(self._peers)))
         if self._closing:
             await asyncio.gather(*self._closing, return_exceptions=True)
+        if self.encode_executor is not None:
+            self.encode_executor.shutdown(wait=False, cancel_futures=True)
+
+
+def _encode_executor(threads: int) -> ThreadPoolExecutor | None:
+    """Threads shared by every session's track to encode speech frames ahead of their tick."""
+    if threads < 0:
+        threads = (os.cpu_count() or 1) - 1
+    if threads == 0:
+        return None
+    return ThreadPoolExecutor(max_workers=threads, thread_name_prefix="opus-encode")

@@ -36,6 +36,7 @@ def test_environment_then_flags() -> None:
         "VOICE_AGENT_DEVICE": "cpu",
         "VOICE_AGENT_COMPILE": "true",
         "VOICE_AGENT_BITRATE": "24000",
+        "VOICE_AGENT_ENCODE_THREADS": "2",
     }
     config = build(["serve"], env)
     assert config.port == 9000
@@ -43,7 +44,7 @@ def test_environment_then_flags() -> None:
     assert (config.ice_username, config.ice_credential) == ("u", "p")
     assert config.chattts.model_dir == Path("/models/chattts")
     assert config.chattts.device == "cpu" and config.chattts.compile
-    assert config.opus.bitrate == 24_000
+    assert config.opus.bitrate == 24_000 and config.opus.encode_threads == 2
     flagged = build(["serve", "--port", "9100", "--ice-server", "stun:c.example"], env)
     assert flagged.port == 9100 and flagged.ice_servers == ("stun:c.example",)
 

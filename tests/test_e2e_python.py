@@ -8,6 +8,8 @@ import aiohttp
 import numpy as np
 import pytest
 
+from agent.config import Config, OpusSettings
+from signaling.keys import SESSIONS
 from tests.conftest import LiveServer
 from tests.doubles import tone_frequency
 from tests.rtc_client import RtcClient
@@ -170,3 +172,28 @@ async def test_speech_starts_at_full_level_after_idle(live_server: LiveServer) -
     onset = audio[first : first + 10 * 960].reshape(10, 960)
     rms = np.sqrt((onset**2).mean(axis=1))
     assert (rms[1:] > 0.3).all(), rms  # full level (0.35) from the second frame on
+
+
+@pytest.fixture
+def server_config(request: pytest.FixtureRequest) -> Config:
+    threads = getattr(request, "param", 0)
+    return Config(host="127.0.0.1", opus=OpusSettings(encode_threads=threads))
+
+
+@pytest.mark.parametrize("server_config", [1], indirect=True, ids=["encode-ahead"])
+async def test_tone_arrives_intact_when_encoded_ahead(
+    live_server: LiveServer, server_config: Config
+) -> None:
+    assert live_server.app[SESSIONS].encode_executor is not None
+    async with aiohttp.ClientSession() as http:
+        client = RtcClient(live_server.url, http)
+        await client.connect()
+        try:
+            audio, _ = await _speak_and_record(client, "one two three four five six")
+        finally:
+            await client.close()
+    first, last = speech_span(audio)
+    voiced = audio[first : last + 1]
+    assert 1.4 < len(voiced) / 48_000 < 1.6
+    windows = voiced[: len(voiced) // 960 * 960].reshape(-1, 960)
+    assert (np.sqrt((windows**2).mean(axis=1)) > 0.2).all()

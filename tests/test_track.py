@@ -195,3 +195,45 @@ async def test_silence_after_speech_stops_costing_encodes(complexity: int) -> No
             await track.recv()
         assert track.stats.encode_calls == calls, (round_, complexity)
     track.stop()
+
+
+async def test_encoding_ahead_in_a_worker_gives_the_same_packets() -> None:
+    """Speech encoded ahead by a worker thread is byte-identical to encoding inline."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1) as pool:
+        streams = []
+        for executor in (None, pool):
+            buffer = PlayoutBuffer(100)
+            track = OpusPacketTrack(buffer, rephase_on_onset=False, encode_executor=executor)
+            for i in range(30):
+                await buffer.put(PlayoutFrame(tone_frame(i)))
+            streams.append([bytes(await track.recv()) for _ in range(35)])
+            track.stop()
+    inline, ahead = streams
+    assert inline == ahead
+
+
+async def test_interrupt_drops_a_frame_being_encoded_ahead() -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1) as pool:
+        buffer = PlayoutBuffer(100)
+        track = OpusPacketTrack(buffer, encode_executor=pool)
+        sent: list[str] = []
+        for i in range(10):
+            await buffer.put(PlayoutFrame(tone_frame(i), [lambda i=i: sent.append(f"old{i}")]))
+        for _ in range(3):
+            await track.recv()
+        assert track._ahead is not None  # frame 3 is being encoded ahead
+        buffer.clear()  # interrupt
+        silences = track.stats.silence_packets
+        await track.recv()
+        assert track.stats.silence_packets == silences + 1  # silence, not the dropped frame
+        for i in range(3):
+            await buffer.put(PlayoutFrame(tone_frame(i), [lambda i=i: sent.append(f"new{i}")]))
+        for _ in range(3):
+            await track.recv()
+        track.stop()
+    assert sent == ["old0", "old1", "old2", "new0", "new1", "new2"]
+    assert track.stats.speech_packets == 6
