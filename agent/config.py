@@ -18,8 +18,9 @@ class OpusSettings:
     expected_loss_pct: int = 0
     # DTX would cut idle sessions from ~14 kbps (coded digital silence) to 0.4 kbps (1-byte
     # "no data" packets), but speech after a DTX stretch fades in over ~200 ms (measured:
-    # frame RMS 0.10 -> 0.35 over 10 frames at the receiver): every utterance would start
-    # softly. Off by default; the setter is there for bandwidth-bound deployments.
+    # frame RMS 0.10 -> 0.35 over 10 frames at an aiortc/FFmpeg receiver; resetting the
+    # encoder at onset does not change it, so it is the decoder's recovery from DTX): every
+    # utterance would start softly. Off by default; the setter is there for bandwidth.
     dtx: bool = False
     # Worker threads that encode the next speech frame ahead, off the event loop (-1: one
     # per core but one; 0: encode on the event loop). libopus releases the GIL, but the
