@@ -33,6 +33,10 @@ class EngineError(Exception):
     """An engine failed to produce speech for a piece of text (reported, session goes on)."""
 
 
+class EngineLoadError(Exception):
+    """An engine could not load its model; the message tells the user what to do."""
+
+
 @runtime_checkable
 class TTSEngine(Protocol):
     """Contract for speech engines.

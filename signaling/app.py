@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 
 from agent.config import Config
-from agent.engine import TTSEngine
+from agent.engine import EngineLoadError, TTSEngine
 from signaling.errors import error_middleware
 from signaling.keys import CONFIG, ENGINE, ENGINE_ERROR, SESSIONS
 from signaling.routes import add_routes
@@ -41,6 +41,10 @@ async def _engine_lifecycle(app: web.Application) -> AsyncIterator[None]:
         try:
             await engine.start()
             log.info("engine %s ready", engine.name)
+        except EngineLoadError as exc:
+            # An expected failure (no network, missing files): the message says what to do.
+            log.error("engine %s failed to load: %s", engine.name, exc)
+            app[ENGINE_ERROR].append(str(exc))
         except Exception as exc:
             log.exception("engine %s failed to load", engine.name)
             app[ENGINE_ERROR].append(str(exc) or type(exc).__name__)

@@ -30,6 +30,14 @@ def _sessions(request: web.Request) -> SessionRegistry:
     return request.app[SESSIONS]
 
 
+def _new_sessions(request: web.Request) -> SessionRegistry:
+    """The registry for a new session: 503 with the reason if the engine failed to load."""
+    failure = request.app[ENGINE_ERROR]
+    if failure:
+        raise ApiError(503, "engine_failed", f"the speech engine failed to load: {failure[0]}")
+    return _sessions(request)
+
+
 async def post_offer(request: web.Request) -> web.Response:
     body = await _json_body(request)
     if body.get("type") != "offer":
@@ -37,7 +45,9 @@ async def post_offer(request: web.Request) -> web.Response:
     room = body.get("room")
     if room is not None and (not isinstance(room, str) or not 0 < len(room) <= MAX_ROOM_CHARS):
         raise ApiError(400, "bad_room", f"'room' must be a string of 1-{MAX_ROOM_CHARS} characters")
-    peer, answer = await _sessions(request).create(body.get("sdp"), "offer", room, request.remote)
+    peer, answer = await _new_sessions(request).create(
+        body.get("sdp"), "offer", room, request.remote
+    )
     return web.json_response({"sdp": answer, "type": "answer", "session_id": peer.session.id})
 
 
@@ -48,7 +58,7 @@ async def post_whep(request: web.Request) -> web.Response:
         sdp = await request.text()
     except UnicodeDecodeError:
         raise ApiError(400, "bad_sdp", "SDP must be UTF-8 text") from None
-    peer, answer = await _sessions(request).create(
+    peer, answer = await _new_sessions(request).create(
         sdp, "whep", request.query.get("room"), request.remote
     )
     location = f"/whep/{peer.session.id}"

@@ -162,3 +162,4 @@ async def test_ice_servers_for_the_browser(live_server: LiveServer) -> None:
     async with aiohttp.ClientSession() as http, http.get(live_server.url + "/ice-servers") as resp:
         assert resp.status == 200
         assert await resp.json() == {"iceServers": []}
+

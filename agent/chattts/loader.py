@@ -16,11 +16,12 @@ import torch
 
 from agent.chattts.tiny import apply_dims, dims_from_manifest, read_manifest
 from agent.config import ChatTTSSettings
+from agent.engine import EngineLoadError
 
 log = logging.getLogger(__name__)
 
 
-class ModelLoadError(RuntimeError):
+class ModelLoadError(EngineLoadError):
     """ChatTTS could not load (missing files, hash mismatch, download failed)."""
 
 
@@ -93,7 +94,13 @@ def load_chat(settings: ChatTTSSettings) -> LoadedModel:
         compile=settings.compile,
     )
     if not ok:
-        raise ModelLoadError(f"ChatTTS failed to load (source={source}, path={custom_path})")
+        if source == "huggingface":
+            raise ModelLoadError(
+                "could not download or load ChatTTS from Hugging Face (2Noise/ChatTTS): check "
+                "the network, or pass --model-dir DIR with a local copy of the model "
+                "(`voice-agent tiny-model DIR` builds an offline smoke-test model)"
+            )
+        raise ModelLoadError(f"ChatTTS failed to load from {custom_path} (see the log above)")
     log.info("ChatTTS loaded on %s (source=%s)", device, source)
     return LoadedModel(
         chat=chat,
