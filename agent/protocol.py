@@ -67,7 +67,7 @@ def parse_message(raw: str | bytes, max_bytes: int) -> Message:
         raise ProtocolError("too_large", f"message of {size} bytes exceeds {max_bytes}")
     try:
         obj = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):
         raise ProtocolError("bad_json", "message is not valid JSON") from None
     if not isinstance(obj, dict):
         raise ProtocolError("bad_message", "message must be a JSON object")
@@ -112,6 +112,10 @@ def _config_fields(obj: dict[str, Any]) -> dict[str, Any]:
         voice = obj["voice"]
         if voice is not None and (not isinstance(voice, str) or len(voice) > MAX_VOICE_CHARS):
             raise ProtocolError("bad_config", "'voice' must be a string (or null for the default)")
+        if isinstance(voice, str) and voice.startswith("seed:"):
+            digits = voice[5:]
+            if not digits.isdigit() or int(digits) >= 2**63:
+                raise ProtocolError("bad_config", "'voice' seed:N needs an integer 0 <= N < 2^63")
         fields["voice"] = voice
     for name, (kind, low, high) in _CONFIG_FIELDS.items():
         if name not in obj:

@@ -39,6 +39,8 @@ class AgentSession:
         engine: TTSEngine,
         config: Config,
         encode_executor: Executor | None = None,
+        *,
+        expects_channel: bool = True,
     ) -> None:
         self.id = session_id
         self.config = config
@@ -47,6 +49,8 @@ class AgentSession:
             self.pipeline.buffer, config.opus, encode_executor=encode_executor
         )
         self.channel: RTCDataChannel | None = None
+        # Events raised before the channel opened wait for it; a WHEP listener has none.
+        self._expects_channel = expects_channel
         self._pending: deque[Event] = deque(maxlen=MAX_PENDING_EVENTS)
         self.errors_sent = 0
 
@@ -103,7 +107,8 @@ class AgentSession:
     def send_event(self, event: Event) -> None:
         channel = self.channel
         if channel is None or channel.readyState != "open":
-            self._pending.append(event)
+            if self._expects_channel:
+                self._pending.append(event)
             return
         try:
             channel.send(json.dumps(event))

@@ -55,6 +55,8 @@ class Utterance:
     started: bool = False
     ended: bool = False
     first_chunk_at: float | None = None  # time.monotonic() the engine's first chunk arrived
+    # The voice when the utterance was accepted: a later `config` applies to later ones.
+    voice: VoiceOptions = field(default_factory=VoiceOptions)
 
 
 @dataclass
@@ -113,18 +115,20 @@ class SpeechPipeline:
             if utterance_id is None or utterance_id == self._discarding_stream_id:
                 return None  # the rest of an interrupted answer: not spoken, by design
             self._discarding_stream_id = None
-        if self._stream is None:
-            self._stream = self._enqueue(utterance_id)
-            self._segmenter = Segmenter(max_chars=MAX_SEGMENT_CHARS)
-        elif utterance_id is not None and utterance_id != self._stream.id:
+        if self._stream is not None and utterance_id not in (None, self._stream.id):
             raise SpeechError("stream_open", f"text stream {self._stream.id!r} is still open")
-        utt, segmenter = self._stream, self._segmenter
-        assert segmenter is not None
-        if utt.chars + len(delta) > self.settings.max_text_chars:
+        # Checked before a stream is opened: a refused delta leaves nothing behind.
+        so_far = self._stream.chars if self._stream is not None else 0
+        if so_far + len(delta) > self.settings.max_text_chars:
             raise SpeechError(
                 "text_too_long",
                 f"a text stream is limited to {self.settings.max_text_chars} characters",
             )
+        if self._stream is None:
+            self._stream = self._enqueue(utterance_id)
+            self._segmenter = Segmenter(max_chars=MAX_SEGMENT_CHARS)
+        utt, segmenter = self._stream, self._segmenter
+        assert segmenter is not None
         utt.chars += len(delta)
         for segment in segmenter.push(delta):
             utt.segments.put_nowait(segment)
@@ -204,7 +208,7 @@ class SpeechPipeline:
                 "queue_full",
                 f"{self.settings.max_queued_utterances} utterances are already waiting",
             )
-        utt = Utterance(id=utterance_id or uuid.uuid4().hex[:12])
+        utt = Utterance(id=utterance_id or uuid.uuid4().hex[:12], voice=self.voice)
         self._queue.append(utt)
         self._wakeup.set()
         return utt
@@ -228,8 +232,16 @@ class SpeechPipeline:
             self.stats.utterances += 1
             try:
                 failed = await self._speak(utt)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.exception("speech worker failed on utterance %s", utt.id)
+                self._emit_failure(utt, exc)
+                failed = True
             finally:
                 self.buffer.producing = False
+            if self._worker is not asyncio.current_task():
+                return  # replaced by interrupt() meanwhile: the new worker owns the buffer
             self.buffer.at_playout_end(partial(self._end, utt, interrupted=failed))
 
     async def _speak(self, utt: Utterance) -> bool:
@@ -260,7 +272,7 @@ class SpeechPipeline:
                 )
             )
             try:
-                async with aclosing(self.engine.synthesize(segment, self.voice)) as chunks:
+                async with aclosing(self.engine.synthesize(segment, utt.voice)) as chunks:
                     async for chunk in chunks:
                         if utt.first_chunk_at is None:
                             utt.first_chunk_at = time.monotonic()
@@ -269,22 +281,28 @@ class SpeechPipeline:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                self.stats.engine_errors += 1
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    raise  # an engine whose aclose() failed while we were being cancelled
                 log.warning("engine failed on utterance %s: %s", utt.id, exc, exc_info=True)
-                self._emit(
-                    {
-                        "type": "error",
-                        "code": "tts_failed",
-                        "message": f"speech engine failed: {exc}",
-                        "id": utt.id,
-                    }
-                )
+                self._emit_failure(utt, exc)
                 await put(framer.push(resampler.flush()) + framer.flush())
                 self._fire_now(pending_marks)
                 return True
         await put(framer.push(resampler.flush()) + framer.flush())
         self._fire_now(pending_marks)
         return False
+
+    def _emit_failure(self, utt: Utterance, exc: Exception) -> None:
+        self.stats.engine_errors += 1
+        self._emit(
+            {
+                "type": "error",
+                "code": "tts_failed",
+                "message": f"speech engine failed: {exc}",
+                "id": utt.id,
+            }
+        )
 
     def _fire_now(self, marks: list[Callable[[], None]]) -> None:
         """Marks that never got a frame (no audio produced) fire in playout order."""

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import fractions
+import logging
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass
 from typing import Any
@@ -35,6 +36,8 @@ from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 from agent.config import OpusSettings
 from agent.opus import FRAME_SAMPLES, SAMPLE_RATE, OpusEncoder
 from agent.playout import PlayoutBuffer, PlayoutFrame
+
+log = logging.getLogger(__name__)
 
 TIME_BASE = fractions.Fraction(1, SAMPLE_RATE)
 FRAME_SECONDS = FRAME_SAMPLES / SAMPLE_RATE
@@ -165,7 +168,10 @@ class OpusPacketTrack(MediaStreamTrack):
         packet.time_base = TIME_BASE
         if frame is not None:
             for mark in frame.marks:
-                mark()
+                try:
+                    mark()
+                except Exception:  # a failing event must never stop the RTP sender
+                    log.exception("playout mark failed")
             self._encode_next_ahead()
         return packet
 
@@ -183,6 +189,8 @@ class OpusPacketTrack(MediaStreamTrack):
             return None
         upcoming, job = ahead
         if upcoming is frame:
+            if not job.done() and job.cancel():
+                return None  # still queued behind other sessions' jobs: encode it inline
             return job.result()  # normally done already: it had 20 ms
         # The frame was dropped (interrupt): the encoder must not run it after what follows.
         if not job.cancel():

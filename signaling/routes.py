@@ -19,11 +19,17 @@ MAX_ROOM_CHARS = 64
 async def _json_body(request: web.Request) -> dict[str, Any]:
     try:
         body = await request.json(loads=json.loads)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):
         raise ApiError(400, "bad_json", "request body is not valid JSON") from None
     if not isinstance(body, dict):
         raise ApiError(400, "bad_json", "request body must be a JSON object")
     return body
+
+
+def _check_room(room: object) -> str | None:
+    if room is not None and (not isinstance(room, str) or not 0 < len(room) <= MAX_ROOM_CHARS):
+        raise ApiError(400, "bad_room", f"'room' must be a string of 1-{MAX_ROOM_CHARS} characters")
+    return room
 
 
 def _sessions(request: web.Request) -> SessionRegistry:
@@ -42,9 +48,7 @@ async def post_offer(request: web.Request) -> web.Response:
     body = await _json_body(request)
     if body.get("type") != "offer":
         raise ApiError(400, "not_an_offer", "'type' must be \"offer\"")
-    room = body.get("room")
-    if room is not None and (not isinstance(room, str) or not 0 < len(room) <= MAX_ROOM_CHARS):
-        raise ApiError(400, "bad_room", f"'room' must be a string of 1-{MAX_ROOM_CHARS} characters")
+    room = _check_room(body.get("room"))
     peer, answer = await _new_sessions(request).create(
         body.get("sdp"), "offer", room, request.remote
     )
@@ -59,7 +63,7 @@ async def post_whep(request: web.Request) -> web.Response:
     except UnicodeDecodeError:
         raise ApiError(400, "bad_sdp", "SDP must be UTF-8 text") from None
     peer, answer = await _new_sessions(request).create(
-        sdp, "whep", request.query.get("room"), request.remote
+        sdp, "whep", _check_room(request.query.get("room")), request.remote
     )
     location = f"/whep/{peer.session.id}"
     return web.Response(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+from collections.abc import Callable
 
 from signaling.errors import ApiError
 
@@ -20,11 +21,56 @@ def check_offer_sdp(sdp: object) -> str:
     audio = _audio_sections(sdp)
     if not audio:
         raise ApiError(400, "no_audio", "the offer has no audio m-line: the agent sends audio")
-    if all(
-        _direction(section) in ("sendonly", "inactive") or _port_zero(section) for section in audio
-    ):
+    receiving = [
+        section
+        for section in audio
+        if _direction(section) not in ("sendonly", "inactive") and not _port_zero(section)
+    ]
+    if not receiving:
         raise ApiError(400, "no_audio", "the offer's audio does not accept audio from the agent")
+    if not any(_offers_opus(section) for section in receiving):
+        raise ApiError(400, "no_opus", "the offer's audio has no opus/48000: the agent sends Opus")
     return sdp
+
+
+def opus_first(sdp: str) -> str:
+    """Put Opus first in each audio section: in the m-line and among the rtpmap lines.
+
+    aiortc answers with the offer's first common codec (in rtpmap order, not m-line order),
+    and the agent's track only makes Opus packets: an offer listing PCMU first would
+    otherwise get Opus bytes labelled PCMU.
+    """
+    newline = "\r\n" if "\r\n" in sdp else "\n"
+    lines = sdp.split(newline)
+    opus_types = {line.split()[0].split(":", 1)[1] for line in lines if _is_opus_rtpmap(line)}
+    in_audio = False
+    rtpmap_rows: list[int] = []
+    for index, line in enumerate([*lines, "m=end"]):
+        if line.startswith("m="):
+            _opus_rows_first(lines, rtpmap_rows)
+            rtpmap_rows = []
+            in_audio = line.startswith("m=audio")
+            if in_audio:
+                head, formats = line.split()[:3], line.split()[3:]
+                formats.sort(key=lambda f: f not in opus_types)  # stable: others keep order
+                lines[index] = " ".join(head + formats)
+        elif in_audio and line.startswith("a=rtpmap:"):
+            rtpmap_rows.append(index)
+    return newline.join(lines)
+
+
+def _is_opus_rtpmap(line: str) -> bool:
+    return line.startswith("a=rtpmap:") and " opus/48000" in line.lower()
+
+
+def _opus_rows_first(lines: list[str], rows: list[int]) -> None:
+    ordered = sorted((lines[i] for i in rows), key=lambda line: not _is_opus_rtpmap(line))
+    for row, line in zip(rows, ordered, strict=True):
+        lines[row] = line
+
+
+def _offers_opus(section: list[str]) -> bool:
+    return any(_is_opus_rtpmap(line) for line in section)
 
 
 def _audio_sections(sdp: str) -> list[list[str]]:
@@ -52,7 +98,7 @@ def _port_zero(section: list[str]) -> bool:
     return len(parts) > 1 and parts[1] == "0"
 
 
-def add_mdns_fallback(sdp: str, peer_ip: str | None, host_ips: list[str]) -> str:
+def add_mdns_fallback(sdp: str, peer_ip: str | None, host_ips: Callable[[], list[str]]) -> str:
     """Give each mDNS (``*.local``) candidate a twin with a plain IP address.
 
     Browsers hide their addresses behind random ``.local`` names; aioice resolves them by
@@ -63,8 +109,10 @@ def add_mdns_fallback(sdp: str, peer_ip: str | None, host_ips: list[str]) -> str
     gives aioice a pair to check; the browser's own checks then complete the connection.
     A twin that turns out wrong costs one failed check.
     """
-    addresses = [peer_ip] if peer_ip and not _is_loopback(peer_ip) else host_ips
-    if not addresses or ".local " not in sdp:
+    if ".local " not in sdp:
+        return sdp
+    addresses = [peer_ip] if peer_ip and not _is_loopback(peer_ip) else host_ips()
+    if not addresses:
         return sdp
     newline = "\r\n" if "\r\n" in sdp else "\n"
     out: list[str] = []

@@ -22,7 +22,7 @@ from agent.config import Config
 from agent.engine import TTSEngine
 from agent.session import AgentSession
 from signaling.errors import ApiError
-from signaling.sdp import add_mdns_fallback, check_offer_sdp
+from signaling.sdp import add_mdns_fallback, check_offer_sdp, opus_first
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +74,9 @@ class SessionRegistry:
         ``peer_ip`` is the address the HTTP request came from (for mDNS candidates).
         """
         offer_sdp = add_mdns_fallback(
-            check_offer_sdp(sdp), peer_ip, get_host_addresses(use_ipv4=True, use_ipv6=False)
+            opus_first(check_offer_sdp(sdp)),
+            peer_ip,
+            lambda: get_host_addresses(use_ipv4=True, use_ipv6=False),
         )
         if not self.engine.ready:
             raise ApiError(
@@ -82,7 +84,13 @@ class SessionRegistry:
             )
         session_id = uuid.uuid4().hex
         pc = RTCPeerConnection(self._rtc_configuration())
-        session = AgentSession(session_id, self.engine, self.config, self.encode_executor)
+        session = AgentSession(
+            session_id,
+            self.engine,
+            self.config,
+            self.encode_executor,
+            expects_channel=kind == "offer",
+        )
         peer = Peer(pc, session, kind, room)
         try:
             try:
@@ -124,13 +132,20 @@ class SessionRegistry:
         peer = self._peers.pop(session_id, None)
         if peer is None:
             return False
-        await peer.session.close()
-        await peer.pc.close()
+        try:
+            await peer.session.close()
+        finally:
+            await peer.pc.close()
         log.info("session %s closed (%d active)", session_id, len(self._peers))
         return True
 
     async def close_all(self) -> None:
-        await asyncio.gather(*(self.close(sid) for sid in list(self._peers)))
+        results = await asyncio.gather(
+            *(self.close(sid) for sid in list(self._peers)), return_exceptions=True
+        )
+        for result in results:
+            if isinstance(result, BaseException):
+                log.error("closing a session failed: %r", result)
         if self._closing:
             await asyncio.gather(*self._closing, return_exceptions=True)
         if self.encode_executor is not None:

@@ -42,6 +42,7 @@ class RtcClient:
         self._event_signal = asyncio.Event()
         self._reader: asyncio.Task[None] | None = None
         self.channel = None
+        self.codec_preferences: list[Any] | None = None  # audio codecs to offer, in order
 
     async def connect(
         self,
@@ -50,7 +51,9 @@ class RtcClient:
         room: str | None = None,
         rewrite_offer: Callable[[str], str] | None = None,
     ) -> None:
-        self.pc.addTransceiver("audio", direction="recvonly")
+        transceiver = self.pc.addTransceiver("audio", direction="recvonly")
+        if self.codec_preferences is not None:
+            transceiver.setCodecPreferences(self.codec_preferences)
         if not whep:
             self.channel = self.pc.createDataChannel("agent")
             self.channel.on("message", self._on_message)

@@ -26,7 +26,9 @@ async def test_bad_messages_get_error_events_and_session_lives_on(live_server: L
         ('{"type": "text.end"}', "no_stream"),
         ('{"type": "config", "speed": 42}', "bad_config"),
         ('{"type": "config", "colour": "blue"}', "bad_config"),
+        ('{"type": "config", "voice": "seed:abc"}', "bad_config"),
         ('{"type": "text.delta", "delta": 5}', "bad_message"),
+        ("[" * 10_000, "bad_json"),
     ]
     async with aiohttp.ClientSession() as http:
         client = RtcClient(live_server.url, http)

@@ -38,8 +38,21 @@ async def _error(resp: aiohttp.ClientResponse) -> dict[str, str]:
             400,
             "no_audio",
         ),
-        (b'{"type": "offer", "sdp": "v=0\\r\\nm=audio 9 RTP/AVP 0\\r\\n"}', 400, "bad_sdp"),
+        (b'{"type": "offer", "sdp": "v=0\\r\\nm=audio 9 RTP/AVP 0\\r\\n"}', 400, "no_opus"),
+        (  # opus, but no ICE credentials or DTLS fingerprint: aiortc cannot use it
+            b'{"type": "offer", "sdp": "v=0\\r\\nm=audio 9 UDP/TLS/RTP/SAVPF 111\\r\\n'
+            b'a=rtpmap:111 opus/48000/2\\r\\n"}',
+            400,
+            "bad_sdp",
+        ),
         (b'{"type": "offer", "sdp": "v=0", "room": 7}', 400, "bad_room"),
+        (
+            b'{"type": "offer", "sdp": "v=0\\r\\nm=audio 9 UDP/TLS/RTP/SAVPF 0\\r\\n'
+            b'a=rtpmap:0 PCMU/8000\\r\\n"}',
+            400,
+            "no_opus",
+        ),
+        (b"[" * 100_000, 400, "bad_json"),
     ],
 )
 async def test_offer_errors(
@@ -79,6 +92,13 @@ async def test_whep_errors(live_server: LiveServer) -> None:
         ) as resp:
             assert resp.status == 400
             assert (await _error(resp))["code"] == "no_audio"
+        async with http.post(
+            live_server.url + "/whep?room=" + "r" * 65,
+            data="v=0\r\nm=audio 9 UDP/TLS/RTP/SAVPF 111\r\na=rtpmap:111 opus/48000/2\r\n",
+            headers={"Content-Type": "application/sdp"},
+        ) as resp:
+            assert resp.status == 400
+            assert (await _error(resp))["code"] == "bad_room"
         async with http.delete(live_server.url + "/whep/nope") as resp:
             assert resp.status == 404
             assert (await _error(resp))["code"] == "unknown_session"
@@ -149,7 +169,7 @@ async def test_not_ready_engine_refuses_offers(live_server: LiveServer) -> None:
         async with http.get(live_server.url + "/readyz") as resp:
             assert resp.status == 503
             assert (await resp.json())["error"]["code"] == "not_ready"
-        sdp = AUDIO_OFFER_HEAD + "m=audio 9 UDP/TLS/RTP/SAVPF 111\r\n"
+        sdp = AUDIO_OFFER_HEAD + "m=audio 9 UDP/TLS/RTP/SAVPF 111\r\na=rtpmap:111 opus/48000/2\r\n"
         async with http.post(
             live_server.url + "/offer", json={"type": "offer", "sdp": sdp}
         ) as resp:
@@ -162,4 +182,3 @@ async def test_ice_servers_for_the_browser(live_server: LiveServer) -> None:
     async with aiohttp.ClientSession() as http, http.get(live_server.url + "/ice-servers") as resp:
         assert resp.status == 200
         assert await resp.json() == {"iceServers": []}
-

@@ -17,7 +17,7 @@ CANDIDATE = "a=candidate:1 1 udp 2113937151 {addr} 54321 typ host generation 0"
 
 def test_twins_use_the_http_peer_address() -> None:
     sdp = "v=0\r\n" + CANDIDATE.format(addr="abc-def.local") + "\r\n"
-    out = add_mdns_fallback(sdp, "192.168.1.20", ["10.0.0.5"]).split("\r\n")
+    out = add_mdns_fallback(sdp, "192.168.1.20", lambda: ["10.0.0.5"]).split("\r\n")
     assert out[1] == CANDIDATE.format(addr="abc-def.local")
     assert out[2] == "a=candidate:1m0 1 udp 2113937150 192.168.1.20 54321 typ host generation 0"
     assert out[-1] == ""
@@ -25,13 +25,13 @@ def test_twins_use_the_http_peer_address() -> None:
 
 def test_a_local_browser_gets_twins_on_this_machines_addresses() -> None:
     sdp = "v=0\n" + CANDIDATE.format(addr="x.local") + "\n"
-    lines = add_mdns_fallback(sdp, "127.0.0.1", ["10.0.0.5", "10.0.0.6"]).splitlines()
+    lines = add_mdns_fallback(sdp, "127.0.0.1", lambda: ["10.0.0.5", "10.0.0.6"]).splitlines()
     assert [line.split()[4] for line in lines[1:]] == ["x.local", "10.0.0.5", "10.0.0.6"]
 
 
 def test_plain_candidates_are_left_alone() -> None:
     sdp = "v=0\r\n" + CANDIDATE.format(addr="10.1.1.1") + "\r\n"
-    assert add_mdns_fallback(sdp, "10.1.1.1", ["10.0.0.5"]) == sdp
+    assert add_mdns_fallback(sdp, "10.1.1.1", lambda: ["10.0.0.5"]) == sdp
 
 
 def hide_behind_mdns(sdp: str) -> str:
@@ -56,3 +56,16 @@ async def test_mdns_only_offer_connects_and_hears_the_agent(live_server: LiveSer
     assert client.pc.connectionState in ("connected", "closed")
     loud = [f for f in client.audio.frames if abs(f).max() > 0.2]
     assert len(loud) > 30  # ~0.75 s of the tone arrived
+
+
+def test_opus_moves_to_the_front_of_the_audio_payloads() -> None:
+    from signaling.sdp import opus_first
+
+    sdp = (
+        "v=0\r\nm=audio 9 UDP/TLS/RTP/SAVPF 0 8 111 9\r\na=rtpmap:0 PCMU/8000\r\n"
+        "a=rtpmap:111 opus/48000/2\r\nm=video 9 UDP/TLS/RTP/SAVPF 96 111\r\n"
+    )
+    out = opus_first(sdp).split("\r\n")
+    assert out[1] == "m=audio 9 UDP/TLS/RTP/SAVPF 111 0 8 9"
+    assert out[2:4] == ["a=rtpmap:111 opus/48000/2", "a=rtpmap:0 PCMU/8000"]
+    assert out[4] == "m=video 9 UDP/TLS/RTP/SAVPF 96 111"  # video untouched

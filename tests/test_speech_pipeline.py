@@ -10,7 +10,7 @@ import numpy as np
 
 from agent.config import SpeechSettings
 from agent.engine import PCM, VoiceOptions
-from agent.speech import SpeechPipeline
+from agent.speech import SpeechError, SpeechPipeline
 from tests.doubles import ToneEngine
 
 
@@ -159,3 +159,75 @@ async def test_close_cancels_generation() -> None:
     await pipeline.close()
     assert engine.cancelled_streams == 1
     assert len(pipeline.buffer) == 0
+
+
+async def test_refused_first_delta_leaves_no_stream_behind() -> None:
+    events: list[dict[str, Any]] = []
+    pipeline = SpeechPipeline(ToneEngine(), SpeechSettings(max_text_chars=100), events.append)
+    pipeline.start()
+    try:
+        pipeline.text_delta("x" * 101, "big")
+    except SpeechError as exc:
+        assert exc.code == "text_too_long"
+    else:
+        raise AssertionError("an over-long delta was accepted")
+    assert not pipeline.busy
+    assert pipeline.text_delta("Another stream. ", "other") == "other"  # no "stream_open"
+    await pipeline.close()
+
+
+class RecordingEngine(ToneEngine):
+    def __init__(self) -> None:
+        super().__init__(chunk_delay_s=0.01)
+        self.voices: dict[str, VoiceOptions] = {}
+
+    async def synthesize(self, text: str, voice: VoiceOptions) -> AsyncGenerator[PCM, None]:
+        self.voices[text] = voice
+        async for chunk in super().synthesize(text, voice):
+            yield chunk
+
+
+async def test_config_applies_to_utterances_accepted_after_it() -> None:
+    events: list[dict[str, Any]] = []
+    engine = RecordingEngine()
+    pipeline = SpeechPipeline(engine, SpeechSettings(), events.append)
+    pipeline.start()
+    drain = Drain(pipeline)
+    pipeline.say("First sentence. Second sentence.", "a")
+    await wait_for(lambda: "First sentence." in engine.voices)
+    pipeline.voice = VoiceOptions(voice="seed:7")  # what a `config` message does
+    pipeline.say("Third.", "b")
+    await wait_for(lambda: {"type": "speech.ended", "id": "b", "interrupted": False} in events)
+    drain.stop()
+    assert engine.voices["Second sentence."] == VoiceOptions()  # mid-utterance: unchanged
+    assert engine.voices["Third."] == VoiceOptions(voice="seed:7")
+    await pipeline.close()
+
+
+class OddRateEngine(ToneEngine):
+    """Its first utterance fails outside the engine's own generator (bad sample rate)."""
+
+    calls = 0
+
+    @property  # type: ignore[override]
+    def sample_rate(self) -> int:
+        OddRateEngine.calls += 1
+        return 0 if OddRateEngine.calls == 1 else 24_000
+
+    @sample_rate.setter
+    def sample_rate(self, value: int) -> None:
+        pass
+
+
+async def test_worker_survives_a_failure_outside_the_engine() -> None:
+    events: list[dict[str, Any]] = []
+    pipeline = SpeechPipeline(OddRateEngine(), SpeechSettings(), events.append)
+    pipeline.start()
+    drain = Drain(pipeline)
+    pipeline.say("broken", "a")
+    pipeline.say("fine", "b")
+    await wait_for(lambda: {"type": "speech.ended", "id": "b", "interrupted": False} in events)
+    drain.stop()
+    assert {"type": "speech.ended", "id": "a", "interrupted": True} in events
+    assert any(e["type"] == "error" and e.get("id") == "a" for e in events)
+    await pipeline.close()

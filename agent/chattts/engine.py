@@ -20,6 +20,7 @@ from agent.engine import PCM, EngineError, VoiceOptions
 
 log = logging.getLogger(__name__)
 
+
 def _text_preparer() -> Callable[[str], str] | None:
     """The project's normalizer (numbers, symbols...) when agent.text has landed."""
     try:

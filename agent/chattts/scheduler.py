@@ -262,6 +262,7 @@ class Scheduler:
             bool(self._gpt.rows)
             or any(s.cancelled or (s.parked and s.may_resume) for s in self._streams)
             or (bool(self._inbox) and self._room())
+            or any(s.cancelled for s in self._inbox)
         )
 
     def _room(self) -> bool:
@@ -275,11 +276,16 @@ class Scheduler:
                 for s in [*self._streams, *self._inbox]:
                     s.finish(EngineError("engine closed"))
                 return False
+            # Cancelled before they started (e.g. interrupted while waiting): end them now,
+            # they must not pile up behind a full batch.
+            for s in [s for s in self._inbox if s.cancelled]:
+                self._inbox.remove(s)
+                s.finish()
+            # Parked streams that may resume keep their slots: a sentence already playing
+            # must not stall behind streams that have not started.
+            taken = sum(not s.parked or s.may_resume for s in self._streams)
             admitted: list[Stream] = []
-            while (
-                self._inbox
-                and len(admitted) + sum(not s.parked for s in self._streams) < self.max_batch
-            ):
+            while self._inbox and taken + len(admitted) < self.max_batch:
                 admitted.append(self._inbox.popleft())
         for s in admitted:
             self._admit(s)

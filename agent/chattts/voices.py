@@ -46,17 +46,14 @@ class VoiceBank:
         self._default = default_voice
         self._max_new_tokens = max_new_tokens
         self._dim = int(chat.config.gpt.hidden_size)
-        self._seeded: dict[int, torch.Tensor] = {}
 
     def speaker_for_seed(self, seed: int) -> torch.Tensor:
-        emb = self._seeded.get(seed)
-        if emb is None:
-            spk = self._chat.speaker
-            gen = torch.Generator().manual_seed(seed)
-            noise = torch.randn(self._dim, generator=gen).to(spk.std.device, spk.std.dtype)
-            emb = noise.mul_(spk.std).add_(spk.mean)
-            self._seeded[seed] = emb
-        return emb
+        # Drawn afresh each time (one small randn): a cache keyed by client-chosen seeds
+        # would grow without bound.
+        spk = self._chat.speaker
+        gen = torch.Generator().manual_seed(seed)
+        noise = torch.randn(self._dim, generator=gen).to(spk.std.device, spk.std.dtype)
+        return noise.mul_(spk.std).add_(spk.mean)
 
     def speaker_string(self, seed: int) -> str:
         """The ChatTTS speaker string of ``seed:N`` (portable to any ChatTTS install)."""
