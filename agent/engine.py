@@ -57,6 +57,11 @@ class TTSEngine(Protocol):
         """True once the model is loaded and warmed up (drives /readyz)."""
         ...
 
+    @property
+    def failure(self) -> str | None:
+        """Why an engine that had started can no longer speak (None while it can)."""
+        ...
+
     async def start(self) -> None:
         """Load and warm up; called once by the server before it reports ready."""
         ...

@@ -38,10 +38,19 @@ def _sessions(request: web.Request) -> SessionRegistry:
 
 def _new_sessions(request: web.Request) -> SessionRegistry:
     """The registry for a new session: 503 with the reason if the engine failed to load."""
-    failure = request.app[ENGINE_ERROR]
+    failure = _engine_failure(request)
     if failure:
-        raise ApiError(503, "engine_failed", f"the speech engine failed to load: {failure[0]}")
+        raise ApiError(503, "engine_failed", failure)
     return _sessions(request)
+
+
+def _engine_failure(request: web.Request) -> str | None:
+    """Why the engine cannot speak: it failed to load, or failed after it started."""
+    load_error = request.app[ENGINE_ERROR]
+    if load_error:
+        return f"the speech engine failed to load: {load_error[0]}"
+    failure = request.app[ENGINE].failure
+    return f"the speech engine failed: {failure}" if failure else None
 
 
 async def post_offer(request: web.Request) -> web.Response:
@@ -128,10 +137,10 @@ async def readyz(request: web.Request) -> web.Response:
     engine: TTSEngine = request.app[ENGINE]
     if engine.ready:
         return web.json_response({"ready": True, "engine": engine.name})
-    failure = request.app[ENGINE_ERROR]
-    message = f"engine failed to load: {failure[0]}" if failure else "the speech engine is loading"
+    failure = _engine_failure(request)
+    code, message = ("engine_failed", failure) if failure else ("not_ready", "loading the model")
     return web.json_response(
-        {"ready": False, "engine": engine.name, "error": {"code": "not_ready", "message": message}},
+        {"ready": False, "engine": engine.name, "error": {"code": code, "message": message}},
         status=503,
     )
 

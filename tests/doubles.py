@@ -48,6 +48,10 @@ class ToneEngine:
     def ready(self) -> bool:
         return self._ready
 
+    @property
+    def failure(self) -> str | None:
+        return None
+
     async def start(self) -> None:
         self._ready = True
 

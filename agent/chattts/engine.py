@@ -54,6 +54,10 @@ class ChatTTSEngine:
     def ready(self) -> bool:
         return self._ready and self.scheduler is not None and self.scheduler.alive
 
+    @property
+    def failure(self) -> str | None:
+        return self.scheduler.crash if self.scheduler is not None else None
+
     async def start(self) -> None:
         """Load (in a thread), start the worker, run one warm-up utterance; idempotent."""
         async with self._start_lock:

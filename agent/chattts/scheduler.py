@@ -195,6 +195,7 @@ class Scheduler:
         self._gpt = BatchedGPT(chat)
         self._voices = VoiceBank(chat, default_voice, max_new_tokens)
         self._cond = threading.Condition()
+        self.crash: str | None = None  # why the worker stopped, if it crashed
         self._inbox: collections.deque[Stream] = collections.deque()
         self._stop = False
         self._ids = itertools.count(1)
@@ -253,6 +254,7 @@ class Scheduler:
                 pass
         except BaseException as e:  # a bug or a device error: fail every stream, loudly
             log.exception("ChatTTS worker crashed")
+            self.crash = f"ChatTTS worker crashed: {e!r}"
             for s in [*self._streams, *self._inbox]:
                 s.finish(e)
             raise
