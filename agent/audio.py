@@ -51,10 +51,8 @@ class Framer:
     def __init__(self, frame_samples: int = FRAME_SAMPLES) -> None:
         self._frame = frame_samples
         self._pending = np.zeros(0, dtype=np.float32)
-        self.samples_in = 0  # total samples pushed: the utterance's audio timeline
 
     def push(self, samples: PCM) -> list[Int16Frame]:
-        self.samples_in += len(samples)
         data = np.concatenate((self._pending, samples)) if len(self._pending) else samples
         whole = len(data) // self._frame * self._frame
         frames = [to_int16(data[i : i + self._frame]) for i in range(0, whole, self._frame)]

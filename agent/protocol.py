@@ -58,7 +58,8 @@ _CONFIG_FIELDS: dict[str, tuple[type, float, float]] = {
     "top_p": (float, 0.01, 1.0),
     "top_k": (int, 1, 100),
 }
-MAX_VOICE_CHARS = 4096  # ChatTTS speaker strings are ~1.4 kB
+MAX_VOICE_CHARS = 4096
+MAX_ID_CHARS = 64  # utterance ids chosen by clients  # ChatTTS speaker strings are ~1.4 kB
 
 
 def parse_message(raw: str | bytes, max_bytes: int) -> Message:
@@ -101,8 +102,8 @@ def _optional_id(obj: dict[str, Any]) -> str | None:
     value = obj.get("id")
     if value is None:
         return None
-    if not isinstance(value, str) or not 0 < len(value) <= 64:
-        raise ProtocolError("bad_message", "'id' must be a string of 1-64 characters")
+    if not isinstance(value, str) or not 0 < len(value) <= MAX_ID_CHARS:
+        raise ProtocolError("bad_message", f"'id' must be a string of 1-{MAX_ID_CHARS} characters")
     return value
 
 

@@ -52,7 +52,6 @@ class AgentSession:
         # Events raised before the channel opened wait for it; a WHEP listener has none.
         self._expects_channel = expects_channel
         self._pending: deque[Event] = deque(maxlen=MAX_PENDING_EVENTS)
-        self.errors_sent = 0
 
     def start(self) -> None:
         self.pipeline.start()
@@ -117,7 +116,6 @@ class AgentSession:
 
     def send_error(self, code: str, message: str, request_id: str | None = None) -> None:
         """An ``error`` event; it carries the request's ``id`` when the request had one."""
-        self.errors_sent += 1
         event: Event = {"type": "error", "code": code, "message": message}
         if request_id is not None:
             event["id"] = request_id

@@ -25,6 +25,7 @@ from agent.config import SpeechSettings
 from agent.engine import TTSEngine, VoiceOptions
 from agent.opus import SAMPLE_RATE
 from agent.playout import PlayoutBuffer, PlayoutFrame
+from agent.protocol import MAX_ID_CHARS
 from agent.text.segment import Segmenter, split_text
 
 log = logging.getLogger(__name__)
@@ -34,7 +35,6 @@ EventSink = Callable[[Event], None]
 
 FRAMES_PER_SECOND = 50
 MAX_SEGMENT_CHARS = 200
-MAX_ID_CHARS = 64
 
 
 class SpeechError(Exception):

@@ -10,24 +10,16 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator
 
 from agent.chattts.decode import StreamParams, auto_growth
 from agent.chattts.loader import LoadedModel, load_chat
 from agent.chattts.scheduler import SAMPLE_RATE, Scheduler
 from agent.config import ChatTTSSettings
 from agent.engine import PCM, EngineError, VoiceOptions
+from agent.text.normalize import normalize_for_tts
 
 log = logging.getLogger(__name__)
-
-
-def _text_preparer() -> Callable[[str], str] | None:
-    """The project's normalizer (numbers, symbols...) when agent.text has landed."""
-    try:
-        from agent.text.normalize import normalize_for_tts
-    except ImportError:
-        return None
-    return normalize_for_tts
 
 
 class ChatTTSEngine:
@@ -73,7 +65,7 @@ class ChatTTSEngine:
                     max_buffered_s=self.settings.max_buffered_s,
                     default_voice=self.settings.default_voice,
                     max_new_tokens=self.settings.max_new_tokens,
-                    prepare_text=_text_preparer(),
+                    prepare_text=normalize_for_tts,
                 )
                 self.scheduler.start()
             samples = 0
