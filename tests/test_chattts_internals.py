@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -145,3 +146,24 @@ def test_tiny_model_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
     manifest = read_manifest(tmp_path / "m")
     assert manifest is not None and manifest["seed"] == 3
     assert "random-weight" in capsys.readouterr().out
+
+
+def test_a_slow_model_load_does_not_hold_up_shutdown() -> None:
+    """Ctrl-C during the first download must not wait for the download to finish."""
+    import asyncio
+    import time
+
+    from agent.chattts.engine import _in_daemon_thread
+    from agent.config import ChatTTSSettings
+
+    def slow_load(settings: ChatTTSSettings) -> Any:
+        time.sleep(5)
+
+    async def main() -> None:
+        task = asyncio.ensure_future(_in_daemon_thread(slow_load, ChatTTSSettings()))
+        await asyncio.sleep(0.1)
+        task.cancel()
+
+    started = time.monotonic()
+    asyncio.run(main())  # asyncio.to_thread would make this wait ~5 s in executor shutdown
+    assert time.monotonic() - started < 1.5

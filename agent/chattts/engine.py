@@ -8,9 +8,11 @@ continuous batching across sessions, per-stream cancellation and backpressure.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
-from collections.abc import AsyncGenerator
+import threading
+from collections.abc import AsyncGenerator, Callable
 
 from agent.chattts.decode import StreamParams, auto_growth
 from agent.chattts.loader import LoadedModel, load_chat
@@ -56,7 +58,7 @@ class ChatTTSEngine:
             if self._ready:
                 return
             if self.model is None:
-                self.model = await asyncio.to_thread(load_chat, self.settings)
+                self.model = await _in_daemon_thread(load_chat, self.settings)
             if self.scheduler is None:
                 self.scheduler = Scheduler(
                     self.model.chat,
@@ -112,3 +114,35 @@ class ChatTTSEngine:
         finally:
             # Normal end, aclose() or task cancellation: only this stream's row is dropped.
             stream.cancel()
+
+
+async def _in_daemon_thread(
+    fn: Callable[[ChatTTSSettings], LoadedModel], arg: ChatTTSSettings
+) -> LoadedModel:
+    """Run a blocking load in a daemon thread.
+
+    Not ``asyncio.to_thread``: the default executor is joined at shutdown, so Ctrl-C during
+    the first 1 GB download would wait for the download to finish.
+    """
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[LoadedModel] = loop.create_future()
+
+    def deliver(result: LoadedModel | None, error: BaseException | None) -> None:
+        if future.done():
+            return  # the waiter was cancelled (shutdown)
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)  # type: ignore[arg-type]
+
+    def run() -> None:
+        try:
+            result, error = fn(arg), None
+        except BaseException as exc:  # noqa: BLE001 - handed to the awaiting coroutine
+            result, error = None, exc
+        # RuntimeError: the event loop is gone, nobody is waiting any more.
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(deliver, result, error)
+
+    threading.Thread(target=run, name="chattts-load", daemon=True).start()
+    return await future
