@@ -243,6 +243,8 @@ class Scheduler:
         with self._cond:
             if self._stop:
                 raise EngineError("engine is closed")
+            if self.crash is not None:
+                raise EngineError(self.crash)
             self._inbox.append(stream)
             self._cond.notify()
         return stream
@@ -254,9 +256,11 @@ class Scheduler:
                 pass
         except BaseException as e:  # a bug or a device error: fail every stream, loudly
             log.exception("ChatTTS worker crashed")
-            self.crash = f"ChatTTS worker crashed: {e!r}"
-            for s in [*self._streams, *self._inbox]:
-                s.finish(e)
+            with self._cond:  # under the lock: no stream can slip in unfinished
+                self.crash = f"ChatTTS worker crashed: {e!r}"
+                for s in [*self._streams, *self._inbox]:
+                    s.finish(e)
+                self._inbox.clear()
             raise
 
     def _runnable(self) -> bool:
