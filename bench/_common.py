@@ -619,18 +619,37 @@ def _pin(pid: int, cpus: list[int] | None) -> None:
             os.sched_setaffinity(pid, cpus)
 
 
+def _spawn(role_args: list[str], log: Any, cpus: list[int] | None) -> subprocess.Popen[str]:
+    """This script in another process (``server`` or ``client`` role), pinned if asked."""
+    proc = subprocess.Popen(
+        [sys.executable, str(Path(__file__)), *role_args],
+        cwd=ROOT,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=log,
+        text=True,
+    )
+    _pin(proc.pid, cpus)
+    return proc
+
+
+def disturbed(result: dict[str, Any], max_wait: float) -> bool:
+    """Whether other jobs on the machine disturbed a run enough to try it again (and say so)."""
+    if result["server_wait_pct"] <= max_wait or result["others_cpu_pct"] <= 10:
+        return False
+    print(
+        f"    the server's loop waited {result['server_wait_pct']:.1f}% of the run for a CPU "
+        f"while other processes used {result['others_cpu_pct']:.0f}% (> {max_wait:g}%): "
+        "disturbed, trying again",
+        flush=True,
+    )
+    return True
+
+
 class Server:
     def __init__(self, args: list[str], log: Path, cpus: list[int] | None = None) -> None:
         self.log = log.open("w")
-        self.proc = subprocess.Popen(
-            [sys.executable, str(Path(__file__)), "server", *args],
-            cwd=ROOT,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=self.log,
-            text=True,
-        )
-        _pin(self.proc.pid, cpus)
+        self.proc = _spawn(["server", *args], self.log, cpus)
         line = self.proc.stdout.readline() if self.proc.stdout else ""
         if not line.startswith("READY"):
             self.stop()
@@ -671,15 +690,7 @@ class Server:
 class Client:
     def __init__(self, url: str, n: int, log: Path, cpus: list[int] | None = None) -> None:
         self.log = log.open("w")
-        self.proc = subprocess.Popen(
-            [sys.executable, str(Path(__file__)), "client", "--url", url, "--n", str(n)],
-            cwd=ROOT,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=self.log,
-            text=True,
-        )
-        _pin(self.proc.pid, cpus)
+        self.proc = _spawn(["client", "--url", url, "--n", str(n)], self.log, cpus)
         import psutil
 
         self.ps = psutil.Process(self.proc.pid)

@@ -231,15 +231,8 @@ def main() -> int:
                         continue
                     if best is None or r["server_wait_pct"] < best["server_wait_pct"]:
                         best = r
-                    if r["server_wait_pct"] <= args.max_wait or r["others_cpu_pct"] <= 10:
+                    if not _common.disturbed(r, args.max_wait):
                         break
-                    print(
-                        f"    the server's loop waited {r['server_wait_pct']:.1f}% of the run "
-                        "for a "
-                        f"CPU while other processes used {r['others_cpu_pct']:.0f}% "
-                        f"(> {args.max_wait:g}%): disturbed, trying again",
-                        flush=True,
-                    )
                 if best is not None:
                     results.append(best)
     print(summarize(results))
