@@ -31,6 +31,39 @@ class OpusSettings:
 
 
 @dataclass(frozen=True)
+class AdaptationSettings:
+    """The bitrate controller's control law (agent/bitrate.py explains each rule).
+
+    ``OpusSettings.bitrate`` is the ceiling and the start: a clean path stays there. The
+    browser's ``maxaveragebitrate`` lowers the ceiling further.
+    """
+
+    enabled: bool = True
+    min_bitrate: int = 12_000  # floor for congestion (delay, RTT, REMB) decreases
+    # Floor for loss-driven decreases: below ~20 kbps libopus drops in-band FEC at 10% loss
+    # (measured: no LBRR at 16 kbps, LBRR in 89% of speech packets at 20 kbps), and lowering
+    # the rate further does not fix random loss, FEC does.
+    fec_min_bitrate: int = 20_000
+    loss_decrease: float = 0.05  # reported loss above this lowers the bitrate
+    loss_increase: float = 0.02  # loss at or below this lets the bitrate climb back
+    increase_per_s: float = 0.15  # climb rate on a clean path (fraction of bitrate per second)
+    increase_hold_s: float = 2.0  # no climbing this soon after a decrease
+    decrease_interval_s: float = 0.3  # at most one decrease per interval (TWCC is ~10/s)
+    fec_on_loss: float = 0.01  # any report with this much loss turns FEC on
+    fec_off_after_s: float = 10.0  # FEC goes off after this long without loss
+    # libopus only narrows the audio band to make room for FEC when told loss is above 5%;
+    # at 5% or less and under ~28 kbps it silently sends no FEC (measured). FEC on therefore
+    # tells it at least this much.
+    fec_min_expected_loss_pct: int = 6
+    rtt_spike_factor: float = 2.0  # RTT above factor x baseline (and +rtt_spike_min_s) ...
+    rtt_spike_min_s: float = 0.1  # ... is queueing: decrease and hold
+    congestion_backoff: float = 0.85  # multiplier on congestion signals
+    queuing_delay_overuse_ms: float = 60.0  # TWCC: queueing above this and growing = overuse
+    queuing_delay_hold_ms: float = 20.0  # TWCC: no climbing while queueing exceeds this
+    stats_interval_s: float = 1.0  # the data channel's ``stats`` event period (0: off)
+
+
+@dataclass(frozen=True)
 class SpeechSettings:
     """Limits of the per-session speech pipeline."""
 
@@ -80,5 +113,6 @@ class Config:
     static_dir: Path = STATIC_DIR
     log_level: str = "INFO"
     opus: OpusSettings = field(default_factory=OpusSettings)
+    adaptation: AdaptationSettings = field(default_factory=AdaptationSettings)
     speech: SpeechSettings = field(default_factory=SpeechSettings)
     chattts: ChatTTSSettings = field(default_factory=ChatTTSSettings)

@@ -26,6 +26,7 @@ _OPUS_APPLICATION_VOIP = 2048
 _OPUS_OK = 0
 # opus_defines.h request codes
 _SET_BITRATE = 4002
+_SET_MAX_BANDWIDTH = 4004
 _SET_COMPLEXITY = 4010
 _SET_INBAND_FEC = 4012
 _SET_PACKET_LOSS_PERC = 4014
@@ -33,6 +34,10 @@ _SET_DTX = 4016
 _SET_SIGNAL = 4024
 _RESET_STATE = 4028
 _SIGNAL_VOICE = 3001
+
+# maxplaybackrate (Hz, RFC 7587) -> the widest Opus band worth coding for it.
+_BANDWIDTH_FOR_RATE = ((8_000, 1101), (12_000, 1102), (16_000, 1103), (24_000, 1104))
+_FULLBAND = 1105
 
 MIN_BITRATE = 6_000
 MAX_BITRATE = 510_000
@@ -74,6 +79,25 @@ def _libopus() -> ctypes.CDLL:
         lib.opus_encoder_destroy.restype = None
         lib.opus_encoder_destroy.argtypes = [ctypes.c_void_p]
         lib.opus_encoder_ctl.restype = ctypes.c_int
+        lib.opus_decoder_create.restype = ctypes.c_void_p
+        lib.opus_decoder_create.argtypes = [
+            ctypes.c_int32,
+            ctypes.c_int,
+            ctypes.POINTER(ctypes.c_int),
+        ]
+        lib.opus_decode.restype = ctypes.c_int
+        lib.opus_decode.argtypes = [
+            ctypes.c_void_p,
+            ctypes.c_void_p,
+            ctypes.c_int32,
+            ctypes.c_void_p,
+            ctypes.c_int,
+            ctypes.c_int,
+        ]
+        lib.opus_decoder_destroy.restype = None
+        lib.opus_decoder_destroy.argtypes = [ctypes.c_void_p]
+        lib.opus_packet_has_lbrr.restype = ctypes.c_int
+        lib.opus_packet_has_lbrr.argtypes = [ctypes.c_void_p, ctypes.c_int32]
         lib.opus_strerror.restype = ctypes.c_char_p
         lib.opus_strerror.argtypes = [ctypes.c_int]
         return lib
@@ -119,6 +143,7 @@ class OpusEncoder:
         self._loss = 0
         self._dtx = False
         self._complexity = 0
+        self.max_playback_rate: int | None = None
         self._ctl(_SET_SIGNAL, _SIGNAL_VOICE)
         self.set_complexity(complexity)
         self.set_bitrate(bitrate)
@@ -164,6 +189,12 @@ class OpusEncoder:
     def set_dtx(self, enabled: bool) -> None:
         self._ctl(_SET_DTX, 1 if enabled else 0)
         self._dtx = bool(enabled)
+
+    def set_max_playback_rate(self, hertz: int) -> None:
+        """Code no wider a band than a receiver playing at ``hertz`` can reproduce."""
+        band = next((code for rate, code in _BANDWIDTH_FOR_RATE if hertz <= rate), _FULLBAND)
+        self._ctl(_SET_MAX_BANDWIDTH, band)
+        self.max_playback_rate = hertz
 
     def set_complexity(self, complexity: int) -> None:
         value = int(min(10, max(0, complexity)))
@@ -224,3 +255,66 @@ class OpusEncoder:
         # Interpreter shutdown can have torn ctypes down already: nothing left to free then.
         with contextlib.suppress(Exception):
             self.close()
+
+
+class OpusDecoder:
+    """A mono 48 kHz libopus decoder that can recover a lost frame from the next packet's FEC.
+
+    What a WebRTC receiver does on loss: if the packet after a lost one arrived and carries
+    in-band FEC (LBRR), decode the lost frame from it; otherwise conceal (PLC). Tests and
+    ``bench/loss.py`` use it to count how much audio a receiver had to conceal.
+    """
+
+    def __init__(self) -> None:
+        lib = _libopus()
+        error = ctypes.c_int(0)
+        handle = lib.opus_decoder_create(SAMPLE_RATE, 1, ctypes.byref(error))
+        _check(error.value, "opus_decoder_create")
+        if not handle:
+            raise OpusError("opus_decoder_create returned NULL")
+        self._lib = lib
+        self._handle: int | None = handle
+        self._pcm = np.zeros(FRAME_SAMPLES, dtype=np.int16)
+
+    def _decode(self, packet: bytes | None, fec: bool) -> npt.NDArray[np.int16]:
+        if self._handle is None:
+            raise OpusError("decoder is closed")
+        data = packet if packet else None
+        size = _check(
+            self._lib.opus_decode(
+                ctypes.c_void_p(self._handle),
+                data,
+                len(packet) if packet else 0,
+                self._pcm.ctypes.data,
+                FRAME_SAMPLES,
+                1 if fec else 0,
+            ),
+            "opus_decode",
+        )
+        return self._pcm[:size].copy()
+
+    def decode(self, packet: bytes) -> npt.NDArray[np.int16]:
+        """One received 20 ms packet to PCM."""
+        return self._decode(packet, fec=False)
+
+    def recover(self, next_packet: bytes) -> npt.NDArray[np.int16]:
+        """The lost frame before ``next_packet``, from its FEC (or concealment if it has none)."""
+        return self._decode(next_packet, fec=True)
+
+    def conceal(self) -> npt.NDArray[np.int16]:
+        """Packet loss concealment for one lost frame with nothing to recover it from."""
+        return self._decode(None, fec=False)
+
+    def close(self) -> None:
+        if self._handle is not None:
+            self._lib.opus_decoder_destroy(ctypes.c_void_p(self._handle))
+            self._handle = None
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            self.close()
+
+
+def packet_has_fec(packet: bytes) -> bool:
+    """Whether an Opus packet carries in-band FEC (LBRR) for the frame before it."""
+    return _check(_libopus().opus_packet_has_lbrr(packet, len(packet)), "opus_packet_has_lbrr") > 0

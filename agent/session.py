@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import dataclasses
 import json
 import logging
@@ -9,8 +11,9 @@ from collections import deque
 from concurrent.futures import Executor
 from typing import Any
 
-from aiortc import RTCDataChannel
+from aiortc import RTCDataChannel, RTCRtpSender
 
+from agent.adaptation import NetworkAdaptation, ReceiverOpus
 from agent.config import Config
 from agent.engine import TTSEngine
 from agent.protocol import (
@@ -52,9 +55,30 @@ class AgentSession:
         # Events raised before the channel opened wait for it; a WHEP listener has none.
         self._expects_channel = expects_channel
         self._pending: deque[Event] = deque(maxlen=MAX_PENDING_EVENTS)
+        self.network = NetworkAdaptation(self.track, config.adaptation, ReceiverOpus())
+        self._stats_task: asyncio.Task[None] | None = None
+
+    def attach_sender(self, sender: RTCRtpSender, receiver: ReceiverOpus) -> None:
+        """The sender carrying our track and what its receiver allows: adaptation starts."""
+        self.network = NetworkAdaptation(self.track, self.config.adaptation, receiver)
+        self.network.attach(sender)
 
     def start(self) -> None:
         self.pipeline.start()
+        if self.config.adaptation.stats_interval_s > 0:
+            self._stats_task = asyncio.get_running_loop().create_task(self._stats_loop())
+
+    async def _stats_loop(self) -> None:
+        """About once a second: FEC hold-off and REMB expiry, and a ``stats`` event."""
+        interval = self.config.adaptation.stats_interval_s
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                self.network.tick()
+                if self.channel is not None and self.channel.readyState == "open":
+                    self.send_event({"type": "stats", **self.network_stats()})
+            except Exception:  # stats must never end the session
+                log.exception("session %s: stats failed", self.id)
 
     def attach_channel(self, channel: RTCDataChannel) -> None:
         self.channel = channel
@@ -125,20 +149,28 @@ class AgentSession:
         while self._pending and self.channel is not None and self.channel.readyState == "open":
             self.send_event(self._pending.popleft())
 
-    def stats(self) -> dict[str, Any]:
+    def network_stats(self) -> dict[str, Any]:
         track = self.track.stats
         return {
-            "session_id": self.id,
-            "buffered_ms": round(self.pipeline.buffer.buffered_seconds * 1000),
-            "underruns": self.pipeline.buffer.underruns,
+            **self.network.stats(),
             "packets": track.packets,
             "speech_packets": track.speech_packets,
             "bytes": track.bytes,
-            "bitrate": self.track.encoder.bitrate,
-            "fec": self.track.encoder.fec,
+            "buffered_ms": round(self.pipeline.buffer.buffered_seconds * 1000),
+        }
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "session_id": self.id,
+            **self.network_stats(),
+            "underruns": self.pipeline.buffer.underruns,
             "dtx": self.track.encoder.dtx,
         }
 
     async def close(self) -> None:
+        if self._stats_task is not None:
+            self._stats_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._stats_task
         await self.pipeline.close()
         self.track.stop()

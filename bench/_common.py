@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import ctypes
 import fractions
 import json
 import os
@@ -407,50 +406,18 @@ def _install_client_patches() -> None:
     RTCRtpReceiver._handle_rtp_packet = record  # type: ignore[method-assign]
 
 
-class OpusDecoder:
-    """Mono 48 kHz libopus decoder (the library bundled in av), for after-the-fact decoding."""
+def _packet_rms(decoder: Any, payload: bytes | None) -> float:
+    """Decode one packet (None = lost: concealment); its RMS in [0, 1], or -1 if undecodable."""
+    from agent.opus import OpusError
 
-    def __init__(self) -> None:
-        from agent.opus import _libopus
-
-        lib = _libopus()
-        lib.opus_decoder_create.restype = ctypes.c_void_p
-        lib.opus_decoder_create.argtypes = [
-            ctypes.c_int32,
-            ctypes.c_int,
-            ctypes.POINTER(ctypes.c_int),
-        ]
-        lib.opus_decode.restype = ctypes.c_int
-        lib.opus_decode.argtypes = [
-            ctypes.c_void_p,
-            ctypes.c_char_p,
-            ctypes.c_int32,
-            ctypes.c_void_p,
-            ctypes.c_int,
-            ctypes.c_int,
-        ]
-        lib.opus_decoder_destroy.argtypes = [ctypes.c_void_p]
-        err = ctypes.c_int(0)
-        self._lib = lib
-        self._h = lib.opus_decoder_create(SAMPLE_RATE, 1, ctypes.byref(err))
-        if err.value or not self._h:
-            raise RuntimeError(f"opus_decoder_create failed: {err.value}")
-        self._pcm = np.zeros(5760, dtype=np.int16)
-
-    def rms(self, payload: bytes | None) -> float:
-        """Decode one packet (None = lost: concealment) and return its RMS in [0, 1]."""
-        n = self._lib.opus_decode(
-            self._h, payload, len(payload) if payload else 0, self._pcm.ctypes.data, 5760, 0
-        )
-        if n <= 0:
-            return -1.0
-        x = self._pcm[:n].astype(np.float32) / 32768.0
-        return float(np.sqrt(np.mean(x * x)))
-
-    def close(self) -> None:
-        if self._h:
-            self._lib.opus_decoder_destroy(self._h)
-            self._h = None
+    try:
+        pcm = decoder.decode(payload) if payload else decoder.conceal()
+    except OpusError:
+        return -1.0
+    if not pcm.size:
+        return -1.0
+    x = pcm.astype(np.float32) / 32768.0
+    return float(np.sqrt(np.mean(x * x)))
 
 
 def _unwrap(seqs: list[int]) -> np.ndarray:
@@ -471,6 +438,8 @@ def analyse_recording(rec: Recording, t0: float, t1: float) -> dict[str, Any]:
     gaps = np.diff(a) if len(a) > 1 else np.zeros(0)
     # Decode everything in sequence order (lost packets concealed), flag non-silent packets.
     order = np.argsort(seq, kind="stable")
+    from agent.opus import OpusDecoder
+
     dec = OpusDecoder()
     rms = np.zeros(len(seq), dtype=np.float32)
     prev = None
@@ -482,8 +451,8 @@ def analyse_recording(rec: Recording, t0: float, t1: float) -> dict[str, Any]:
             continue
         if prev is not None:
             for _ in range(max(0, int(seq[i] - prev - 1))):
-                dec.rms(None)
-        r = dec.rms(rec.payloads[i])
+                _packet_rms(dec, None)
+        r = _packet_rms(dec, rec.payloads[i])
         if r < 0:
             decode_errors += 1
         rms[i] = r

@@ -18,10 +18,12 @@ from aiortc import (
     RTCSessionDescription,
 )
 
+from agent.adaptation import ReceiverOpus
 from agent.config import Config
 from agent.engine import TTSEngine
 from agent.session import AgentSession
 from signaling.errors import ApiError
+from signaling.negotiation import OpusOffer, read_opus_offer, tune_answer
 from signaling.sdp import add_mdns_fallback, check_offer_sdp, opus_first
 
 log = logging.getLogger(__name__)
@@ -78,6 +80,7 @@ class SessionRegistry:
             peer_ip,
             lambda: get_host_addresses(use_ipv4=True, use_ipv6=False),
         )
+        opus_offer = read_opus_offer(offer_sdp)
         if not self.engine.ready:
             raise ApiError(
                 503, "not_ready", "the speech engine is still loading", {"Retry-After": "5"}
@@ -97,12 +100,14 @@ class SessionRegistry:
                 await pc.setRemoteDescription(RTCSessionDescription(sdp=offer_sdp, type="offer"))
             except Exception as exc:  # noqa: BLE001 - aiortc raises many types on SDP it can't use
                 raise ApiError(400, "bad_sdp", f"could not apply the offer: {exc}") from None
-            pc.addTrack(session.track)
+            tune_answer(pc, opus_offer)
+            sender = pc.addTrack(session.track)
             if kind == "offer":
                 pc.on("datachannel", lambda channel: self._on_datachannel(session, channel))
             pc.on("connectionstatechange", lambda: self._on_state(session_id, pc))
             answer = await pc.createAnswer()
             await pc.setLocalDescription(answer)
+            session.attach_sender(sender, _receiver_opus(opus_offer))
         except BaseException:
             await session.close()
             await pc.close()
@@ -150,6 +155,15 @@ class SessionRegistry:
             await asyncio.gather(*self._closing, return_exceptions=True)
         if self.encode_executor is not None:
             self.encode_executor.shutdown(wait=False, cancel_futures=True)
+
+
+def _receiver_opus(offer: OpusOffer) -> ReceiverOpus:
+    return ReceiverOpus(
+        fec=offer.useinbandfec,
+        max_bitrate=offer.maxaveragebitrate,
+        max_playback_rate=offer.maxplaybackrate,
+        transport_cc=offer.transport_cc,
+    )
 
 
 def _encode_executor(threads: int) -> ThreadPoolExecutor | None:

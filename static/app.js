@@ -49,7 +49,8 @@ const session = {
 };
 const texts = new Map(); // client id -> text we asked the agent to say
 const items = new Map(); // utterance id -> transcript <li>
-const events = []; // every data-channel event object received, in order
+const events = []; // every data-channel event object received, in order (not `stats`)
+const serverStats = []; // the server's `stats` events (its view of the network), bounded
 const stats = []; // every stats sample (what the plots draw)
 
 // ---------------------------------------------------------------------------------------
@@ -258,6 +259,7 @@ async function doConnect() {
   const generation = ++session.generation;
   events.length = 0;
   stats.length = 0;
+  serverStats.length = 0;
   session.prevInbound = null;
   resetPlots();
 
@@ -387,6 +389,12 @@ function onChannelMessage(ev) {
     msg = { type: "invalid", raw };
   }
   if (msg === null || typeof msg !== "object") msg = { type: "invalid", raw };
+  if (msg.type === "stats") {
+    // Once a second for the whole call: kept apart, bounded, and drawn beside getStats().
+    serverStats.push({ t: Date.now(), ...msg });
+    if (serverStats.length > MAX_STATS_SAMPLES) serverStats.splice(0, serverStats.length - MAX_STATS_SAMPLES);
+    return;
+  }
   events.push(msg);
   try {
     handleEvent(msg);
@@ -501,6 +509,11 @@ const METRICS = [
   { key: "rttMs", label: "Round trip", unit: "ms", digits: 1, scale: 10 },
   { key: "audioLevel", label: "Audio level", unit: "", digits: 3, scale: 1, fixed: true },
   { key: "concealedSamples", label: "Concealed samples", unit: "", digits: 0, scale: 100 },
+  // The server's side (its `stats` events): what its bitrate controller sees and does.
+  { key: "serverBitrateKbps", label: "Server Opus target", unit: "kbps", digits: 1, scale: 40 },
+  { key: "serverLossPct", label: "Loss seen by server", unit: "%", digits: 1, scale: 5 },
+  { key: "serverFecPct", label: "Server FEC (expected loss)", unit: "%", digits: 0, scale: 10 },
+  { key: "serverRttMs", label: "Server round trip", unit: "ms", digits: 1, scale: 10 },
 ];
 
 function pickStats(report) {
@@ -569,6 +582,16 @@ function makeSample({ inbound, remoteOutbound, pair }, prev) {
   return sample;
 }
 
+function addServerSide(sample) {
+  // The newest server `stats` event, if it is fresh (the server sends one a second).
+  const last = serverStats.length ? serverStats[serverStats.length - 1] : null;
+  if (!last || sample.t - last.t > 3 * STATS_INTERVAL_MS) return;
+  sample.serverBitrateKbps = num(last.bitrate) === null ? null : last.bitrate / 1000;
+  sample.serverLossPct = num(last.loss) === null ? null : last.loss * 100;
+  sample.serverFecPct = last.fec ? num(last.expected_loss_pct) : 0;
+  sample.serverRttMs = num(last.rtt_ms);
+}
+
 async function sampleStats() {
   const pc = session.pc;
   if (!pc || session.statsBusy) return;
@@ -577,6 +600,7 @@ async function sampleStats() {
     const picked = pickStats(await pc.getStats());
     if (pc !== session.pc) return;
     const sample = makeSample(picked, session.prevInbound);
+    addServerSide(sample);
     if (picked.inbound) session.prevInbound = picked.inbound;
     stats.push(sample);
     if (stats.length > MAX_STATS_SAMPLES) stats.splice(0, stats.length - MAX_STATS_SAMPLES);
@@ -739,6 +763,7 @@ window.voiceAgent = {
   get state() { return ui.state.dataset.state; },
   events,
   stats,
+  serverStats,
   connect,
   hangup,
   say,

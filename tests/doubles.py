@@ -79,3 +79,34 @@ class ToneEngine:
         except (asyncio.CancelledError, GeneratorExit):
             self.cancelled_streams += 1
             raise
+
+
+class ClipEngine(ToneEngine):
+    """Speaks every text as a fixed clip of mono PCM (e.g. recorded speech), looped to
+    ``seconds_per_word`` per word, in ``chunk_ms`` chunks at the clip's rate."""
+
+    name = "clip"
+
+    def __init__(self, clip: np.ndarray, sample_rate: int, **kwargs: float) -> None:
+        super().__init__(sample_rate=sample_rate, **kwargs)  # type: ignore[arg-type]
+        if clip.ndim != 1 or not clip.size:
+            raise ValueError("the clip must be non-empty mono PCM")
+        self.clip = clip.astype(np.float32)
+
+    async def synthesize(self, text: str, voice: VoiceOptions) -> AsyncGenerator[PCM, None]:
+        self.started_streams += 1
+        total = int(max(1, len(text.split())) * self.seconds_per_word * self.sample_rate)
+        chunk = max(1, self.sample_rate * self.chunk_ms // 1000)
+        done = 0
+        try:
+            while done < total:
+                n = min(chunk, total - done)
+                index = np.arange(done, done + n) % self.clip.size
+                yield self.clip[index]
+                done += n
+                if self.chunk_delay_s:
+                    await asyncio.sleep(self.chunk_delay_s)
+            self.finished_streams += 1
+        except (asyncio.CancelledError, GeneratorExit):
+            self.cancelled_streams += 1
+            raise

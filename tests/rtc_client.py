@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -43,6 +44,8 @@ class RtcClient:
         self._reader: asyncio.Task[None] | None = None
         self.channel = None
         self.codec_preferences: list[Any] | None = None  # audio codecs to offer, in order
+        # Called with (sequence number, payload) of every RTP packet received (benches).
+        self.rtp_tap: Callable[[int, bytes], None] | None = None
 
     async def connect(
         self,
@@ -50,8 +53,19 @@ class RtcClient:
         whep: bool = False,
         room: str | None = None,
         rewrite_offer: Callable[[str], str] | None = None,
+        rewrite_answer: Callable[[str], str] | None = None,
     ) -> None:
         transceiver = self.pc.addTransceiver("audio", direction="recvonly")
+        if self.rtp_tap is not None:
+            tap = self.rtp_tap
+            receiver = transceiver.receiver
+            original = receiver._handle_rtp_packet
+
+            async def tapped(packet: Any, arrival_time_ms: int) -> None:
+                tap(packet.sequence_number, packet.payload)
+                await original(packet, arrival_time_ms=arrival_time_ms)
+
+            receiver._handle_rtp_packet = tapped  # type: ignore[method-assign]
         if self.codec_preferences is not None:
             transceiver.setCodecPreferences(self.codec_preferences)
         if not whep:
@@ -87,6 +101,8 @@ class RtcClient:
                 assert data["type"] == "answer"
                 self.session_id = data["session_id"]
                 answer = data["sdp"]
+        if rewrite_answer is not None:
+            answer = rewrite_answer(answer)
         await self.pc.setRemoteDescription(RTCSessionDescription(sdp=answer, type="answer"))
         if not whep:
             await asyncio.wait_for(opened.wait(), 10)
@@ -132,3 +148,25 @@ class RtcClient:
         if self._reader is not None:
             self._reader.cancel()
         await self.pc.close()
+
+
+TWCC_URI = "http://www.ietf.org/id/draft-holmer-rmcat-transport-wide-cc-extensions-01"
+
+
+def opus_fmtp_rewriter(fmtp: str, transport_cc: bool = False) -> Callable[[str], str]:
+    """An offer rewriter: the client's Opus line gets ``fmtp`` (and transport-cc)."""
+
+    def rewrite(sdp: str) -> str:
+        pt = re.search(r"a=rtpmap:(\d+) opus/48000", sdp)
+        assert pt, sdp
+        lines = []
+        for line in sdp.split("\r\n"):
+            lines.append(line)
+            if line.startswith(f"a=rtpmap:{pt.group(1)} opus"):
+                lines.append(f"a=fmtp:{pt.group(1)} {fmtp}")
+                if transport_cc:
+                    lines.append(f"a=rtcp-fb:{pt.group(1)} transport-cc")
+                    lines.append(f"a=extmap:7 {TWCC_URI}")
+        return "\r\n".join(lines)
+
+    return rewrite

@@ -1,0 +1,110 @@
+"""One session's network adaptation: receiver capabilities + controller + feedback tap.
+
+Owns the parts that turn what the browser offered and what it reports into encoder
+settings on the session's track, and the figures the ``stats`` event and ``/sessions`` show.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from aiortc import RTCRtpSender
+
+from agent.bitrate import BitrateController
+from agent.config import AdaptationSettings
+from agent.feedback import Applier, FeedbackTap
+from agent.track import OpusPacketTrack
+
+
+@dataclass(frozen=True)
+class ReceiverOpus:
+    """What the receiver's offer allows (RFC 7587 fmtp) and which feedback it sends."""
+
+    fec: bool = False  # useinbandfec=1: it decodes in-band FEC
+    max_bitrate: int | None = None  # maxaveragebitrate
+    max_playback_rate: int | None = None  # maxplaybackrate (Hz)
+    transport_cc: bool = False
+
+
+class NetworkAdaptation:
+    def __init__(
+        self,
+        track: OpusPacketTrack,
+        settings: AdaptationSettings,
+        receiver: ReceiverOpus,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.track = track
+        self.settings = settings
+        self.receiver = receiver
+        ceiling = track.encoder.bitrate
+        if receiver.max_bitrate is not None:
+            ceiling = min(ceiling, receiver.max_bitrate)
+        self.ceiling = ceiling
+        self.controller = BitrateController(
+            settings, ceiling, fec_allowed=receiver.fec, now=clock()
+        )
+        self.applier = Applier(track.set_bitrate, track.set_fec, track.set_expected_loss)
+        self.tap: FeedbackTap | None = None
+        self._clock = clock
+        if receiver.max_playback_rate is not None:
+            track.encoder.set_max_playback_rate(receiver.max_playback_rate)
+        if not settings.enabled:
+            # Fixed settings, within what the receiver allows.
+            track.set_bitrate(ceiling)
+            track.set_fec(track.encoder.fec and receiver.fec)
+
+    def attach(self, sender: RTCRtpSender) -> None:
+        """Start following the receiver's feedback on this sender (before it sends)."""
+        if not self.settings.enabled:
+            return
+        stats = self.track.stats
+        last = [0]
+
+        def packet_size() -> int:
+            # The packet being serialised is the one the track returned last.
+            size = stats.bytes - last[0]
+            last[0] = stats.bytes
+            return size
+
+        self.tap = FeedbackTap(
+            sender, self.controller, self.applier, packet_size=packet_size, clock=self._clock
+        )
+        self.tap.install(transport_cc=self.receiver.transport_cc)
+
+    def tick(self) -> None:
+        if self.tap is not None:
+            self.tap.tick()
+
+    def stats(self) -> dict[str, Any]:
+        encoder = self.track.encoder
+        controller = self.controller
+        tap = self.tap
+        return {
+            "bitrate": encoder.bitrate,
+            "fec": encoder.fec,
+            "expected_loss_pct": encoder.expected_loss_pct,
+            "adaptive": tap is not None,
+            "ceiling": self.ceiling,
+            "loss": _round(controller.loss, 4),
+            "last_loss": _round(controller.last_loss, 4),
+            "rtt_ms": _round(controller.rtt_s * 1000 if controller.rtt_s is not None else None, 1),
+            "jitter_ms": _round(
+                controller.jitter_s * 1000 if controller.jitter_s is not None else None, 1
+            ),
+            "queuing_delay_ms": _round(controller.queuing_delay_ms, 1),
+            "remb": controller.remb,
+            "transport_cc": bool(tap and tap.transport_cc and tap.transport_feedbacks),
+            "receiver_reports": tap.receiver_reports if tap else 0,
+            "transport_feedbacks": tap.transport_feedbacks if tap else 0,
+            "encoder_changes": self.applier.changes,
+            "reason": controller.last_reason,
+        }
+
+
+def _round(value: float | None, digits: int) -> float | None:
+    return None if value is None else round(value, digits)

@@ -1,0 +1,254 @@
+"""The bitrate controller: what the receiver reports -> Opus bitrate, in-band FEC, expected loss.
+
+One controller per outgoing audio stream. Every input carries its own time (monotonic
+seconds), so the law is a pure function of the report sequence and is tested on recorded
+sequences. The control law:
+
+Loss (RTCP receiver reports; transport-cc windows where the peer sends them):
+- FEC: a report with loss >= ``fec_on_loss`` turns in-band FEC on and sets the expected
+  loss to the smoothed loss (at least ``fec_min_expected_loss_pct``: libopus only narrows
+  the band to fit FEC above 5%); FEC goes off after ``fec_off_after_s`` without loss.
+  Hysteresis by time, so a path with sporadic loss does not flap.
+Bitrate decisions use the smoothed loss (half the newest report, half the history):
+- loss > ``loss_decrease``: bitrate x (1 - loss / 2) (GCC's loss rule), at most once per
+  ``decrease_interval_s``, not below ``fec_min_bitrate``: random loss is not cured by a lower
+  rate, FEC cures it, and below that floor libopus has no bits left for FEC.
+- loss between the two thresholds: hold. A steady lossy path settles, it does not oscillate.
+- loss <= ``loss_increase``: climb by ``increase_per_s`` (compounded over the time since the
+  last update) to the ceiling, but not within ``increase_hold_s`` of a decrease.
+
+Congestion (queueing, not random loss), where the floor is ``min_bitrate``:
+- transport-cc: queueing delay above ``queuing_delay_overuse_ms`` and growing means the
+  path is over-used: bitrate x ``congestion_backoff`` (and at most that fraction of the rate
+  the receiver actually got); queueing above ``queuing_delay_hold_ms`` holds climbing.
+- RTT above ``rtt_spike_factor`` x its baseline (the minimum of the last minute) and at least
+  ``rtt_spike_min_s`` above it: same backoff, and no climbing while it lasts.
+- REMB (where a peer sends one): an upper bound for as long as it is fresh (10 s).
+
+The ceiling is ``OpusSettings.bitrate`` lowered by the browser's ``maxaveragebitrate``; a
+clean path starts and stays there. FEC is never used when the receiver did not offer
+``useinbandfec=1`` (RFC 7587: it could not decode it).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+
+from agent.config import AdaptationSettings
+
+REMB_FRESH_S = 10.0
+RTT_BASELINE_WINDOW_S = 60.0
+LOSS_SMOOTHING = 0.5  # weight of the newest report in the fast loss estimate
+SLOW_LOSS_SMOOTHING = 0.2  # ... in the slow one (about the last five reports)
+EXPECTED_LOSS_STEP = 3  # percentage points
+MIN_STEP = 0.08  # smallest relative bitrate change passed to the encoder
+
+
+@dataclass(frozen=True)
+class EncoderTarget:
+    bitrate: int
+    fec: bool
+    expected_loss_pct: int
+
+
+@dataclass(frozen=True)
+class LossReport:
+    """Loss over the interval since the previous report, and what else the report said."""
+
+    time: float
+    fraction_lost: float  # 0..1
+    rtt_s: float | None = None
+    jitter_s: float | None = None
+    source: str = "rr"  # "rr" (RTCP receiver report) or "twcc" (transport-cc window)
+
+
+@dataclass(frozen=True)
+class DelayReport:
+    """A transport-cc summary: queueing on the path and what the receiver got."""
+
+    time: float
+    queuing_delay_ms: float
+    delay_trend_ms_per_s: float
+    receive_rate_bps: float | None = None
+
+
+class BitrateController:
+    def __init__(
+        self,
+        settings: AdaptationSettings,
+        ceiling: int,
+        *,
+        fec_allowed: bool = True,
+        now: float = 0.0,
+    ) -> None:
+        self.settings = settings
+        self.ceiling = max(settings.min_bitrate, ceiling)
+        self.fec_allowed = fec_allowed
+        self._bitrate = float(self.ceiling)
+        self._applied = self._bitrate  # what the encoder was last told
+        self._fec = False
+        self._expected_loss_pct = 0
+        self._last_update = now
+        self._last_decrease = -math.inf
+        self._last_loss_time = -math.inf
+        self._remb: tuple[float, int] | None = None  # (time, bitrate)
+        self._rtt_samples: deque[tuple[float, float]] = deque(maxlen=256)
+        self._rtt_elevated = False
+        self._queueing_elevated = False
+        # What the reports said, for stats.
+        self.loss: float | None = None  # smoothed fraction lost (fast)
+        self._slow_loss = 0.0
+        self.last_loss: float | None = None
+        self.rtt_s: float | None = None
+        self.jitter_s: float | None = None
+        self.queuing_delay_ms: float | None = None
+        self.reports = 0
+        self.last_reason = "start"
+
+    # --- what the encoder should do -------------------------------------------------------
+    @property
+    def target(self) -> EncoderTarget:
+        bitrate = self._bitrate
+        remb = self._remb_cap()
+        if remb is not None:
+            bitrate = min(bitrate, max(self.settings.min_bitrate, remb))
+        # Climbing reaches the encoder in steps of at least MIN_STEP (or to a bound): the
+        # estimate creeps with every clean report, the encoder need not. Decreases apply
+        # at once: they answer loss or congestion.
+        applied = self._applied
+        bounds = (self.ceiling, self.settings.fec_min_bitrate, self.settings.min_bitrate)
+        at_bound = bitrate in bounds
+        if bitrate < applied or bitrate - applied >= MIN_STEP * applied or at_bound:
+            self._applied = bitrate
+        return EncoderTarget(
+            bitrate=round(self._applied),
+            fec=self._fec,
+            expected_loss_pct=self._expected_loss_pct if self._fec else 0,
+        )
+
+    # --- inputs --------------------------------------------------------------------------
+    def on_loss_report(self, report: LossReport) -> EncoderTarget:
+        s = self.settings
+        now = report.time
+        loss = min(1.0, max(0.0, report.fraction_lost))
+        self.reports += 1
+        self.last_loss = loss
+        # Smoothed from a clean start: one lossy report counts half in the fast estimate.
+        self.loss = LOSS_SMOOTHING * loss + (1 - LOSS_SMOOTHING) * (self.loss or 0.0)
+        self._slow_loss = SLOW_LOSS_SMOOTHING * loss + (1 - SLOW_LOSS_SMOOTHING) * self._slow_loss
+        if report.jitter_s is not None:
+            self.jitter_s = report.jitter_s
+        if report.rtt_s is not None and report.rtt_s >= 0:
+            self._on_rtt(now, report.rtt_s)
+
+        # FEC and the loss libopus should expect.
+        if loss >= s.fec_on_loss:
+            self._last_loss_time = now
+            if self.fec_allowed:
+                self._fec = True
+        elif self._fec and now - self._last_loss_time >= s.fec_off_after_s:
+            self._fec = False
+            self._expected_loss_pct = 0
+            self.last_reason = "fec off: no loss"
+        if self._fec:
+            sustained = self._slow_loss
+            if self._expected_loss_pct == 0:
+                sustained = max(sustained, loss)
+            percent = min(100, max(s.fec_min_expected_loss_pct, math.ceil(100 * sustained - 1e-9)))
+            # Follow the sustained loss in steps of a quarter (at least EXPECTED_LOSS_STEP
+            # points): libopus sizes FEC by it, and tracking every report's noise would only
+            # churn the encoder. When FEC has just come on, the newest report counts in full.
+            current = self._expected_loss_pct
+            if current == 0 or abs(percent - current) >= max(EXPECTED_LOSS_STEP, current // 4):
+                self._expected_loss_pct = percent
+
+        # Bitrate, on smoothed loss: one report's fraction over ~50 packets is noisy (a 3%
+        # path reads 0-8%), and deciding on it alone makes a sawtooth. Down on the fast
+        # estimate (a jump to 10% crosses 5% at the second report), up only when the slow
+        # one is clean too, so a noisy lossy path settles instead of climbing and falling.
+        smoothed = self.loss
+        if smoothed > s.loss_decrease:
+            self._decrease(now, self._bitrate * (1 - smoothed / 2), s.fec_min_bitrate, "loss")
+        elif self._clean() and not self._congested():
+            self._increase(now)
+        else:
+            self._last_update = now
+        return self.target
+
+    def on_delay_report(self, report: DelayReport) -> EncoderTarget:
+        s = self.settings
+        self.queuing_delay_ms = report.queuing_delay_ms
+        self._queueing_elevated = report.queuing_delay_ms > s.queuing_delay_hold_ms
+        if report.queuing_delay_ms > s.queuing_delay_overuse_ms and report.delay_trend_ms_per_s > 0:
+            proposal = self._bitrate * s.congestion_backoff
+            if report.receive_rate_bps:
+                proposal = min(proposal, report.receive_rate_bps * s.congestion_backoff)
+            self._decrease(report.time, proposal, s.min_bitrate, "queueing delay")
+        elif not self._congested() and self.loss is not None and self._clean():
+            self._increase(report.time)
+        return self.target
+
+    def on_remb(self, time: float, bitrate: int) -> EncoderTarget:
+        self._remb = (time, int(bitrate))
+        return self.target
+
+    def tick(self, now: float) -> EncoderTarget:
+        """Time passing without reports: FEC hysteresis and REMB expiry still apply."""
+        if self._fec and now - self._last_loss_time >= self.settings.fec_off_after_s:
+            self._fec = False
+            self._expected_loss_pct = 0
+            self.last_reason = "fec off: no loss"
+        if self._remb is not None and now - self._remb[0] > REMB_FRESH_S:
+            self._remb = None
+        return self.target
+
+    @property
+    def remb(self) -> int | None:
+        return self._remb[1] if self._remb is not None else None
+
+    # --- the law's parts -----------------------------------------------------------------
+    def _on_rtt(self, now: float, rtt: float) -> None:
+        s = self.settings
+        self.rtt_s = rtt
+        samples = self._rtt_samples
+        while samples and now - samples[0][0] > RTT_BASELINE_WINDOW_S:
+            samples.popleft()
+        baseline = min((value for _, value in samples), default=rtt)
+        samples.append((now, rtt))
+        spike = rtt > max(baseline * s.rtt_spike_factor, baseline + s.rtt_spike_min_s)
+        self._rtt_elevated = spike
+        if spike:
+            self._decrease(
+                now, self._bitrate * s.congestion_backoff, s.min_bitrate, "round-trip time"
+            )
+
+    def _clean(self) -> bool:
+        limit = self.settings.loss_increase
+        return (self.loss or 0.0) <= limit and self._slow_loss <= limit
+
+    def _congested(self) -> bool:
+        return self._rtt_elevated or self._queueing_elevated
+
+    def _decrease(self, now: float, proposal: float, floor: int, reason: str) -> None:
+        self._last_update = now
+        if now - self._last_decrease < self.settings.decrease_interval_s:
+            return
+        new = max(float(min(floor, self._bitrate)), min(self._bitrate, proposal))
+        if new < self._bitrate:
+            self._bitrate = new
+            self._last_decrease = now
+            self.last_reason = reason
+
+    def _increase(self, now: float) -> None:
+        s = self.settings
+        elapsed = max(0.0, now - self._last_update)
+        self._last_update = now
+        if now - self._last_decrease < s.increase_hold_s or self._bitrate >= self.ceiling:
+            return
+        self._bitrate = min(float(self.ceiling), self._bitrate * (1 + s.increase_per_s) ** elapsed)
+        self.last_reason = "clean path"
+
+    def _remb_cap(self) -> int | None:
+        return self._remb[1] if self._remb is not None else None

@@ -1,0 +1,231 @@
+"""What the receiver reports about our audio, tapped out of aiortc into the bitrate controller.
+
+aiortc parses RTCP receiver reports into stats and otherwise ignores them for audio; it has
+no transport-wide congestion control at all (NOTES; upstream PR #1411 is open). There is no
+public hook for either, so this module attaches to three aiortc internals of one peer
+connection, all pinned by ``aiortc==1.16.0`` and covered by end-to-end tests:
+
+- ``RTCRtpSender._handle_rtcp_packet`` (an instance attribute replaced by a wrapper that
+  calls the original first): receiver reports (loss, jitter, RTT from LSR/DLSR) and REMB;
+- the sender's header-extension map (name-mangled ``__rtp_header_extensions_map``): replaced
+  by a subclass that stamps every outgoing packet with the next transport-wide sequence
+  number and records when it left, when transport-cc was negotiated;
+- ``RTCDtlsTransport._handle_rtcp_data`` (wrapped): the raw RTCP, because aiortc parses
+  transport feedback as a NACK and drops its body.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiortc import RTCRtpSender
+from aiortc.clock import current_ntp_time
+from aiortc.rtp import (
+    RTCP_PSFB_APP,
+    HeaderExtensions,
+    HeaderExtensionsMap,
+    RtcpPsfbPacket,
+    RtcpRrPacket,
+    RtcpSrPacket,
+    unpack_remb_fci,
+)
+
+from agent.bitrate import BitrateController, DelayReport, EncoderTarget, LossReport
+from agent.twcc import (
+    FeedbackEstimator,
+    SendHistory,
+    iter_transport_feedback,
+    parse_transport_feedback,
+)
+
+log = logging.getLogger(__name__)
+
+OPUS_CLOCK_RATE = 48_000
+TWCC_LOSS_WINDOW_S = 0.5  # transport-cc loss is summed over this long before it is judged
+TWCC_LOSS_MIN_PACKETS = 10
+
+
+class Applier:
+    """Pushes a controller's target into the encoder, touching only what changed."""
+
+    def __init__(
+        self,
+        set_bitrate: Callable[[int], None],
+        set_fec: Callable[[bool], None],
+        set_expected_loss: Callable[[int], None],
+    ) -> None:
+        self._set_bitrate = set_bitrate
+        self._set_fec = set_fec
+        self._set_expected_loss = set_expected_loss
+        self.current: EncoderTarget | None = None
+        self.changes = 0
+
+    def __call__(self, target: EncoderTarget) -> None:
+        current = self.current
+        if current == target:
+            return
+        if current is None or current.bitrate != target.bitrate:
+            self._set_bitrate(target.bitrate)
+        if current is None or current.fec != target.fec:
+            self._set_fec(target.fec)
+        if current is None or current.expected_loss_pct != target.expected_loss_pct:
+            self._set_expected_loss(target.expected_loss_pct)
+        if current is not None:
+            self.changes += 1
+        self.current = target
+
+
+class _TransportSequenceMap(HeaderExtensionsMap):
+    """aiortc's header-extension map that also stamps transport-wide sequence numbers."""
+
+    def __init__(self, history: SendHistory, size_of_last: Callable[[], int]) -> None:
+        super().__init__()
+        self._history = history
+        self._size_of_last = size_of_last
+        self._seq = 0
+
+    def set(self, values: HeaderExtensions) -> tuple[int, bytes]:
+        # Called once per packet, as it is serialised to be sent: the send time is now.
+        values.transport_sequence_number = self._seq
+        self._history.record(self._seq, _now_us(), self._size_of_last())
+        self._seq = (self._seq + 1) & 0xFFFF
+        return super().set(values)
+
+
+class FeedbackTap:
+    """Feeds one sender's receiver feedback into a controller and applies its target."""
+
+    def __init__(
+        self,
+        sender: RTCRtpSender,
+        controller: BitrateController,
+        apply: Callable[[EncoderTarget], None],
+        *,
+        packet_size: Callable[[], int] = lambda: 0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.sender = sender
+        self.controller = controller
+        self._apply = apply
+        self._clock = clock
+        self._packet_size = packet_size
+        self.receiver_reports = 0
+        self.transport_feedbacks = 0
+        self.remb_reports = 0
+        self.transport_cc = False
+        self._history = SendHistory()
+        self._estimator = FeedbackEstimator()
+        self._twcc_window: list[int] = [0, 0]  # packets, lost since the last loss report
+        self._twcc_window_start: float | None = None
+
+    # --- installation --------------------------------------------------------------------
+    def install(self, transport_cc: bool) -> None:
+        """Hook the sender (and its transport, for transport-cc) before it starts sending."""
+        original: Callable[[Any], Awaitable[None]] = self.sender._handle_rtcp_packet
+
+        async def handle_rtcp_packet(packet: Any) -> None:
+            await original(packet)
+            self._on_rtcp_packet(packet)
+
+        self.sender._handle_rtcp_packet = handle_rtcp_packet  # type: ignore[method-assign]
+        if transport_cc:
+            self.transport_cc = True
+            # Replaced before RTCRtpSender.send() configures it with the negotiated ids.
+            self.sender._RTCRtpSender__rtp_header_extensions_map = (  # type: ignore[attr-defined]
+                _TransportSequenceMap(self._history, self._packet_size)
+            )
+            transport = self.sender.transport
+            original_data: Callable[[bytes], Awaitable[None]] = transport._handle_rtcp_data
+
+            async def handle_rtcp_data(data: bytes) -> None:
+                await original_data(data)
+                self._on_rtcp_data(data)
+
+            transport._handle_rtcp_data = handle_rtcp_data  # type: ignore[method-assign]
+        self._apply(self.controller.target)
+
+    def tick(self) -> None:
+        """Time passing without feedback (FEC hold-off, REMB expiry); called about once a second."""
+        self._apply(self.controller.tick(self._clock()))
+
+    # --- RTCP ----------------------------------------------------------------------------
+    def _on_rtcp_packet(self, packet: Any) -> None:
+        try:
+            if isinstance(packet, (RtcpRrPacket, RtcpSrPacket)):
+                for report in packet.reports:
+                    if report.ssrc == self.sender._ssrc:
+                        self._on_receiver_report(report)
+            elif isinstance(packet, RtcpPsfbPacket) and packet.fmt == RTCP_PSFB_APP:
+                bitrate, ssrcs = unpack_remb_fci(packet.fci)
+                if self.sender._ssrc in ssrcs:
+                    self.remb_reports += 1
+                    self._apply(self.controller.on_remb(self._clock(), bitrate))
+        except ValueError as exc:  # a malformed report from the peer: ignore it, say so
+            log.debug("ignoring malformed RTCP feedback: %s", exc)
+
+    def _on_receiver_report(self, report: Any) -> None:
+        self.receiver_reports += 1
+        rtt: float | None = None
+        if report.lsr:
+            # RFC 3550 6.4.1: RTT = arrival - LSR - DLSR, in the middle 32 bits of NTP time.
+            arrival = (current_ntp_time() >> 16) & 0xFFFFFFFF
+            rtt = ((arrival - report.lsr - report.dlsr) & 0xFFFFFFFF) / 65536
+            if rtt > 60:  # wrapped: a report that left before our SR did, meaningless
+                rtt = None
+        self._apply(
+            self.controller.on_loss_report(
+                LossReport(
+                    time=self._clock(),
+                    fraction_lost=report.fraction_lost / 256,
+                    rtt_s=rtt,
+                    jitter_s=report.jitter / OPUS_CLOCK_RATE,
+                    source="rr",
+                )
+            )
+        )
+
+    def _on_rtcp_data(self, data: bytes) -> None:
+        for _sender_ssrc, _media_ssrc, fci in iter_transport_feedback(data):
+            # One audio stream per connection: every transport feedback is about it.
+            try:
+                feedback = parse_transport_feedback(fci)
+            except ValueError as exc:
+                log.debug("ignoring malformed transport feedback: %s", exc)
+                continue
+            self.transport_feedbacks += 1
+            now = self._clock()
+            summary = self._estimator.on_feedback(feedback, self._history, _now_us())
+            if summary is None:
+                continue
+            if summary.queuing_delay_ms is not None:
+                self._apply(
+                    self.controller.on_delay_report(
+                        DelayReport(
+                            now,
+                            summary.queuing_delay_ms,
+                            summary.delay_trend_ms_per_s or 0.0,
+                            summary.receive_rate_bps,
+                        )
+                    )
+                )
+            self._count_twcc_loss(now, summary.packets, summary.lost - summary.recovered)
+
+    def _count_twcc_loss(self, now: float, packets: int, lost: int) -> None:
+        """Transport-cc loss, judged per window: one feedback covers only 2-5 audio packets."""
+        if self._twcc_window_start is None:
+            self._twcc_window_start = now
+        self._twcc_window[0] += packets
+        self._twcc_window[1] = max(0, self._twcc_window[1] + lost)
+        total, lost_total = self._twcc_window
+        if now - self._twcc_window_start >= TWCC_LOSS_WINDOW_S and total >= TWCC_LOSS_MIN_PACKETS:
+            fraction = min(1.0, lost_total / total)
+            self._apply(self.controller.on_loss_report(LossReport(now, fraction, source="twcc")))
+            self._twcc_window = [0, 0]
+            self._twcc_window_start = now
+
+
+def _now_us() -> int:
+    return time.monotonic_ns() // 1000

@@ -1,0 +1,131 @@
+"""What the offer says about Opus and feedback, and the answer aiortc should give to it.
+
+aiortc answers Opus with no fmtp at all and drops ``transport-cc``; this module reads the
+browser's Opus parameters (RFC 7587) and its transport-cc offer, and adjusts the negotiated
+transceiver between ``setRemoteDescription`` and ``createAnswer`` so that the answer says
+what the agent really does (mono, 20 ms) and transport-cc is on when the browser offered it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from aiortc import RTCPeerConnection
+from aiortc.rtcrtpparameters import RTCRtcpFeedback, RTCRtpHeaderExtensionParameters
+
+from agent.opus import FRAME_SAMPLES, SAMPLE_RATE
+from signaling.errors import ApiError
+
+TWCC_URI = "http://www.ietf.org/id/draft-holmer-rmcat-transport-wide-cc-extensions-01"
+FRAME_MS = FRAME_SAMPLES * 1000 // SAMPLE_RATE
+
+
+@dataclass(frozen=True)
+class OpusOffer:
+    """The receiver's Opus parameters (RFC 7587 section 6.1) and feedback it offered."""
+
+    payload_type: int | None = None
+    useinbandfec: bool = False  # absent means 0: it will not decode FEC, so don't send it
+    maxaveragebitrate: int | None = None
+    stereo: bool = False
+    maxplaybackrate: int | None = None
+    minptime: int | None = None
+    maxptime: int | None = None
+    transport_cc_ext_id: int | None = None  # the extmap id, when transport-cc was offered
+    transport_cc_feedback: bool = False  # a=rtcp-fb:<opus> transport-cc
+
+    @property
+    def transport_cc(self) -> bool:
+        return self.transport_cc_ext_id is not None and self.transport_cc_feedback
+
+
+def read_opus_offer(sdp: str) -> OpusOffer:
+    """The first receiving audio section's Opus parameters; ApiError if 20 ms is ruled out."""
+    section = _first_audio_section(sdp)
+    opus_pt: int | None = None
+    for line in section:
+        if line.startswith("a=rtpmap:"):
+            pt, _, encoding = line[len("a=rtpmap:") :].partition(" ")
+            if encoding.lower().startswith("opus/48000") and pt.isdigit():
+                opus_pt = int(pt)
+                break
+    params: dict[str, str] = {}
+    feedback = False
+    ext_id: int | None = None
+    for line in section:
+        if opus_pt is not None and line.startswith(f"a=fmtp:{opus_pt} "):
+            for item in line.split(" ", 1)[1].split(";"):
+                key, _, value = item.strip().partition("=")
+                params[key.strip().lower()] = value.strip()
+        elif opus_pt is not None and line.startswith(f"a=rtcp-fb:{opus_pt} "):
+            feedback = feedback or line.split(" ", 1)[1].strip() == "transport-cc"
+        elif line.startswith("a=extmap:"):
+            head, _, rest = line[len("a=extmap:") :].partition(" ")
+            ident = head.split("/")[0]
+            if rest.split(" ")[0] == TWCC_URI and ident.isdigit():
+                ext_id = int(ident)
+    offer = OpusOffer(
+        payload_type=opus_pt,
+        useinbandfec=params.get("useinbandfec") == "1",
+        maxaveragebitrate=_positive_int(params, "maxaveragebitrate"),
+        stereo=params.get("stereo") == "1",
+        maxplaybackrate=_positive_int(params, "maxplaybackrate"),
+        minptime=_positive_int(params, "minptime"),
+        maxptime=_positive_int(params, "maxptime"),
+        transport_cc_ext_id=ext_id,
+        transport_cc_feedback=feedback,
+    )
+    if (offer.minptime and offer.minptime > FRAME_MS) or (
+        offer.maxptime and offer.maxptime < FRAME_MS
+    ):
+        raise ApiError(
+            400,
+            "unsupported_ptime",
+            f"the agent sends {FRAME_MS} ms Opus packets; the offer asks for "
+            f"minptime={offer.minptime} maxptime={offer.maxptime}",
+        )
+    return offer
+
+
+def tune_answer(pc: RTCPeerConnection, offer: OpusOffer) -> None:
+    """Adjust the negotiated audio transceivers; call after setRemoteDescription."""
+    for transceiver in pc.getTransceivers():
+        if transceiver.kind != "audio":
+            continue
+        for codec in transceiver._codecs:
+            if codec.mimeType.lower() != "audio/opus":
+                continue
+            # What we receive (minptime=10 and no FEC: aiortc's decoder does not use it) and
+            # what we send: mono (sprop-stereo=0) whatever the receiver would prefer.
+            codec.parameters = {"minptime": 10, "useinbandfec": 0, "stereo": 0, "sprop-stereo": 0}
+            if offer.transport_cc and not any(
+                fb.type == "transport-cc" for fb in codec.rtcpFeedback
+            ):
+                codec.rtcpFeedback.append(RTCRtcpFeedback(type="transport-cc"))
+        if (
+            offer.transport_cc_ext_id is not None
+            and offer.transport_cc
+            and not any(ext.uri == TWCC_URI for ext in transceiver._headerExtensions)
+        ):
+            transceiver._headerExtensions.append(
+                RTCRtpHeaderExtensionParameters(id=offer.transport_cc_ext_id, uri=TWCC_URI)
+            )
+
+
+def _first_audio_section(sdp: str) -> list[str]:
+    lines = [line.strip() for line in sdp.splitlines()]
+    section: list[str] = []
+    inside = False
+    for line in lines:
+        if line.startswith("m="):
+            if inside:
+                break
+            inside = line.startswith("m=audio")
+        if inside:
+            section.append(line)
+    return section
+
+
+def _positive_int(params: dict[str, str], key: str) -> int | None:
+    value = params.get(key, "")
+    return int(value) if value.isdigit() and int(value) > 0 else None

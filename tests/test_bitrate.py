@@ -1,0 +1,160 @@
+"""The control law on recorded report sequences (no network: every input carries its time)."""
+
+from __future__ import annotations
+
+import itertools
+import random
+from collections.abc import Iterable
+
+from agent.bitrate import BitrateController, DelayReport, EncoderTarget, LossReport
+from agent.config import AdaptationSettings
+
+SETTINGS = AdaptationSettings()
+CEILING = 32_000
+
+
+def run(
+    controller: BitrateController, losses: Iterable[float], start: float = 0.0, every: float = 1.0
+) -> list[EncoderTarget]:
+    """Feed one receiver report per ``every`` seconds; returns the target after each."""
+    targets = []
+    now = start
+    for loss in losses:
+        now += every
+        targets.append(controller.on_loss_report(LossReport(now, loss, rtt_s=0.05)))
+    return targets
+
+
+def changes(targets: list[EncoderTarget]) -> int:
+    return sum(1 for a, b in itertools.pairwise(targets) if a != b)
+
+
+def noisy(rate: float, n: int, packets: int = 50, seed: int = 1) -> list[float]:
+    """Per-report loss fractions of a Bernoulli(rate) path, ``packets`` packets per report."""
+    rng = random.Random(seed)
+    return [sum(rng.random() < rate for _ in range(packets)) / packets for _ in range(n)]
+
+
+def test_clean_path_stays_at_the_ceiling_with_no_fec() -> None:
+    controller = BitrateController(SETTINGS, CEILING)
+    targets = run(controller, [0.0] * 60)
+    assert all(t == EncoderTarget(CEILING, False, 0) for t in targets)
+
+
+def test_ten_percent_loss_turns_fec_on_at_once_and_lowers_bitrate_by_the_second_report() -> None:
+    controller = BitrateController(SETTINGS, CEILING)
+    run(controller, [0.0] * 5)
+    first = controller.on_loss_report(LossReport(6.0, 0.10))
+    assert first.fec and first.expected_loss_pct >= 10
+    second = controller.on_loss_report(LossReport(7.0, 0.10))
+    assert second.bitrate < CEILING
+    later = run(controller, [0.10] * 20, start=7.0)
+    assert later[-1].bitrate == SETTINGS.fec_min_bitrate  # settles at the FEC floor
+    assert all(t.fec for t in later)
+
+
+def test_five_percent_loss_holds_the_rate_and_protects_with_fec() -> None:
+    controller = BitrateController(SETTINGS, CEILING)
+    targets = run(controller, [0.05] * 30)
+    assert all(t.bitrate == CEILING for t in targets)
+    assert all(t.fec for t in targets)
+    # libopus only makes room for FEC when told more than 5%.
+    assert all(t.expected_loss_pct >= SETTINGS.fec_min_expected_loss_pct for t in targets)
+
+
+def test_twenty_percent_loss_drops_fast_and_expects_twenty_percent() -> None:
+    controller = BitrateController(SETTINGS, CEILING)
+    targets = run(controller, [0.20] * 10)
+    assert targets[0].bitrate == int(CEILING * 0.95)  # smoothed: half of 20% at first
+    assert targets[0].fec and targets[0].expected_loss_pct == 20
+    assert targets[5].bitrate == SETTINGS.fec_min_bitrate
+    assert 15 <= targets[-1].expected_loss_pct <= 20  # the sustained loss, from below
+
+
+def test_loss_that_ends_climbs_back_in_steps_and_fec_goes_off_later() -> None:
+    controller = BitrateController(SETTINGS, CEILING)
+    run(controller, [0.10] * 12)
+    assert controller.target.bitrate == SETTINGS.fec_min_bitrate
+    recovery = run(controller, [0.0] * 15, start=12.0)
+    rates = [t.bitrate for t in recovery]
+    assert rates[0] == SETTINGS.fec_min_bitrate  # held right after the last decrease
+    assert rates == sorted(rates)  # steps up, never down
+    assert len(set(rates)) >= 3  # in steps, not one jump
+    assert rates[-1] == CEILING
+    # FEC stays on through the hold-off, then goes off.
+    fec = [t.fec for t in recovery]
+    assert fec[: int(SETTINGS.fec_off_after_s) - 1] == [True] * (int(SETTINGS.fec_off_after_s) - 1)
+    assert fec[-1] is False and recovery[-1].expected_loss_pct == 0
+
+
+def test_steady_noisy_loss_does_not_oscillate() -> None:
+    for rate in (0.03, 0.10, 0.20):
+        controller = BitrateController(SETTINGS, CEILING)
+        targets = run(controller, noisy(rate, 120))
+        tail = targets[30:]
+        bitrates = [t.bitrate for t in tail]
+        if rate >= 0.10:
+            # Clearly lossy: settled at the FEC floor, only the expected loss moves, rarely.
+            assert set(bitrates) == {SETTINGS.fec_min_bitrate}, rate
+            assert changes(tail) <= 8, (rate, tail)
+        else:
+            # Inside the hold band the noise (reports of 0-8%) makes it wander a little near
+            # the top; no sawtooth to the floor and back.
+            assert changes(tail) <= 18, bitrates
+            assert min(bitrates) >= 0.7 * CEILING, bitrates
+        assert all(t.fec for t in tail), rate
+
+
+def test_rtt_spike_backs_off_and_holds_until_it_passes() -> None:
+    controller = BitrateController(SETTINGS, CEILING)
+    now = 0.0
+    for _ in range(10):
+        now += 1
+        controller.on_loss_report(LossReport(now, 0.0, rtt_s=0.05))
+    spiked = controller.on_loss_report(LossReport(now + 1, 0.0, rtt_s=0.4))
+    assert spiked.bitrate == int(CEILING * SETTINGS.congestion_backoff)
+    assert not spiked.fec  # queueing is not loss: no FEC
+    held = controller.on_loss_report(LossReport(now + 2, 0.0, rtt_s=0.4))
+    assert held.bitrate <= spiked.bitrate
+    calm = run(controller, [0.0] * 10, start=now + 2)
+    assert calm[-1].bitrate == CEILING
+
+
+def test_queueing_delay_from_transport_cc_backs_off_to_what_arrived() -> None:
+    controller = BitrateController(SETTINGS, CEILING)
+    controller.on_loss_report(LossReport(1.0, 0.0))
+    target = controller.on_delay_report(DelayReport(1.1, 120.0, 50.0, receive_rate_bps=20_000))
+    assert target.bitrate == int(20_000 * SETTINGS.congestion_backoff)
+    # Rate-limited: a burst of feedback does not slam the rate to the floor.
+    again = controller.on_delay_report(DelayReport(1.15, 130.0, 50.0, receive_rate_bps=16_000))
+    assert again.bitrate == target.bitrate
+    # Queueing that drains lets it climb again after the hold.
+    for step in range(1, 40):
+        controller.on_delay_report(DelayReport(1.1 + step * 0.1, 2.0, -1.0))
+    assert controller.target.bitrate > target.bitrate
+
+
+def test_remb_caps_while_fresh() -> None:
+    controller = BitrateController(SETTINGS, CEILING)
+    assert controller.on_remb(1.0, 18_000).bitrate == 18_000
+    assert controller.tick(5.0).bitrate == 18_000
+    assert controller.tick(12.0).bitrate == CEILING
+
+
+def test_no_fec_when_the_receiver_cannot_decode_it() -> None:
+    controller = BitrateController(SETTINGS, CEILING, fec_allowed=False)
+    targets = run(controller, [0.10] * 5)
+    assert not any(t.fec for t in targets)
+    assert targets[-1].bitrate < CEILING
+
+
+def test_ceiling_and_floors_hold() -> None:
+    controller = BitrateController(SETTINGS, 24_000)
+    targets = run(controller, [0.5] * 20 + [0.0] * 40)
+    assert all(SETTINGS.fec_min_bitrate <= t.bitrate <= 24_000 for t in targets)
+    congested = BitrateController(SETTINGS, CEILING)
+    now = 0.0
+    for _ in range(50):
+        now += 0.5
+        congested.on_delay_report(DelayReport(now, 200.0, 10.0, receive_rate_bps=1_000))
+    assert congested.target.bitrate == SETTINGS.min_bitrate

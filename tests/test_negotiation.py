@@ -1,0 +1,161 @@
+"""The browser's Opus parameters and transport-cc offer, honoured in the answer and the encoder."""
+
+from __future__ import annotations
+
+import re
+
+import aiohttp
+import pytest
+
+from agent.session import AgentSession
+from signaling.errors import ApiError
+from signaling.keys import SESSIONS
+from signaling.negotiation import TWCC_URI, read_opus_offer
+from tests.conftest import LiveServer
+from tests.rtc_client import RtcClient, opus_fmtp_rewriter
+
+# The audio section of a Chrome 156 offer (trimmed to what matters here).
+CHROME_AUDIO = """v=0
+o=- 1 2 IN IP4 127.0.0.1
+s=-
+t=0 0
+m=audio 9 UDP/TLS/RTP/SAVPF 111 63 9 0 8
+a=extmap:1 urn:ietf:params:rtp-hdrext:ssrc-audio-level
+a=extmap:3 http://www.ietf.org/id/draft-holmer-rmcat-transport-wide-cc-extensions-01
+a=extmap:4 urn:ietf:params:rtp-hdrext:sdes:mid
+a=rtpmap:111 opus/48000/2
+a=rtcp-fb:111 transport-cc
+a=fmtp:111 minptime=10;useinbandfec=1;maxaveragebitrate=24000;stereo=1;maxplaybackrate=16000
+a=rtpmap:63 red/48000/2
+m=application 9 UDP/DTLS/SCTP webrtc-datachannel
+"""
+
+
+def test_reads_chrome_opus_parameters_and_transport_cc() -> None:
+    offer = read_opus_offer(CHROME_AUDIO)
+    assert offer.payload_type == 111
+    assert offer.useinbandfec and offer.stereo
+    assert offer.maxaveragebitrate == 24_000 and offer.maxplaybackrate == 16_000
+    assert offer.minptime == 10
+    assert offer.transport_cc_ext_id == 3 and offer.transport_cc
+
+
+def test_absent_parameters_take_rfc7587_defaults() -> None:
+    sdp = CHROME_AUDIO.replace(
+        "a=fmtp:111 minptime=10;useinbandfec=1;maxaveragebitrate=24000;"
+        "stereo=1;maxplaybackrate=16000\n",
+        "",
+    )
+    sdp = sdp.replace("a=rtcp-fb:111 transport-cc\n", "")
+    offer = read_opus_offer(sdp)
+    assert not offer.useinbandfec  # absent = 0: the receiver would not decode FEC
+    assert offer.maxaveragebitrate is None
+    assert not offer.transport_cc  # the extension alone, without the feedback, is not enough
+
+
+@pytest.mark.parametrize("fmtp", ["minptime=40", "maxptime=10"])
+def test_packet_times_the_agent_cannot_send_are_refused(fmtp: str) -> None:
+    sdp = CHROME_AUDIO.replace("minptime=10;", f"{fmtp};")
+    with pytest.raises(ApiError) as caught:
+        read_opus_offer(sdp)
+    assert caught.value.status == 400 and caught.value.code == "unsupported_ptime"
+
+
+def _session(live_server: LiveServer, client: RtcClient) -> AgentSession:
+    assert client.session_id is not None
+    return live_server.app[SESSIONS].get(client.session_id).session
+
+
+async def test_maxaveragebitrate_caps_the_encoder_and_fec_follows_useinbandfec(
+    live_server: LiveServer,
+) -> None:
+    async with aiohttp.ClientSession() as http:
+        client = RtcClient(live_server.url, http)
+        try:
+            await client.connect(
+                rewrite_offer=opus_fmtp_rewriter(
+                    "useinbandfec=1;maxaveragebitrate=16000;maxplaybackrate=16000"
+                )
+            )
+            session = _session(live_server, client)
+            assert session.network.ceiling == 16_000
+            assert session.track.encoder.bitrate == 16_000
+            assert session.track.encoder.max_playback_rate == 16_000
+            assert session.network.controller.fec_allowed
+            answer = client.pc.remoteDescription.sdp
+            assert "sprop-stereo=0" in answer and "stereo=0" in answer
+            assert "transport-cc" not in answer  # not offered, not answered
+            # Speech at the capped rate: 20 ms packets of at most ~16 kbps (40 bytes).
+            client.send({"type": "say", "text": "one two three four five six", "id": "a"})
+            await client.wait_event(lambda e: e["type"] == "speech.ended", timeout=15)
+            stats = session.stats()
+            assert stats["speech_packets"] > 50
+        finally:
+            await client.close()
+
+
+async def test_no_fec_for_a_receiver_that_did_not_offer_it(live_server: LiveServer) -> None:
+    async with aiohttp.ClientSession() as http:
+        client = RtcClient(live_server.url, http)
+        try:
+            await client.connect()  # aiortc offers Opus with no fmtp: useinbandfec absent
+            session = _session(live_server, client)
+            assert not session.network.controller.fec_allowed
+            assert session.track.encoder.bitrate == live_server.config.opus.bitrate
+        finally:
+            await client.close()
+
+
+async def test_transport_cc_is_answered_when_offered(live_server: LiveServer) -> None:
+    async with aiohttp.ClientSession() as http:
+        client = RtcClient(live_server.url, http)
+        try:
+            await client.connect(rewrite_offer=opus_fmtp_rewriter("useinbandfec=1", True))
+            answer = client.pc.remoteDescription.sdp
+            assert f"a=extmap:7 {TWCC_URI}" in answer
+            assert re.search(r"a=rtcp-fb:\d+ transport-cc", answer)
+            session = _session(live_server, client)
+            assert session.network.tap is not None and session.network.tap.transport_cc
+        finally:
+            await client.close()
+
+
+async def test_unsupported_ptime_is_a_json_400(live_server: LiveServer) -> None:
+    async with aiohttp.ClientSession() as http:
+        client = RtcClient(live_server.url, http)
+        try:
+            client.pc.addTransceiver("audio", direction="recvonly")
+            await client.pc.setLocalDescription(await client.pc.createOffer())
+            sdp = opus_fmtp_rewriter("minptime=60")(client.pc.localDescription.sdp)
+            async with http.post(
+                live_server.url + "/offer", json={"type": "offer", "sdp": sdp}
+            ) as resp:
+                assert resp.status == 400
+                body = await resp.json()
+            assert body["error"]["code"] == "unsupported_ptime"
+            assert len(live_server.app[SESSIONS]) == 0
+        finally:
+            await client.pc.close()
+
+
+async def test_stats_event_about_once_a_second(live_server: LiveServer) -> None:
+    async with aiohttp.ClientSession() as http:
+        client = RtcClient(live_server.url, http)
+        try:
+            await client.connect()
+            first = await client.wait_event(lambda e: e["type"] == "stats", timeout=5)
+            for key in ("bitrate", "fec", "expected_loss_pct", "loss", "rtt_ms", "packets"):
+                assert key in first, first
+            await client.wait_event(lambda e: e["type"] == "stats" and e is not first, 5)
+            count = sum(1 for e in client.events if e["type"] == "stats")
+            assert count >= 2
+            # aiortc's client sends receiver reports every ~1 s: they reach the controller,
+            # and once one answers our sender report they carry the round-trip time.
+            report = await client.wait_event(
+                lambda e: e["type"] == "stats" and e["rtt_ms"] is not None, timeout=10
+            )
+            assert report["receiver_reports"] > 0
+            assert 0 <= report["rtt_ms"] < 1000
+            assert report["bitrate"] == live_server.config.opus.bitrate  # clean: the top
+        finally:
+            await client.close()
