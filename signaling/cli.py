@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from agent.config import ChatTTSSettings, Config, OpusSettings
+from agent.config import AdaptationSettings, ChatTTSSettings, Config, OpusSettings
 from agent.engines import ENGINE_NAMES
 
 ENV_PREFIX = "VOICE_AGENT_"
@@ -66,7 +66,29 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         help="torch threads for inference (0: all cores but one on CPU)",
     )
     serve.add_argument(
-        "--bitrate", type=int, default=int(_env(env, "BITRATE", str(OpusSettings().bitrate)) or 0)
+        "--bitrate",
+        type=int,
+        default=int(_env(env, "BITRATE", str(OpusSettings().bitrate)) or 0),
+        help="Opus bitrate: the start and the ceiling of network adaptation (bits/s)",
+    )
+    adaptation = AdaptationSettings()
+    serve.add_argument(
+        "--no-adaptation",
+        action="store_true",
+        default=_env_bool(env, "NO_ADAPTATION"),
+        help="fixed bitrate, no FEC: ignore the receiver's reports",
+    )
+    serve.add_argument(
+        "--min-bitrate",
+        type=int,
+        default=int(_env(env, "MIN_BITRATE", str(adaptation.min_bitrate)) or 0),
+        help="adaptation's floor under congestion (bits/s)",
+    )
+    serve.add_argument(
+        "--fec-min-bitrate",
+        type=int,
+        default=int(_env(env, "FEC_MIN_BITRATE", str(adaptation.fec_min_bitrate)) or 0),
+        help="adaptation's floor under random loss, where in-band FEC still fits (bits/s)",
     )
     serve.add_argument(
         "--encode-threads",
@@ -100,6 +122,12 @@ def config_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> Config
         engine=args.engine,
         log_level=args.log_level.upper(),
         opus=replace(base.opus, bitrate=args.bitrate, encode_threads=args.encode_threads),
+        adaptation=replace(
+            base.adaptation,
+            enabled=not args.no_adaptation,
+            min_bitrate=args.min_bitrate,
+            fec_min_bitrate=args.fec_min_bitrate,
+        ),
         chattts=replace(
             ChatTTSSettings(),
             model_dir=Path(args.model_dir) if args.model_dir else None,

@@ -24,6 +24,7 @@ def test_defaults() -> None:
     )
     assert config.chattts.model_dir is None and config.chattts.device == "auto"
     assert config.opus.bitrate == 32_000
+    assert config.adaptation.enabled and config.adaptation.min_bitrate == 12_000
 
 
 def test_environment_then_flags() -> None:
@@ -37,6 +38,8 @@ def test_environment_then_flags() -> None:
         "VOICE_AGENT_COMPILE": "true",
         "VOICE_AGENT_BITRATE": "24000",
         "VOICE_AGENT_ENCODE_THREADS": "2",
+        "VOICE_AGENT_NO_ADAPTATION": "1",
+        "VOICE_AGENT_MIN_BITRATE": "10000",
     }
     config = build(["serve"], env)
     assert config.port == 9000
@@ -45,6 +48,8 @@ def test_environment_then_flags() -> None:
     assert config.chattts.model_dir == Path("/models/chattts")
     assert config.chattts.device == "cpu" and config.chattts.compile
     assert config.opus.bitrate == 24_000 and config.opus.encode_threads == 2
+    assert not config.adaptation.enabled and config.adaptation.min_bitrate == 10_000
+    assert build(["serve", "--fec-min-bitrate", "24000"]).adaptation.fec_min_bitrate == 24_000
     flagged = build(["serve", "--port", "9100", "--ice-server", "stun:c.example"], env)
     assert flagged.port == 9100 and flagged.ice_servers == ("stun:c.example",)
 

@@ -1,0 +1,167 @@
+"""The RTCP tap: real aiortc RTCP packet objects and transport-cc bytes into the controller.
+
+The end-to-end tests (test_adaptation_e2e, test_browser_loss) prove it with real peers; these
+pin each input path on its own, with hand-made reports whose effect is known exactly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+from typing import Any
+
+from aiortc.clock import current_ntp_time
+from aiortc.rtp import (
+    RTCP_PSFB_APP,
+    HeaderExtensions,
+    RtcpPsfbPacket,
+    RtcpReceiverInfo,
+    RtcpRrPacket,
+    pack_remb_fci,
+)
+
+from agent.bitrate import BitrateController, EncoderTarget
+from agent.config import AdaptationSettings
+from agent.feedback import Applier, FeedbackTap, _now_us, _TransportSequenceMap
+from agent.twcc import build_transport_feedback
+
+SSRC = 0x1234
+CEILING = 32_000
+
+
+class Encoder:
+    """Records what the applier sets (stands in for the track's setters)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, Any]] = []
+
+    def applier(self) -> Applier:
+        return Applier(
+            lambda v: self.calls.append(("bitrate", v)),
+            lambda v: self.calls.append(("fec", v)),
+            lambda v: self.calls.append(("loss", v)),
+        )
+
+
+def make_tap() -> tuple[FeedbackTap, BitrateController, Encoder]:
+    controller = BitrateController(AdaptationSettings(), CEILING)
+    encoder = Encoder()
+    sender = SimpleNamespace(_ssrc=SSRC)
+    tap = FeedbackTap(sender, controller, encoder.applier())  # type: ignore[arg-type]
+    return tap, controller, encoder
+
+
+def report(fraction_lost: int, lsr: int = 0, dlsr: int = 0, ssrc: int = SSRC) -> RtcpRrPacket:
+    info = RtcpReceiverInfo(
+        ssrc=ssrc,
+        fraction_lost=fraction_lost,
+        packets_lost=0,
+        highest_sequence=0,
+        jitter=480,
+        lsr=lsr,
+        dlsr=dlsr,
+    )
+    return RtcpRrPacket(ssrc=99, reports=[info])
+
+
+def test_receiver_report_loss_and_rtt_reach_the_controller() -> None:
+    tap, controller, encoder = make_tap()
+    # Our SR "left" 80 ms ago; the receiver held it 30 ms: RTT 50 ms.
+    now_mid = (current_ntp_time() >> 16) & 0xFFFFFFFF
+    lsr = (now_mid - int(0.080 * 65536)) & 0xFFFFFFFF
+    tap._on_rtcp_packet(report(fraction_lost=26, lsr=lsr, dlsr=int(0.030 * 65536)))
+    assert tap.receiver_reports == 1
+    assert controller.last_loss == 26 / 256
+    assert controller.rtt_s is not None and abs(controller.rtt_s - 0.050) < 0.01
+    assert controller.jitter_s == 0.01  # 480 ticks at 48 kHz
+    assert ("fec", True) in encoder.calls  # 10% loss: FEC on at once
+
+
+def test_reports_about_other_streams_are_ignored() -> None:
+    tap, controller, _ = make_tap()
+    tap._on_rtcp_packet(report(fraction_lost=128, ssrc=SSRC + 1))
+    assert tap.receiver_reports == 0 and controller.last_loss is None
+
+
+def test_remb_for_our_stream_caps_the_bitrate() -> None:
+    tap, _, encoder = make_tap()
+    remb = RtcpPsfbPacket(
+        fmt=RTCP_PSFB_APP, ssrc=99, media_ssrc=0, fci=pack_remb_fci(18_000, [SSRC])
+    )
+    tap._on_rtcp_packet(remb)
+    assert tap.remb_reports == 1
+    assert ("bitrate", 18_000) in encoder.calls
+    garbage = RtcpPsfbPacket(fmt=RTCP_PSFB_APP, ssrc=99, media_ssrc=0, fci=b"nope")
+    tap._on_rtcp_packet(garbage)  # malformed: ignored, no exception
+    assert tap.remb_reports == 1
+
+
+def test_transport_sequence_numbers_are_stamped_and_recorded() -> None:
+    tap, _, _ = make_tap()
+    sizes = iter([80, 81, 82])
+    stamp = _TransportSequenceMap(tap._history, lambda: next(sizes))
+    values = [HeaderExtensions() for _ in range(3)]
+    for v in values:
+        stamp.set(v)
+    assert [v.transport_sequence_number for v in values] == [0, 1, 2]
+    sent = tap._history.get(2)
+    assert sent is not None and sent.size_bytes == 82
+
+
+async def test_transport_feedback_with_growing_delay_backs_off_within_a_second() -> None:
+    """Feedback bytes as Chrome sends them, one per 100 ms, saying queueing grows 10 ms per
+    100 ms: the controller sees over-use and lowers the bitrate below the ceiling."""
+    tap, controller, encoder = make_tap()
+    start = _now_us()
+    seq = 0
+    for round_ in range(12):
+        # Five packets sent 20 ms apart (recorded as the sender would), then their feedback.
+        base = seq
+        arrivals: list[int | None] = []
+        for i in range(5):
+            send = start + (round_ * 5 + i) * 20_000
+            tap._history.record(seq, send, 80)
+            arrivals.append(send + 20_000 + round_ * 10_000 + i * 2_000)
+            seq += 1
+        ref = (arrivals[0] or 0) // 64_000 * 64_000
+        packet = build_transport_feedback(base, ref, round_, arrivals, media_ssrc=SSRC)
+        tap._on_rtcp_data(packet)
+        await asyncio.sleep(0)
+    assert tap.transport_feedbacks == 12
+    assert controller.queuing_delay_ms is not None and controller.queuing_delay_ms > 60
+    assert controller.target.bitrate < CEILING
+    assert controller.last_reason == "queueing delay"
+    assert any(call[0] == "bitrate" and call[1] < CEILING for call in encoder.calls)
+
+
+def test_transport_feedback_loss_is_judged_per_window() -> None:
+    tap, controller, _ = make_tap()
+    tap._clock = iter([0.0, 0.0] + [0.1 * k for k in range(1, 40)]).__next__
+    seq = 0
+    start = _now_us()
+    for round_ in range(10):
+        base = seq
+        arrivals: list[int | None] = []
+        for i in range(5):
+            send = start + seq * 20_000
+            tap._history.record(seq, send, 80)
+            # Every fifth packet lost: 20%.
+            arrivals.append(None if i == 2 else send + 20_000)
+            seq += 1
+        first = next(a for a in arrivals if a is not None)
+        ref = first // 64_000 * 64_000
+        tap._on_rtcp_data(build_transport_feedback(base, ref, round_, arrivals))
+    assert controller.reports >= 1
+    assert controller.last_loss is not None and abs(controller.last_loss - 0.2) < 0.05
+    assert controller.target.fec
+
+
+def test_applier_only_touches_what_changed() -> None:
+    encoder = Encoder()
+    apply = encoder.applier()
+    apply(EncoderTarget(32_000, False, 0))
+    assert len(encoder.calls) == 3  # first target: everything set once
+    apply(EncoderTarget(32_000, False, 0))
+    apply(EncoderTarget(32_000, True, 10))
+    assert encoder.calls[3:] == [("fec", True), ("loss", 10)]
+    assert apply.changes == 1
