@@ -101,6 +101,52 @@ class ChatTTSSettings:
     warmup_text: str = "Hello there."
 
 
+# HS256 keys shorter than the hash output are brute-forceable (RFC 7518 section 3.2).
+MIN_SECRET_BYTES = 32
+ROLES = ("speaker", "listener", "host")
+
+
+@dataclass(frozen=True)
+class SecuritySettings:
+    """Who may use the signaling API, and from which web origins."""
+
+    # HS256 secret for bearer tokens; None: no authentication (a trusted network only).
+    # repr=False: a logged or printed Config never shows it.
+    auth_secret: str | None = field(default=None, repr=False)
+    # Browser origins (scheme://host[:port]) allowed to call the API cross-origin; empty:
+    # same-origin only (no CORS headers at all).
+    cors_origins: tuple[str, ...] = ()
+    # A static bearer token for GET /metrics; None: /metrics is open (scrapers rarely
+    # mint JWTs, so it is separate from auth_secret).
+    metrics_token: str | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.auth_secret is not None and len(self.auth_secret.encode()) < MIN_SECRET_BYTES:
+            raise ValueError(f"the auth secret must be at least {MIN_SECRET_BYTES} bytes long")
+
+
+@dataclass(frozen=True)
+class LimitSettings:
+    """Per-client rate limits (token buckets keyed by client address) and admission control."""
+
+    # New sessions (POST /offer and POST /whep together): sustained rate per second, burst.
+    offer_rate: float = 0.5
+    offer_burst: int = 10
+    # Speech requests (say and chat, a text.delta that opens a stream, HTTP say).
+    speech_rate: float = 2.0
+    speech_burst: int = 20
+    # Most client addresses tracked per limiter; the least recently seen is dropped beyond.
+    max_clients: int = 10_000
+    # Concurrent sessions; more offers get 503 server_full before any peer connection exists.
+    max_sessions: int = 200
+
+    def __post_init__(self) -> None:
+        if min(self.offer_rate, self.speech_rate) <= 0:
+            raise ValueError("rates must be positive")
+        if min(self.offer_burst, self.speech_burst, self.max_clients, self.max_sessions) < 1:
+            raise ValueError("bursts, max_clients and max_sessions must be at least 1")
+
+
 @dataclass(frozen=True)
 class Config:
     host: str = "0.0.0.0"
@@ -112,7 +158,10 @@ class Config:
     engine: str = "chattts"
     static_dir: Path = STATIC_DIR
     log_level: str = "INFO"
+    log_json: bool = False  # one JSON object per log line (for log collectors)
     opus: OpusSettings = field(default_factory=OpusSettings)
     adaptation: AdaptationSettings = field(default_factory=AdaptationSettings)
     speech: SpeechSettings = field(default_factory=SpeechSettings)
     chattts: ChatTTSSettings = field(default_factory=ChatTTSSettings)
+    security: SecuritySettings = field(default_factory=SecuritySettings)
+    limits: LimitSettings = field(default_factory=LimitSettings)

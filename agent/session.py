@@ -7,6 +7,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+import math
 from collections import deque
 from concurrent.futures import Executor
 from typing import Any
@@ -16,6 +17,7 @@ from aiortc import RTCDataChannel, RTCRtpSender
 from agent.adaptation import NetworkAdaptation, ReceiverOpus
 from agent.config import Config
 from agent.engine import TTSEngine
+from agent.hooks import SessionHooks
 from agent.protocol import (
     Chat,
     ConfigUpdate,
@@ -44,10 +46,14 @@ class AgentSession:
         encode_executor: Executor | None = None,
         *,
         expects_channel: bool = True,
+        hooks: SessionHooks | None = None,
     ) -> None:
         self.id = session_id
         self.config = config
-        self.pipeline = SpeechPipeline(engine, config.speech, self.send_event)
+        self.hooks = hooks or SessionHooks()
+        self.pipeline = SpeechPipeline(
+            engine, config.speech, self.send_event, on_first_audio=self.hooks.first_audio
+        )
         self.track = OpusPacketTrack(
             self.pipeline.buffer, config.opus, encode_executor=encode_executor
         )
@@ -100,12 +106,32 @@ class AgentSession:
         message: Message | None = None
         try:
             message = parse_message(raw, self.config.speech.max_message_bytes)
+            self._admit(message)
             self.apply(message)
         except (ProtocolError, SpeechError) as exc:
             self.send_error(exc.code, exc.message, getattr(message, "id", None))
         except Exception:  # a bug must not take the session down; say so and log it
             log.exception("session %s: message handling failed", self.id)
             self.send_error("internal", "the server could not handle this message")
+
+    def _admit(self, message: Message) -> None:
+        """Rate-limit requests that start speech; a refused one is an error, nothing else.
+
+        A text delta counts only when it opens a stream: an LLM streams many deltas per
+        second, and one stream's total is already capped by ``max_text_chars``.
+        """
+        match message:
+            case Say() | Chat():
+                pass
+            case TextDelta(id=utt_id) if self.pipeline.opens_stream(utt_id):
+                pass
+            case _:
+                return
+        wait = self.hooks.admit_speech()
+        if wait > 0:
+            raise ProtocolError(
+                "rate_limited", f"too many speech requests; retry in {math.ceil(wait)} s"
+            )
 
     def apply(self, message: Message) -> str | None:
         match message:

@@ -55,6 +55,9 @@ class Utterance:
     started: bool = False
     ended: bool = False
     first_chunk_at: float | None = None  # time.monotonic() the engine's first chunk arrived
+    # time.monotonic() its first segment went to the engine: queueing and a client's slow
+    # text stream are not the server's latency, so first-audio time is measured from here.
+    synth_started_at: float | None = None
     # The voice when the utterance was accepted: a later `config` applies to later ones.
     voice: VoiceOptions = field(default_factory=VoiceOptions)
 
@@ -75,8 +78,10 @@ class SpeechPipeline:
         settings: SpeechSettings,
         emit: EventSink,
         voice: VoiceOptions | None = None,
+        on_first_audio: Callable[[float], None] | None = None,
     ) -> None:
         self.engine = engine
+        self._on_first_audio = on_first_audio
         self.settings = settings
         self.voice = voice or VoiceOptions()
         self.buffer = PlayoutBuffer(max(1, int(settings.max_buffer_ahead_s * FRAMES_PER_SECOND)))
@@ -134,6 +139,13 @@ class SpeechPipeline:
             utt.segments.put_nowait(segment)
         return utt.id
 
+    def opens_stream(self, utterance_id: str | None) -> bool:
+        """Would a text delta with this id start a new utterance (rather than continue one)?"""
+        if self._stream is not None:
+            return False
+        discarding = self._discarding_stream_id
+        return discarding is None or utterance_id not in (None, discarding)
+
     def text_end(self) -> str | None:
         if self._stream is None:
             if self._discarding_stream_id is not None:
@@ -177,6 +189,11 @@ class SpeechPipeline:
             worker.cancel()
             with suppress(asyncio.CancelledError):
                 await worker
+
+    @property
+    def queued(self) -> int:
+        """Utterances waiting behind the one being spoken."""
+        return len(self._queue)
 
     @property
     def busy(self) -> bool:
@@ -262,6 +279,8 @@ class SpeechPipeline:
             segment = await utt.segments.get()
             if segment is None:
                 break
+            if utt.synth_started_at is None:
+                utt.synth_started_at = time.monotonic()
             # The segment's place on the utterance's audio timeline, counted in engine samples
             # (the resampler's filter delay would skew a count of output samples).
             start_ms = round(engine_samples * 1000 / self.engine.sample_rate)
@@ -316,4 +335,9 @@ class SpeechPipeline:
         utt.started = True
         if utt.first_chunk_at is not None:
             self.stats.first_audio_latencies.append(time.monotonic() - utt.first_chunk_at)
+        if utt.synth_started_at is not None and self._on_first_audio is not None:
+            try:
+                self._on_first_audio(time.monotonic() - utt.synth_started_at)
+            except Exception:  # a measurement must never stop speech
+                log.exception("first-audio observer failed")
         self._emit({"type": "speech.started", "id": utt.id})

@@ -6,14 +6,20 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
+from typing import Any
 
 from aiohttp import web
 
 from agent.config import Config
 from agent.engine import EngineLoadError, TTSEngine
+from signaling import routes
+from signaling.auth import make_auth_middleware
+from signaling.cors import make_cors_middleware
 from signaling.errors import error_middleware
-from signaling.keys import CONFIG, ENGINE, ENGINE_ERROR, SESSIONS
-from signaling.routes import add_routes
+from signaling.keys import CONFIG, ENGINE, ENGINE_ERROR, LIMITS, METRICS, SESSIONS
+from signaling.limits import Limits
+from signaling.logs import AccessLogger
+from signaling.metrics import Metrics
 from signaling.sessions import SessionRegistry
 
 log = logging.getLogger(__name__)
@@ -22,15 +28,38 @@ MAX_REQUEST_BYTES = 256 * 1024
 
 
 def build_app(config: Config, engine: TTSEngine) -> web.Application:
-    app = web.Application(middlewares=[error_middleware], client_max_size=MAX_REQUEST_BYTES)
+    metrics = Metrics(engine, config.limits.max_sessions)
+    sessions = SessionRegistry(config, engine, on_closed=metrics.retire)
+    metrics.watch(sessions.peers)
+    app = web.Application(
+        # Outermost first: CORS headers go on every answer, errors included; offer outcomes
+        # are counted whichever layer refuses (auth too); auth runs before any handler.
+        middlewares=[
+            make_cors_middleware(config.security.cors_origins),
+            error_middleware,
+            metrics.offer_outcome_middleware(
+                {routes.post_offer: "offer", routes.post_whep: "whep"}
+            ),
+            make_auth_middleware(config.security.auth_secret, routes.PUBLIC_HANDLERS),
+        ],
+        client_max_size=MAX_REQUEST_BYTES,
+    )
     app[CONFIG] = config
     app[ENGINE] = engine
-    app[SESSIONS] = SessionRegistry(config, engine)
+    app[SESSIONS] = sessions
     app[ENGINE_ERROR] = []
-    add_routes(app)
+    app[LIMITS] = Limits(config.limits)
+    app[METRICS] = metrics
+    routes.add_routes(app)
     app.cleanup_ctx.append(_engine_lifecycle)
     app.on_shutdown.append(_close_sessions)
     return app
+
+
+def runner_options() -> dict[str, Any]:
+    """What every runner of the app passes (web.run_app / web.AppRunner): an access log
+    that cannot leak tokens."""
+    return {"access_log_class": AccessLogger}
 
 
 async def _engine_lifecycle(app: web.Application) -> AsyncIterator[None]:

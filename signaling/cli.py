@@ -10,8 +10,18 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from agent.config import AdaptationSettings, ChatTTSSettings, Config, OpusSettings
+from agent.config import (
+    ROLES,
+    AdaptationSettings,
+    ChatTTSSettings,
+    Config,
+    LimitSettings,
+    OpusSettings,
+    SecuritySettings,
+)
 from agent.engines import ENGINE_NAMES
+from signaling.auth import mint_token
+from signaling.logs import configure_logging
 
 ENV_PREFIX = "VOICE_AGENT_"
 
@@ -98,6 +108,37 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         "(0: on the loop; -1: one per core but one)",
     )
     serve.add_argument("--log-level", default=_env(env, "LOG_LEVEL", "INFO"))
+    serve.add_argument(
+        "--log-json",
+        action="store_true",
+        default=_env_bool(env, "LOG_JSON"),
+        help="one JSON object per log line",
+    )
+    _add_auth_secret(serve, env)
+    serve.add_argument(
+        "--cors-origins",
+        default=_env(env, "CORS_ORIGINS", ""),
+        help="comma-separated web origins allowed to call the API from another site "
+        "(e.g. https://app.example.com); default none: same-origin only",
+    )
+    serve.add_argument(
+        "--metrics-token",
+        default=_env(env, "METRICS_TOKEN"),
+        help="bearer token required by GET /metrics (default: /metrics is open)",
+    )
+    limits = LimitSettings()
+    for flag, kind, default, text in [
+        ("offer-rate", float, limits.offer_rate, "new sessions per second per client address"),
+        ("offer-burst", int, limits.offer_burst, "new sessions a client address may burst"),
+        ("speech-rate", float, limits.speech_rate, "speech requests per second per address"),
+        ("speech-burst", int, limits.speech_burst, "speech requests an address may burst"),
+        ("rate-limit-clients", int, limits.max_clients, "client addresses tracked per limit"),
+        ("max-sessions", int, limits.max_sessions, "concurrent sessions; more get server_full"),
+    ]:
+        env_name = flag.upper().replace("-", "_")
+        serve.add_argument(
+            "--" + flag, type=kind, default=kind(_env(env, env_name, str(default))), help=text
+        )
 
     tiny = commands.add_parser(
         "tiny-model", help="build a tiny random-weight ChatTTS checkpoint for offline smoke tests"
@@ -105,7 +146,22 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     tiny.add_argument("dir", type=Path)
     tiny.add_argument("--size", choices=("tiny", "full"), default="tiny")
     tiny.add_argument("--seed", type=int, default=0)
+
+    token = commands.add_parser("token", help="print a signed access token (JWT, HS256)")
+    _add_auth_secret(token, env)
+    token.add_argument("--room", default=None, help="the only room the token is valid for")
+    token.add_argument("--role", choices=ROLES, default=None, help="default: speaker")
+    token.add_argument("--ttl", type=int, default=3600, help="lifetime in seconds")
     return parser
+
+
+def _add_auth_secret(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
+    parser.add_argument(
+        "--auth-secret",
+        default=_env(env, "AUTH_SECRET"),
+        help="HS256 secret (at least 32 bytes) for access tokens; prefer the environment "
+        f"({ENV_PREFIX}AUTH_SECRET): flags show in the process list. Default: no auth",
+    )
 
 
 def config_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> Config:
@@ -113,6 +169,7 @@ def config_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> Config
     if ice is None:
         ice = [u.strip() for u in (_env(env, "ICE_SERVERS") or "").split(",") if u.strip()]
     base = Config()
+    origins = tuple(o.strip() for o in args.cors_origins.split(",") if o.strip())
     return Config(
         host=args.host,
         port=args.port,
@@ -121,6 +178,7 @@ def config_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> Config
         ice_credential=args.ice_credential,
         engine=args.engine,
         log_level=args.log_level.upper(),
+        log_json=args.log_json,
         opus=replace(base.opus, bitrate=args.bitrate, encode_threads=args.encode_threads),
         adaptation=replace(
             base.adaptation,
@@ -135,6 +193,19 @@ def config_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> Config
             compile=args.compile,
             threads=args.threads,
         ),
+        security=SecuritySettings(
+            auth_secret=args.auth_secret or None,
+            cors_origins=origins,
+            metrics_token=args.metrics_token or None,
+        ),
+        limits=LimitSettings(
+            offer_rate=args.offer_rate,
+            offer_burst=args.offer_burst,
+            speech_rate=args.speech_rate,
+            speech_burst=args.speech_burst,
+            max_clients=args.rate_limit_clients,
+            max_sessions=args.max_sessions,
+        ),
     )
 
 
@@ -142,7 +213,7 @@ def serve(config: Config) -> None:
     from aiohttp import web
 
     from agent.engines import create_engine
-    from signaling.app import build_app
+    from signaling.app import build_app, runner_options
 
     engine = create_engine(config)
     app = build_app(config, engine)
@@ -151,18 +222,29 @@ def serve(config: Config) -> None:
         "localhost" if config.host in ("0.0.0.0", "::") else config.host,
         config.port,
     )
-    web.run_app(app, host=config.host, port=config.port, print=None)
+    web.run_app(app, host=config.host, port=config.port, print=None, **runner_options())
 
 
 def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> int:
     env = os.environ if env is None else env
-    args = build_parser(env).parse_args(argv)
+    parser = build_parser(env)
+    args = parser.parse_args(argv)
     if args.command == "serve":
-        config = config_from_args(args, env)
-        logging.basicConfig(
-            level=config.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-        )
+        try:
+            config = config_from_args(args, env)
+        except ValueError as exc:  # a setting the Config refuses (e.g. a short secret)
+            parser.error(str(exc))
+        configure_logging(config)
         serve(config)
+        return 0
+    if args.command == "token":
+        if not args.auth_secret:
+            parser.error(f"no secret: pass --auth-secret or set {ENV_PREFIX}AUTH_SECRET")
+        try:
+            SecuritySettings(auth_secret=args.auth_secret)  # the server's own length check
+            print(mint_token(args.auth_secret, ttl_s=args.ttl, room=args.room, role=args.role))
+        except ValueError as exc:
+            parser.error(str(exc))
         return 0
     if args.command == "tiny-model":
         from agent.chattts.tiny import build_tiny_model

@@ -29,7 +29,7 @@ def error_response(
     )
 
 
-_HTTP_CODES = {
+HTTP_CODES = {
     404: "not_found",
     405: "method_not_allowed",
     413: "too_large",
@@ -46,7 +46,7 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
-        code = _HTTP_CODES.get(exc.status, "http_error")
+        code = HTTP_CODES.get(exc.status, "http_error")
         allow = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None
         return error_response(exc.status, code, exc.reason, allow)
     except Exception:

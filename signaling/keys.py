@@ -6,6 +6,8 @@ from aiohttp import web
 
 from agent.config import Config
 from agent.engine import TTSEngine
+from signaling.limits import Limits
+from signaling.metrics import Metrics
 from signaling.sessions import SessionRegistry
 
 CONFIG = web.AppKey("config", Config)
@@ -13,3 +15,5 @@ ENGINE = web.AppKey("engine", TTSEngine)
 SESSIONS = web.AppKey("sessions", SessionRegistry)
 # Holds the engine's load failure message, if any (a one-element list: the app is frozen).
 ENGINE_ERROR = web.AppKey("engine_error", list[str])
+LIMITS = web.AppKey("limits", Limits)
+METRICS = web.AppKey("metrics", Metrics)

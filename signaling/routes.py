@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import hmac
 import json
+from functools import partial
 from typing import Any
 
 from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from agent.engine import TTSEngine
+from agent.hooks import SessionHooks
 from agent.speech import SpeechError
-from signaling.errors import ApiError
-from signaling.keys import CONFIG, ENGINE, ENGINE_ERROR, SESSIONS
-from signaling.sessions import SessionRegistry
+from signaling.auth import claims, require_room, require_speaker, room_for
+from signaling.errors import ApiError, Handler
+from signaling.keys import CONFIG, ENGINE, ENGINE_ERROR, LIMITS, METRICS, SESSIONS
+from signaling.sessions import Peer, SessionRegistry
 
 MAX_ROOM_CHARS = 64
 
@@ -53,13 +58,35 @@ def _engine_failure(request: web.Request) -> str | None:
     return f"the speech engine failed: {failure}" if failure else None
 
 
+def _session_hooks(request: web.Request) -> SessionHooks:
+    """A new session's speech requests share the rate limit of the address that made it."""
+    return SessionHooks(
+        admit_speech=partial(request.app[LIMITS].speech.take, request.remote or ""),
+        first_audio=request.app[METRICS].first_audio.observe,
+    )
+
+
+def _peer(request: web.Request) -> Peer:
+    """The session named in the path, if this request's token may control it."""
+    peer = _sessions(request).get(request.match_info["session_id"])
+    require_room(request, peer.room)
+    return peer
+
+
 async def post_offer(request: web.Request) -> web.Response:
+    require_speaker(request)  # an offer opens a data channel: speech requests
+    request.app[LIMITS].check_offer(request.remote)
     body = await _json_body(request)
     if body.get("type") != "offer":
         raise ApiError(400, "not_an_offer", "'type' must be \"offer\"")
-    room = _check_room(body.get("room"))
+    room = room_for(request, _check_room(body.get("room")))
     peer, answer = await _new_sessions(request).create(
-        body.get("sdp"), "offer", room, request.remote
+        body.get("sdp"),
+        "offer",
+        room,
+        request.remote,
+        role=claims(request).role,
+        hooks=_session_hooks(request),
     )
     return web.json_response({"sdp": answer, "type": "answer", "session_id": peer.session.id})
 
@@ -67,12 +94,19 @@ async def post_offer(request: web.Request) -> web.Response:
 async def post_whep(request: web.Request) -> web.Response:
     if request.content_type != "application/sdp":
         raise ApiError(415, "unsupported_media_type", "WHEP offers are 'application/sdp'")
+    request.app[LIMITS].check_offer(request.remote)
     try:
         sdp = await request.text()
     except UnicodeDecodeError:
         raise ApiError(400, "bad_sdp", "SDP must be UTF-8 text") from None
+    room = room_for(request, _check_room(request.query.get("room")))
     peer, answer = await _new_sessions(request).create(
-        sdp, "whep", _check_room(request.query.get("room")), request.remote
+        sdp,
+        "whep",
+        room,
+        request.remote,
+        role=claims(request).role,
+        hooks=_session_hooks(request),
     )
     location = f"/whep/{peer.session.id}"
     return web.Response(
@@ -92,15 +126,15 @@ async def delete_session(request: web.Request) -> web.Response:
 
 
 async def _delete(request: web.Request) -> web.Response:
-    session_id = request.match_info["session_id"]
-    sessions = _sessions(request)
-    sessions.get(session_id)  # 404 for an unknown id
-    await sessions.close(session_id)
+    peer = _peer(request)  # 404 for an unknown id, 403 for another room's
+    await _sessions(request).close(peer.session.id)
     return web.Response(status=204)
 
 
 async def post_say(request: web.Request) -> web.Response:
-    peer = _sessions(request).get(request.match_info["session_id"])
+    peer = _peer(request)
+    require_speaker(request)
+    request.app[LIMITS].check_speech(request.remote)
     body = await _json_body(request)
     utterance_id = body.get("id")
     try:
@@ -112,8 +146,10 @@ async def post_say(request: web.Request) -> web.Response:
 
 
 async def get_session(request: web.Request) -> web.Response:
-    peer = _sessions(request).get(request.match_info["session_id"])
-    return web.json_response({**peer.session.stats(), "kind": peer.kind, "room": peer.room})
+    peer = _peer(request)
+    return web.json_response(
+        {**peer.session.stats(), "kind": peer.kind, "room": peer.room, "role": peer.role}
+    )
 
 
 async def ice_servers(request: web.Request) -> web.Response:
@@ -145,6 +181,22 @@ async def readyz(request: web.Request) -> web.Response:
     )
 
 
+async def get_metrics(request: web.Request) -> web.Response:
+    """Prometheus text format; with a metrics token configured, only for its bearer."""
+    expected = request.app[CONFIG].security.metrics_token
+    if expected is not None:
+        scheme, _, given = request.headers.get("Authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(
+            given.strip().encode(), expected.encode()
+        ):
+            raise ApiError(
+                401, "unauthorized", "/metrics needs 'Authorization: Bearer <metrics token>'"
+            )
+    return web.Response(
+        body=request.app[METRICS].render(), headers={"Content-Type": CONTENT_TYPE_LATEST}
+    )
+
+
 async def index(request: web.Request) -> web.FileResponse:
     return web.FileResponse(request.app[CONFIG].static_dir / "index.html")
 
@@ -157,6 +209,11 @@ async def static_file(request: web.Request) -> web.FileResponse:
     return web.FileResponse(path)
 
 
+# Open even with authentication on: probes, the page that asks for a token, and /metrics
+# (which has its own token option).
+PUBLIC_HANDLERS: frozenset[Handler] = frozenset({healthz, readyz, index, static_file, get_metrics})
+
+
 def add_routes(app: web.Application) -> None:
     app.router.add_post("/offer", post_offer)
     app.router.add_post("/whep", post_whep)
@@ -167,6 +224,7 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/ice-servers", ice_servers)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", get_metrics)
     app.router.add_get("/", index)
     # The client's relative links (app.js, style.css) resolve at the root; /static/ also works.
     name = r"{name:[A-Za-z0-9_-]+\.[A-Za-z0-9]+}"

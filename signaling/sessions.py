@@ -6,6 +6,7 @@ import asyncio
 import logging
 import os
 import uuid
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -21,6 +22,8 @@ from aiortc import (
 from agent.adaptation import ReceiverOpus
 from agent.config import Config
 from agent.engine import TTSEngine
+from agent.hooks import SessionHooks
+from agent.logcontext import SESSION_ID
 from agent.session import AgentSession
 from signaling.errors import ApiError
 from signaling.negotiation import OpusOffer, read_opus_offer, tune_answer
@@ -29,6 +32,7 @@ from signaling.sdp import add_mdns_fallback, check_offer_sdp, opus_first
 log = logging.getLogger(__name__)
 
 DATA_CHANNEL_LABEL = "agent"
+SERVER_FULL_RETRY_S = 10  # Retry-After for server_full: sessions last minutes, not seconds
 
 
 @dataclass
@@ -37,13 +41,22 @@ class Peer:
     session: AgentSession
     kind: str  # "offer" | "whep"
     room: str | None = None
+    role: str = "host"  # the token's role ("host" without authentication)
 
 
 class SessionRegistry:
-    def __init__(self, config: Config, engine: TTSEngine) -> None:
+    def __init__(
+        self,
+        config: Config,
+        engine: TTSEngine,
+        on_closed: Callable[[Peer], None] | None = None,
+    ) -> None:
+        """``on_closed`` is called once per session as it leaves the registry."""
         self.config = config
         self.engine = engine
+        self._on_closed = on_closed
         self._peers: dict[str, Peer] = {}
+        self._creating = 0  # offers being answered: they count against max_sessions
         self._closing: set[asyncio.Task[bool]] = set()
         self.encode_executor = _encode_executor(config.opus.encode_threads)
 
@@ -54,6 +67,7 @@ class SessionRegistry:
         peer = self._peers.get(session_id)
         if peer is None:
             raise ApiError(404, "unknown_session", f"no session {session_id[:64]!r}")
+        SESSION_ID.set(session_id)  # this request's log lines name the session
         return peer
 
     def peers(self) -> list[Peer]:
@@ -68,13 +82,31 @@ class SessionRegistry:
         ]
         return RTCConfiguration(iceServers=servers)
 
+    def check_capacity(self) -> None:
+        """503 ``server_full`` when max_sessions are open or being opened."""
+        if len(self._peers) + self._creating >= self.config.limits.max_sessions:
+            raise ApiError(
+                503,
+                "server_full",
+                f"the server holds its maximum of {self.config.limits.max_sessions} sessions",
+                {"Retry-After": str(SERVER_FULL_RETRY_S)},
+            )
+
     async def create(
-        self, sdp: object, kind: str, room: str | None = None, peer_ip: str | None = None
+        self,
+        sdp: object,
+        kind: str,
+        room: str | None = None,
+        peer_ip: str | None = None,
+        *,
+        role: str = "host",
+        hooks: SessionHooks | None = None,
     ) -> tuple[Peer, str]:
         """Answer an offer: returns the peer and the answer SDP (ICE gathered, non-trickle).
 
         ``peer_ip`` is the address the HTTP request came from (for mDNS candidates).
         """
+        self.check_capacity()
         offer_sdp = add_mdns_fallback(
             opus_first(check_offer_sdp(sdp)),
             peer_ip,
@@ -85,7 +117,26 @@ class SessionRegistry:
             raise ApiError(
                 503, "not_ready", "the speech engine is still loading", {"Retry-After": "5"}
             )
+        # No await since check_capacity(): no other offer can have slipped in between.
+        self._creating += 1
+        try:
+            return await self._create(offer_sdp, opus_offer, kind, room, role, hooks)
+        finally:
+            self._creating -= 1
+
+    async def _create(
+        self,
+        offer_sdp: str,
+        opus_offer: OpusOffer,
+        kind: str,
+        room: str | None,
+        role: str,
+        hooks: SessionHooks | None,
+    ) -> tuple[Peer, str]:
         session_id = uuid.uuid4().hex
+        # Set before the peer connection exists: the tasks it and the session start inherit
+        # this context, so their log lines carry the session id too.
+        SESSION_ID.set(session_id)
         pc = RTCPeerConnection(self._rtc_configuration())
         session = AgentSession(
             session_id,
@@ -93,8 +144,9 @@ class SessionRegistry:
             self.config,
             self.encode_executor,
             expects_channel=kind == "offer",
+            hooks=hooks,
         )
-        peer = Peer(pc, session, kind, room)
+        peer = Peer(pc, session, kind, room, role)
         try:
             try:
                 await pc.setRemoteDescription(RTCSessionDescription(sdp=offer_sdp, type="offer"))
@@ -137,6 +189,8 @@ class SessionRegistry:
         peer = self._peers.pop(session_id, None)
         if peer is None:
             return False
+        if self._on_closed is not None:
+            self._on_closed(peer)
         try:
             await peer.session.close()
         finally:

@@ -10,6 +10,9 @@ const HANGUP_WAIT_MS = 1000; // how long Hang up waits for DELETE /sessions/{id}
 const STATS_INTERVAL_MS = 1000;
 const PLOT_POINTS = 60; // one per second: the last minute
 const MAX_STATS_SAMPLES = 3600; // what window.voiceAgent.stats keeps (an hour)
+// An access token from the page URL (?token=...), for a server started with an auth secret.
+// It goes in the Authorization header (not the URL) so it stays out of logs.
+const TOKEN = new URLSearchParams(location.search).get("token");
 
 // ---------------------------------------------------------------------------------------
 // Elements
@@ -55,6 +58,11 @@ const stats = []; // every stats sample (what the plots draw)
 
 // ---------------------------------------------------------------------------------------
 // Small helpers
+
+// Headers for an API request: `extra` plus the bearer token when the page has one.
+function apiHeaders(extra = {}) {
+  return TOKEN ? { ...extra, Authorization: `Bearer ${TOKEN}` } : extra;
+}
 
 class ServerError extends Error {
   constructor(code, message, status) {
@@ -167,7 +175,7 @@ async function iceServers() {
   // The server's own STUN/TURN list (empty by default, which works on localhost and a LAN),
   // so both ends gather the same kinds of candidates.
   try {
-    const resp = await fetch("/ice-servers");
+    const resp = await fetch("/ice-servers", { headers: apiHeaders() });
     if (resp.ok) {
       const body = await resp.json();
       if (Array.isArray(body.iceServers)) return body.iceServers;
@@ -222,7 +230,7 @@ async function postOffer(description) {
   if (room) body.room = room;
   const res = await fetch(OFFER_URL, {
     method: "POST",
-    headers: { "Content-Type": "application/json", Accept: "application/json" },
+    headers: apiHeaders({ "Content-Type": "application/json", Accept: "application/json" }),
     body: JSON.stringify(body),
   });
   let data = null;
@@ -328,7 +336,7 @@ function teardown(finalState, { notifyServer = false } = {}) {
   }
   setCaption(null, "");
   if (notifyServer && id) {
-    fetch(SESSION_URL(id), { method: "DELETE", keepalive: true }).catch(() => {});
+    fetch(SESSION_URL(id), { method: "DELETE", keepalive: true, headers: apiHeaders() }).catch(() => {});
   }
   setState(finalState);
 }
@@ -343,7 +351,8 @@ async function hangup() {
   session.hangingUp = true; // the channel closing now is expected, not news
   if (id) {
     try {
-      await withTimeout(fetch(SESSION_URL(id), { method: "DELETE" }), HANGUP_WAIT_MS, "hanging up");
+      const request = fetch(SESSION_URL(id), { method: "DELETE", headers: apiHeaders() });
+      await withTimeout(request, HANGUP_WAIT_MS, "hanging up");
     } catch {
       // The server may already be gone; closing locally is enough.
     }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -9,7 +10,7 @@ import pytest
 from aiohttp import web
 
 from agent.config import Config
-from signaling.app import build_app
+from signaling.app import build_app, runner_options
 from tests.doubles import ToneEngine
 
 
@@ -31,10 +32,11 @@ def server_config() -> Config:
     return Config(host="127.0.0.1", port=0)
 
 
-@pytest.fixture
-async def live_server(tone_engine: ToneEngine, server_config: Config) -> AsyncIterator[LiveServer]:
-    app = build_app(server_config, tone_engine)
-    runner = web.AppRunner(app)
+@contextlib.asynccontextmanager
+async def serve(config: Config, engine: ToneEngine) -> AsyncIterator[LiveServer]:
+    """The real application on a free localhost port, run the way the CLI runs it."""
+    app = build_app(config, engine)
+    runner = web.AppRunner(app, **runner_options())
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
@@ -42,6 +44,12 @@ async def live_server(tone_engine: ToneEngine, server_config: Config) -> AsyncIt
     assert server is not None
     port = server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     try:
-        yield LiveServer(f"http://127.0.0.1:{port}", app, tone_engine, server_config)
+        yield LiveServer(f"http://127.0.0.1:{port}", app, engine, config)
     finally:
         await runner.cleanup()
+
+
+@pytest.fixture
+async def live_server(tone_engine: ToneEngine, server_config: Config) -> AsyncIterator[LiveServer]:
+    async with serve(server_config, tone_engine) as server:
+        yield server

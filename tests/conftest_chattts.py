@@ -8,6 +8,7 @@ Test modules import the fixtures they use from here (or conftest.py re-exports t
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,6 +19,10 @@ from agent.chattts.loader import LoadedModel, load_chat
 from agent.chattts.tiny import build_tiny_model
 from agent.config import ChatTTSSettings
 
+# Device the ChatTTS tests load the model on: "cpu" unless VOICE_AGENT_TEST_DEVICE says otherwise
+# (e.g. "cuda", as bench/gpu_check.sh sets it). Tests that pass a device themselves keep theirs.
+TEST_DEVICE: str = os.environ.get("VOICE_AGENT_TEST_DEVICE", "cpu")
+
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -26,7 +31,7 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_settings(tiny_model_dir: Path) -> ChatTTSSettings:
-    return ChatTTSSettings(model_dir=tiny_model_dir, device="cpu", threads=2)
+    return ChatTTSSettings(model_dir=tiny_model_dir, device=TEST_DEVICE, threads=2)
 
 
 @pytest.fixture(scope="session")

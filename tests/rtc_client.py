@@ -32,9 +32,12 @@ class ReceivedAudio:
 
 
 class RtcClient:
-    def __init__(self, base_url: str, http: aiohttp.ClientSession) -> None:
+    def __init__(
+        self, base_url: str, http: aiohttp.ClientSession, token: str | None = None
+    ) -> None:
         self.base_url = base_url
         self.http = http
+        self.token = token  # sent as an Authorization: Bearer header unless told otherwise
         self.pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
         self.audio = ReceivedAudio()
         self.events: list[dict[str, Any]] = []
@@ -54,7 +57,9 @@ class RtcClient:
         room: str | None = None,
         rewrite_offer: Callable[[str], str] | None = None,
         rewrite_answer: Callable[[str], str] | None = None,
+        token_in: str = "header",
     ) -> None:
+        """``token_in``: where the offer carries the token: header, query or body (JSON)."""
         transceiver = self.pc.addTransceiver("audio", direction="recvonly")
         if self.rtp_tap is not None:
             tap = self.rtp_tap
@@ -82,9 +87,20 @@ class RtcClient:
         sdp = self.pc.localDescription.sdp
         if rewrite_offer is not None:
             sdp = rewrite_offer(sdp)
+        headers: dict[str, str] = {}
+        params: dict[str, str] = {}
+        if self.token and token_in == "header":
+            headers["Authorization"] = f"Bearer {self.token}"
+        elif self.token and token_in == "query":
+            params["token"] = self.token
         if whep:
+            if room:
+                params["room"] = room
             async with self.http.post(
-                self.base_url + "/whep", data=sdp, headers={"Content-Type": "application/sdp"}
+                self.base_url + "/whep",
+                data=sdp,
+                headers={**headers, "Content-Type": "application/sdp"},
+                params=params,
             ) as resp:
                 assert resp.status == 201, await resp.text()
                 assert resp.content_type == "application/sdp"
@@ -95,7 +111,11 @@ class RtcClient:
             body: dict[str, Any] = {"sdp": sdp, "type": "offer"}
             if room:
                 body["room"] = room
-            async with self.http.post(self.base_url + "/offer", json=body) as resp:
+            if self.token and token_in == "body":
+                body["token"] = self.token
+            async with self.http.post(
+                self.base_url + "/offer", json=body, headers=headers, params=params
+            ) as resp:
                 assert resp.status == 200, await resp.text()
                 data = await resp.json()
                 assert data["type"] == "answer"

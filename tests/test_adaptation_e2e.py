@@ -17,6 +17,7 @@ from signaling.keys import SESSIONS
 from tests.conftest import LiveServer
 from tests.netem import LossyRelay
 from tests.rtc_client import RtcClient, opus_fmtp_rewriter
+from tests.test_metrics import scrape, value
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -83,6 +84,12 @@ async def test_ten_percent_loss_lowers_bitrate_and_turns_on_fec_then_recovers(
             lowest = encoder.bitrate
             assert lowest < CEILING and encoder.fec
             assert relay.downstream.rtp_dropped > 0
+            # /metrics shows it too: loss, FEC's expected loss and the lowered bitrate.
+            metrics = await scrape(http, live_server.url)
+            stat = "voice_agent_session_stat"
+            assert value(metrics, stat, stat="loss", agg="max") > 0.03
+            assert value(metrics, stat, stat="expected_loss_pct", agg="max") >= 6
+            assert value(metrics, stat, stat="bitrate", agg="max") < CEILING
 
             relay.set_loss(downstream=0.0)
             await _wait_for(session, lambda s: s.track.encoder.bitrate == CEILING, timeout=20)

@@ -507,3 +507,46 @@ async def test_text_said_over_http_appears_in_transcript(
     assert captions, f"no speech.segment captions: {evs}"
     assert " ".join(item["text"].split()) == text, (item, captions)
     assert not ap.page_errors(), ap.context()
+
+
+async def test_page_passes_its_url_token_to_an_auth_server(browser: Browser) -> None:
+    """`/?token=...`: the page sends the token with every request; without one, 401 is shown."""
+    import jwt
+
+    from agent.config import Config, SecuritySettings
+    from tests.conftest import serve
+    from tests.doubles import ToneEngine
+
+    secret = "browser-test-secret-0123456789abcdef"
+    config = Config(host="127.0.0.1", security=SecuritySettings(auth_secret=secret))
+    token = jwt.encode({"exp": 2**31 - 1, "room": "lobby"}, secret, algorithm="HS256")
+    async with serve(config, ToneEngine()) as server:
+        context = await browser.new_context()
+        try:
+            page = await context.new_page()
+            page.set_default_timeout(15_000)
+            ap = AgentPage(page)
+            page.on("console", lambda m: ap.log.append(f"console.{m.type}: {m.text}"))
+            page.on("pageerror", lambda e: ap.log.append(f"pageerror: {e}"))
+
+            await page.goto(server.url + "/")
+            await page.click("#connect")
+            await page.wait_for_selector('#state[data-state="failed"]')
+            alert = await page.text_content("#alert") or ""
+            assert "unauthorized" in alert, alert
+
+            await page.goto(f"{server.url}/?token={token}")
+            await page.wait_for_function("() => window.voiceAgent !== undefined")
+            await connect(ap)
+            before = await say_in_ui(ap, "Token accepted.")
+            probe = await probe_speech(ap, before, timeout_s=10)
+            assert probe["endedAt"] is not None, probe
+            session_id = await page.evaluate("() => window.voiceAgent.sessionId")
+            async with page.expect_response(lambda r: r.request.method == "DELETE") as deleted:
+                await page.click("#hangup")
+            response = await deleted.value
+            assert response.url.endswith(f"/sessions/{session_id}"), response.url
+            assert response.status == 204, (response.status, await response.text())
+            assert not ap.page_errors(), ap.context()
+        finally:
+            await context.close()

@@ -59,3 +59,43 @@ def test_bad_flags_exit_with_usage() -> None:
         build(["serve", "--port", "eighty"])
     with pytest.raises(SystemExit):
         build(["serve", "--engine", "nope"])
+
+
+def test_security_limit_and_log_settings() -> None:
+    config = build(["serve"])
+    assert config.security.auth_secret is None and config.security.cors_origins == ()
+    assert config.limits.max_sessions == 200 and not config.log_json
+    env = {
+        "VOICE_AGENT_AUTH_SECRET": "e" * 32,
+        "VOICE_AGENT_CORS_ORIGINS": "https://a.example, https://b.example",
+        "VOICE_AGENT_METRICS_TOKEN": "mt",
+        "VOICE_AGENT_OFFER_RATE": "0.25",
+        "VOICE_AGENT_OFFER_BURST": "4",
+        "VOICE_AGENT_SPEECH_RATE": "3",
+        "VOICE_AGENT_SPEECH_BURST": "9",
+        "VOICE_AGENT_RATE_LIMIT_CLIENTS": "100",
+        "VOICE_AGENT_MAX_SESSIONS": "12",
+        "VOICE_AGENT_LOG_JSON": "1",
+    }
+    config = build(["serve"], env)
+    assert config.security.auth_secret == "e" * 32 and config.security.metrics_token == "mt"
+    assert config.security.cors_origins == ("https://a.example", "https://b.example")
+    limits = config.limits
+    assert (limits.offer_rate, limits.offer_burst, limits.speech_rate, limits.speech_burst) == (
+        0.25,
+        4,
+        3.0,
+        9,
+    )
+    assert (limits.max_clients, limits.max_sessions, config.log_json) == (100, 12, True)
+    flagged = build(["serve", "--max-sessions", "3", "--auth-secret", "f" * 40], env)
+    assert flagged.limits.max_sessions == 3 and flagged.security.auth_secret == "f" * 40
+
+
+def test_settings_the_config_refuses_exit_with_usage() -> None:
+    from signaling.cli import main
+
+    for argv in (["serve", "--auth-secret", "short"], ["serve", "--max-sessions", "0"]):
+        with pytest.raises(SystemExit) as exit_info:
+            main(argv, {})
+        assert exit_info.value.code == 2

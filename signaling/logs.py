@@ -1,0 +1,79 @@
+"""Log setup: every line names its session; ``--log-json`` makes one JSON object per line.
+
+Tokens must never reach a log. Browsers send them in the query string (and then in the
+Referer of later requests), which aiohttp's default access log prints; the access logger
+here writes the path without the query and no headers.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from datetime import UTC, datetime
+from typing import Any
+
+from aiohttp.abc import AbstractAccessLogger
+from aiohttp.web import BaseRequest, StreamResponse
+
+from agent.config import Config
+from agent.logcontext import SessionIdFilter
+
+TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s [%(session_id)s]: %(message)s"
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per record: time, level, logger, session_id, message (+ exc_info)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, Any] = {
+            "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname,
+            "logger": record.name,
+            "session_id": getattr(record, "session_id", None),
+            "message": record.getMessage(),
+        }
+        if entry["session_id"] == "-":
+            entry["session_id"] = None
+        for key in ("remote", "method", "path", "status", "duration_s"):
+            if hasattr(record, key):
+                entry[key] = getattr(record, key)
+        if record.exc_info:
+            entry["exc_info"] = self.formatException(record.exc_info)
+        return json.dumps(entry, ensure_ascii=False, default=str)
+
+
+def log_handler(json_lines: bool) -> logging.Handler:
+    handler = logging.StreamHandler()
+    handler.addFilter(SessionIdFilter())
+    handler.setFormatter(JsonFormatter() if json_lines else logging.Formatter(TEXT_FORMAT))
+    return handler
+
+
+def configure_logging(config: Config) -> None:
+    """The root logger: the configured level, one handler (text or JSON lines)."""
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        root.removeHandler(handler)
+    root.addHandler(log_handler(config.log_json))
+    root.setLevel(config.log_level)
+
+
+class AccessLogger(AbstractAccessLogger):
+    """Method, path without query string, status and duration: no token can leak here."""
+
+    def log(self, request: BaseRequest, response: StreamResponse, time: float) -> None:
+        self.logger.info(
+            '%s "%s %s" %d %.3fs',
+            request.remote,
+            request.method,
+            request.path,
+            response.status,
+            time,
+            extra={
+                "remote": request.remote,
+                "method": request.method,
+                "path": request.path,
+                "status": response.status,
+                "duration_s": round(time, 6),
+            },
+        )

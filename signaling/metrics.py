@@ -1,0 +1,184 @@
+"""Prometheus metrics for one app: its own CollectorRegistry (several apps can share a process).
+
+Two kinds of figures:
+- events, recorded as they happen: offers by outcome, first-audio latency;
+- live state, read when /metrics is scraped by a custom collector (no background task):
+  sessions, engine state, queue depths, and packet/underrun counters (the sum over open
+  sessions plus what closed sessions had reached, so the counters never go down).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter as Tally
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from agent.engine import TTSEngine
+from signaling.errors import HTTP_CODES, ApiError, Handler
+from signaling.sessions import Peer
+
+# Seconds from an utterance's synthesis start to its first packet; ChatTTS on a GPU is
+# ~0.1-0.5 s, on a CPU seconds.
+FIRST_AUDIO_BUCKETS = (0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
+# Per-session figures other parts of the server may report in AgentSession.stats(); each
+# one present and numeric is summarised across open sessions.
+SESSION_STATS = ("bitrate", "loss", "rtt_ms", "jitter_ms", "expected_loss_pct", "queuing_delay_ms")
+# Counters that live in each session (track and playout buffer).
+_COUNTERS = {
+    "packets": ("voice_agent_packets_sent", "RTP audio packets sent"),
+    "speech_packets": ("voice_agent_speech_packets_sent", "RTP packets that carried speech"),
+    "underruns": (
+        "voice_agent_underruns",
+        "20 ms ticks with no speech ready while an utterance was being generated",
+    ),
+    "late_packets": (
+        "voice_agent_late_packets",
+        "times the event loop was late and the audio clock moved forward (no burst)",
+    ),
+}
+
+
+def _peer_counters(peer: Peer) -> dict[str, int]:
+    session = peer.session
+    track = session.track.stats
+    return {
+        "packets": track.packets,
+        "speech_packets": track.speech_packets,
+        "underruns": session.pipeline.buffer.underruns,
+        "late_packets": track.late_rephases,
+    }
+
+
+class Metrics:
+    def __init__(self, engine: TTSEngine, max_sessions: int) -> None:
+        self.registry = CollectorRegistry()
+        self.offers = Counter(
+            "voice_agent_offers",
+            "New-session requests (POST /offer, POST /whep) by outcome: answered or "
+            "rejected_<error code>",
+            ["kind", "outcome"],
+            registry=self.registry,
+        )
+        self.first_audio = Histogram(
+            "voice_agent_first_audio_seconds",
+            "Time from an utterance's synthesis start to its first audio packet sent "
+            "(engine latency plus framing and pacing; queueing excluded)",
+            buckets=FIRST_AUDIO_BUCKETS,
+            registry=self.registry,
+        )
+        self._engine = engine
+        self._max_sessions = max_sessions
+        self._peers: Callable[[], Iterable[Peer]] = tuple
+        self._retired: Tally[str] = Tally()
+        self.registry.register(_LiveCollector(self))
+
+    def watch(self, peers: Callable[[], Iterable[Peer]]) -> None:
+        """Where the live sessions are read from at scrape time."""
+        self._peers = peers
+
+    def retire(self, peer: Peer) -> None:
+        """A session is leaving: keep its counts so the totals never go down."""
+        self._retired.update(_peer_counters(peer))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+    def offer_outcome_middleware(self, kinds: dict[Handler, str]) -> Any:
+        """Counts each new-session request's outcome, whichever layer refused it."""
+
+        @web.middleware
+        async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+            kind = kinds.get(request.match_info.handler)
+            if kind is None:
+                return await handler(request)
+            outcome = "rejected_internal"
+            try:
+                response = await handler(request)
+                outcome = "answered" if response.status < 400 else f"rejected_{response.status}"
+                return response
+            except ApiError as exc:
+                outcome = f"rejected_{exc.code}"
+                raise
+            except web.HTTPException as exc:
+                outcome = f"rejected_{HTTP_CODES.get(exc.status, 'http_error')}"
+                raise
+            finally:
+                self.offers.labels(kind, outcome).inc()
+
+        return middleware
+
+
+class _LiveCollector:
+    def __init__(self, metrics: Metrics) -> None:
+        self._metrics = metrics
+
+    def collect(self) -> Iterator[Metric]:
+        metrics = self._metrics
+        peers = list(metrics._peers())
+        engine = metrics._engine
+
+        active = GaugeMetricFamily(
+            "voice_agent_sessions_active", "Open sessions by kind", labels=["kind"]
+        )
+        by_kind = Tally(peer.kind for peer in peers)
+        for kind in ("offer", "whep"):
+            active.add_metric([kind], by_kind[kind])
+        yield active
+        yield GaugeMetricFamily(
+            "voice_agent_sessions_max", "Most concurrent sessions admitted", metrics._max_sessions
+        )
+        yield GaugeMetricFamily(
+            "voice_agent_engine_ready", "1 once the speech model is loaded", int(engine.ready)
+        )
+        yield GaugeMetricFamily(
+            "voice_agent_engine_failed",
+            "1 if the speech engine failed after it started",
+            int(engine.failure is not None),
+        )
+        yield GaugeMetricFamily(
+            "voice_agent_queued_utterances",
+            "Utterances waiting behind the one being spoken, all sessions",
+            sum(peer.session.pipeline.queued for peer in peers),
+        )
+        yield GaugeMetricFamily(
+            "voice_agent_playout_buffered_seconds",
+            "Generated audio waiting to be sent, all sessions",
+            sum(peer.session.pipeline.buffer.buffered_seconds for peer in peers),
+        )
+
+        totals = Tally(metrics._retired)
+        for peer in peers:
+            totals.update(_peer_counters(peer))
+        for key, (name, doc) in _COUNTERS.items():
+            yield CounterMetricFamily(name, doc, totals[key])
+
+        yield from _session_stats(peers)
+
+
+def _session_stats(peers: list[Peer]) -> Iterator[Metric]:
+    """Mean, min and max over open sessions of each numeric figure in session.stats()."""
+    values: dict[str, list[float]] = {}
+    for peer in peers:
+        stats = peer.session.stats()
+        for key in SESSION_STATS:
+            value = stats.get(key)
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                continue
+            if math.isfinite(value):
+                values.setdefault(key, []).append(float(value))
+    family = GaugeMetricFamily(
+        "voice_agent_session_stat",
+        "Per-session network figures (Opus bitrate in bit/s, smoothed loss fraction, rtt_ms, "
+        "jitter_ms, expected_loss_pct (0 = FEC off), queuing_delay_ms) over open sessions",
+        labels=["stat", "agg"],
+    )
+    for key, series in values.items():
+        family.add_metric([key, "mean"], sum(series) / len(series))
+        family.add_metric([key, "min"], min(series))
+        family.add_metric([key, "max"], max(series))
+    yield family

@@ -1,0 +1,279 @@
+"""Bearer-token authentication, rooms and roles, through the real server and a real peer."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import aiohttp
+import jwt
+import pytest
+
+from agent.config import Config, SecuritySettings
+from signaling.auth import mint_token
+from signaling.cli import main
+from tests.conftest import LiveServer
+from tests.rtc_client import RtcClient
+
+SECRET = "test-secret-that-is-long-enough-0123456789"
+OFFER = "v=0\r\no=- 1 1 IN IP4 0.0.0.0\r\ns=-\r\nt=0 0\r\nm=audio 9 UDP/TLS/RTP/SAVPF 111\r\n"
+
+
+@pytest.fixture
+def server_config() -> Config:
+    return Config(host="127.0.0.1", security=SecuritySettings(auth_secret=SECRET))
+
+
+def token(**claims: Any) -> str:
+    payload = {"exp": int(time.time()) + 600, **claims}
+    return jwt.encode(payload, SECRET, algorithm="HS256")
+
+
+def bearer(value: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {value}"}
+
+
+async def _error(resp: aiohttp.ClientResponse) -> dict[str, str]:
+    assert resp.content_type == "application/json"
+    error: dict[str, str] = (await resp.json())["error"]
+    assert set(error) == {"code", "message"}
+    return error
+
+
+# Every signaling request; each is refused before it does anything.
+PROTECTED = [
+    ("POST", "/offer", {"json": {"type": "offer", "sdp": OFFER}}),
+    ("POST", "/whep", {"data": OFFER, "headers": {"Content-Type": "application/sdp"}}),
+    ("DELETE", "/whep/abc", {}),
+    ("GET", "/sessions/abc", {}),
+    ("DELETE", "/sessions/abc", {}),
+    ("POST", "/sessions/abc/say", {"json": {"text": "hi"}}),
+    ("GET", "/ice-servers", {}),  # it hands out TURN credentials
+]
+
+
+@pytest.mark.filterwarnings("ignore::jwt.warnings.InsecureKeyLengthWarning")  # the HS512 case
+@pytest.mark.parametrize(("method", "path", "kwargs"), PROTECTED)
+async def test_every_signaling_request_needs_a_valid_token(
+    live_server: LiveServer, method: str, path: str, kwargs: dict[str, Any]
+) -> None:
+    now = int(time.time())
+    cases = [
+        ({}, "required"),
+        (bearer(""), "required"),
+        (bearer(token(exp=now - 60)), "expired"),
+        (bearer(jwt.encode({"exp": now + 600}, "x" * 40, algorithm="HS256")), "invalid"),
+        (bearer(jwt.encode({"room": "a"}, SECRET, algorithm="HS256")), "no 'exp'"),
+        (bearer("not.a.jwt"), "invalid"),
+        (bearer(token(role="admin")), "role"),
+        (bearer(token(room=5)), "room"),
+        # The right secret, the wrong algorithm: refused, never "none" or RS/HS confusion.
+        (bearer(jwt.encode({"exp": now + 600}, SECRET, algorithm="HS512")), "invalid"),
+    ]
+    async with aiohttp.ClientSession() as http:
+        for auth, words in cases:
+            extra = dict(kwargs)
+            extra["headers"] = {**kwargs.get("headers", {}), **auth}
+            async with http.request(method, live_server.url + path, **extra) as resp:
+                assert resp.status == 401, (auth, await resp.text())
+                assert resp.headers["WWW-Authenticate"] == "Bearer"
+                error = await _error(resp)
+                assert error["code"] == "unauthorized"
+                assert words in error["message"], (words, error)
+        # A valid token gets past authentication to the route's own answer.
+        extra = dict(kwargs)
+        extra["headers"] = {**kwargs.get("headers", {}), **bearer(token())}
+        async with http.request(method, live_server.url + path, **extra) as resp:
+            assert resp.status not in (401, 403), await resp.text()
+
+
+async def test_probes_client_and_metrics_stay_open(live_server: LiveServer) -> None:
+    async with aiohttp.ClientSession() as http:
+        for path in ("/healthz", "/readyz", "/", "/app.js", "/static/style.css", "/metrics"):
+            async with http.get(live_server.url + path) as resp:
+                assert resp.status == 200, path
+
+
+@pytest.mark.parametrize("token_in", ["header", "query", "body"])
+async def test_a_session_is_created_and_controlled_with_a_token(
+    live_server: LiveServer, token_in: str
+) -> None:
+    good = token()
+    async with aiohttp.ClientSession() as http:
+        client = RtcClient(live_server.url, http, token=good)
+        await client.connect(token_in=token_in)
+        url = f"{live_server.url}/sessions/{client.session_id}"
+        try:
+            # The data channel needs no token of its own: the offer was authenticated.
+            client.send({"type": "say", "text": "over the channel", "id": "dc"})
+            await client.wait_event(lambda e: e["type"] == "speech.ended" and e["id"] == "dc")
+            # Controlling the session needs a token too.
+            async with http.post(url + "/say", json={"text": "no token"}) as resp:
+                assert resp.status == 401
+            async with http.get(url) as resp:
+                assert resp.status == 401
+            async with http.delete(url) as resp:
+                assert resp.status == 401
+            async with http.post(url + "/say", params={"token": good}, json={"text": "q"}) as resp:
+                assert resp.status == 202
+            async with http.post(url + "/say", json={"text": "body", "token": good}) as resp:
+                assert resp.status == 202
+            async with http.get(url, headers=bearer(good)) as resp:
+                assert resp.status == 200
+                assert (await resp.json())["role"] == "speaker"
+            async with http.delete(url, headers=bearer(good)) as resp:
+                assert resp.status == 204
+        finally:
+            await client.close()
+
+
+async def test_a_body_that_is_not_json_is_unauthorized_not_a_crash(live_server: LiveServer) -> None:
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(
+            live_server.url + "/offer",
+            data=b'{"token": "x", oops',
+            headers={"Content-Type": "application/json"},
+        ) as resp,
+    ):
+        assert resp.status == 401
+        assert (await _error(resp))["code"] == "unauthorized"
+
+
+async def test_a_room_token_is_valid_for_its_room_only(live_server: LiveServer) -> None:
+    room_a = token(room="a")
+    async with aiohttp.ClientSession() as http:
+        async with http.post(
+            live_server.url + "/offer",
+            json={"type": "offer", "sdp": OFFER, "room": "b"},
+            headers=bearer(room_a),
+        ) as resp:
+            assert resp.status == 403
+            error = await _error(resp)
+            assert error["code"] == "forbidden" and "room" in error["message"]
+        async with http.post(
+            live_server.url + "/whep",
+            params={"room": "b"},
+            data=OFFER,
+            headers={**bearer(room_a), "Content-Type": "application/sdp"},
+        ) as resp:
+            assert resp.status == 403
+
+        # No room asked for: the session joins the token's room.
+        client = RtcClient(live_server.url, http, token=room_a)
+        await client.connect()
+        url = f"{live_server.url}/sessions/{client.session_id}"
+        try:
+            async with http.get(url, headers=bearer(room_a)) as resp:
+                assert (await resp.json())["room"] == "a"
+            room_b = token(room="b")
+            for method, path, body in [
+                ("GET", "", None),
+                ("POST", "/say", {"text": "hi"}),
+                ("DELETE", "", None),
+            ]:
+                async with http.request(
+                    method, url + path, json=body, headers=bearer(room_b)
+                ) as resp:
+                    assert resp.status == 403, method + path
+                    assert (await _error(resp))["code"] == "forbidden"
+            # A token without a room is valid in every room.
+            async with http.get(url, headers=bearer(token())) as resp:
+                assert resp.status == 200
+        finally:
+            await client.close()
+
+
+async def test_a_listener_token_may_only_receive(live_server: LiveServer) -> None:
+    listener = token(role="listener")
+    async with aiohttp.ClientSession() as http:
+        async with http.post(
+            live_server.url + "/offer",
+            json={"type": "offer", "sdp": OFFER},
+            headers=bearer(listener),
+        ) as resp:
+            assert resp.status == 403
+            assert (await _error(resp))["code"] == "forbidden"
+
+        client = RtcClient(live_server.url, http, token=listener)
+        await client.connect(whep=True)
+        url = f"{live_server.url}/sessions/{client.session_id}"
+        try:
+            async with http.get(url, headers=bearer(listener)) as resp:
+                assert (await resp.json())["role"] == "listener"
+            async with http.post(url + "/say", json={"text": "hi"}, headers=bearer(listener)) as r:
+                assert r.status == 403
+            # A host (or speaker) token makes the listener's session speak.
+            async with http.post(
+                url + "/say", json={"text": "hi"}, headers=bearer(token(role="host"))
+            ) as resp:
+                assert resp.status == 202
+            async with http.delete(
+                f"{live_server.url}{client.location}", headers=bearer(listener)
+            ) as resp:
+                assert resp.status == 204
+        finally:
+            await client.close()
+
+
+async def test_the_token_command_mints_a_token_the_server_accepts(
+    live_server: LiveServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    env = {"VOICE_AGENT_AUTH_SECRET": SECRET}
+    assert main(["token", "--room", "r1", "--role", "listener", "--ttl", "60"], env) == 0
+    minted = capsys.readouterr().out.strip()
+    claims = jwt.decode(minted, SECRET, algorithms=["HS256"])
+    assert claims["room"] == "r1" and claims["role"] == "listener"
+    assert 0 < claims["exp"] - time.time() <= 60
+    async with aiohttp.ClientSession() as http:
+        client = RtcClient(live_server.url, http, token=minted)
+        await client.connect(whep=True, room="r1")
+        await client.close()
+
+
+def test_the_token_command_needs_a_secret(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["token", "--room", "r"], {})
+    assert exit_info.value.code == 2
+    assert "AUTH_SECRET" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["token"], {"VOICE_AGENT_AUTH_SECRET": "too short"})
+    with pytest.raises(SystemExit):
+        main(["token", "--ttl", "0"], {"VOICE_AGENT_AUTH_SECRET": SECRET})
+
+
+def test_the_secret_is_never_shown() -> None:
+    config = Config(security=SecuritySettings(auth_secret=SECRET, metrics_token="m" * 20))
+    assert SECRET not in repr(config) and "m" * 20 not in repr(config)
+    with pytest.raises(ValueError, match="32 bytes"):
+        SecuritySettings(auth_secret="short")
+    assert mint_token(SECRET, ttl_s=5).count(".") == 2
+
+
+async def test_tokens_never_reach_the_logs(
+    live_server: LiveServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    secret_token = token(room="logs")
+    async with aiohttp.ClientSession() as http:
+        client = RtcClient(live_server.url, http, token=secret_token)
+        await client.connect(token_in="query")
+        url = f"{live_server.url}/sessions/{client.session_id}"
+        try:
+            async with http.post(url + "/say", json={"text": "a b", "token": secret_token}) as r:
+                assert r.status == 202
+            async with http.get(url, params={"token": secret_token}) as resp:
+                assert resp.status == 200
+            async with http.get(url, headers=bearer(secret_token + "x")) as resp:
+                assert resp.status == 401
+            async with http.delete(url, headers=bearer(secret_token)) as resp:
+                assert resp.status == 204
+        finally:
+            await client.close()
+    assert any(r.name == "aiohttp.access" for r in caplog.records), "no access log to check"
+    assert any(client.session_id in r.getMessage() for r in caplog.records)
+    signature = secret_token.rsplit(".", 1)[1]
+    for record in caplog.records:
+        text = record.getMessage() + repr(record.__dict__)
+        assert signature not in text and SECRET not in text, record

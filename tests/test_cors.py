@@ -1,0 +1,77 @@
+"""CORS: only allow-listed origins get CORS headers; without a list, same-origin only."""
+
+from __future__ import annotations
+
+import aiohttp
+import pytest
+
+from agent.config import Config, SecuritySettings
+from tests.conftest import LiveServer
+
+ALLOWED = "https://app.example"
+PREFLIGHT = {
+    "Access-Control-Request-Method": "POST",
+    "Access-Control-Request-Headers": "authorization, content-type",
+}
+
+
+class TestAllowList:
+    @pytest.fixture
+    def server_config(self) -> Config:
+        return Config(
+            host="127.0.0.1",
+            security=SecuritySettings(
+                cors_origins=(ALLOWED, "https://other.example"),
+                auth_secret="s" * 32,
+            ),
+        )
+
+    async def test_preflight_is_answered_for_allowed_origins_only(
+        self, live_server: LiveServer
+    ) -> None:
+        async with aiohttp.ClientSession() as http:
+            async with http.options(
+                live_server.url + "/offer", headers={"Origin": ALLOWED, **PREFLIGHT}
+            ) as resp:
+                assert resp.status == 204
+                assert resp.headers["Access-Control-Allow-Origin"] == ALLOWED
+                assert "POST" in resp.headers["Access-Control-Allow-Methods"]
+                assert "Authorization" in resp.headers["Access-Control-Allow-Headers"]
+                assert "Origin" in resp.headers.getall("Vary")
+            async with http.options(
+                live_server.url + "/offer", headers={"Origin": "https://evil.example", **PREFLIGHT}
+            ) as resp:
+                assert resp.status == 403
+                assert (await resp.json())["error"]["code"] == "forbidden"
+                assert "Access-Control-Allow-Origin" not in resp.headers
+
+    async def test_answers_echo_only_allowed_origins_errors_included(
+        self, live_server: LiveServer
+    ) -> None:
+        async with aiohttp.ClientSession() as http:
+            async with http.get(live_server.url + "/healthz", headers={"Origin": ALLOWED}) as r:
+                assert r.headers["Access-Control-Allow-Origin"] == ALLOWED
+                assert "Retry-After" in r.headers["Access-Control-Expose-Headers"]
+            # A page on an allowed origin can read why it was refused.
+            async with http.post(
+                live_server.url + "/offer", json={}, headers={"Origin": ALLOWED}
+            ) as resp:
+                assert resp.status == 401
+                assert resp.headers["Access-Control-Allow-Origin"] == ALLOWED
+            for origin in ("https://evil.example", "null", ALLOWED + ".evil.example"):
+                async with http.get(
+                    live_server.url + "/healthz", headers={"Origin": origin}
+                ) as resp:
+                    assert resp.status == 200
+                    assert "Access-Control-Allow-Origin" not in resp.headers
+
+
+async def test_no_allow_list_means_same_origin_only(live_server: LiveServer) -> None:
+    async with aiohttp.ClientSession() as http:
+        async with http.get(live_server.url + "/healthz", headers={"Origin": ALLOWED}) as resp:
+            assert "Access-Control-Allow-Origin" not in resp.headers
+        async with http.options(
+            live_server.url + "/offer", headers={"Origin": ALLOWED, **PREFLIGHT}
+        ) as resp:
+            assert resp.status == 403
+            assert "Access-Control-Allow-Origin" not in resp.headers

@@ -1,0 +1,116 @@
+"""GET /metrics: Prometheus text from the app's own registry, through the real server."""
+
+from __future__ import annotations
+
+import aiohttp
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from agent.config import Config, SecuritySettings
+from signaling.app import build_app
+from tests.conftest import LiveServer
+from tests.doubles import ToneEngine
+from tests.rtc_client import RtcClient
+
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+async def scrape(http: aiohttp.ClientSession, url: str, **kwargs: object) -> Samples:
+    async with http.get(url + "/metrics", **kwargs) as resp:  # type: ignore[arg-type]
+        assert resp.status == 200, await resp.text()
+        assert resp.headers["Content-Type"].startswith("text/plain; version=")
+        text = await resp.text()
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def value(samples: Samples, name: str, **labels: str) -> float:
+    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+async def test_metrics_follow_sessions_offers_and_speech(live_server: LiveServer) -> None:
+    async with aiohttp.ClientSession() as http:
+        before = await scrape(http, live_server.url)
+        assert value(before, "voice_agent_engine_ready") == 1
+        assert value(before, "voice_agent_sessions_max") == live_server.config.limits.max_sessions
+        assert value(before, "voice_agent_sessions_active", kind="offer") == 0
+
+        async with http.post(live_server.url + "/offer", json={"type": "offer"}) as resp:
+            assert resp.status == 400
+        offer = RtcClient(live_server.url, http)
+        await offer.connect()
+        listener = RtcClient(live_server.url, http)
+        await listener.connect(whep=True)
+        try:
+            offer.send({"type": "say", "text": "one two three", "id": "m"})
+            await offer.wait_event(lambda e: e["type"] == "speech.ended")
+            during = await scrape(http, live_server.url)
+            assert value(during, "voice_agent_sessions_active", kind="offer") == 1
+            assert value(during, "voice_agent_sessions_active", kind="whep") == 1
+            offers = "voice_agent_offers_total"
+            assert value(during, offers, kind="offer", outcome="answered") == 1
+            assert value(during, offers, kind="offer", outcome="rejected_bad_sdp") == 1
+            assert value(during, offers, kind="whep", outcome="answered") == 1
+            assert value(during, "voice_agent_first_audio_seconds_count") == 1
+            assert 0 < value(during, "voice_agent_first_audio_seconds_sum") < 5
+            assert value(during, "voice_agent_speech_packets_sent_total") > 0
+            assert value(during, "voice_agent_queued_utterances") == 0
+            bitrate = live_server.config.opus.bitrate
+            assert value(during, "voice_agent_session_stat", stat="bitrate", agg="mean") == bitrate
+            assert value(during, "voice_agent_session_stat", stat="bitrate", agg="max") == bitrate
+        finally:
+            await offer.close()
+            await listener.close()
+        for client in (offer, listener):
+            async with http.delete(f"{live_server.url}/sessions/{client.session_id}") as resp:
+                assert resp.status in (204, 404)  # 404: it closed itself already
+        after = await scrape(http, live_server.url)
+        assert value(after, "voice_agent_sessions_active", kind="offer") == 0
+        # Counters keep what closed sessions sent: they never go down.
+        for name in ("voice_agent_packets_sent_total", "voice_agent_speech_packets_sent_total"):
+            assert value(after, name) >= value(during, name) > 0
+        assert ("voice_agent_session_stat", (("agg", "mean"), ("stat", "bitrate"))) not in after
+
+
+def test_every_app_has_its_own_registry() -> None:
+    first = build_app(Config(), ToneEngine())
+    second = build_app(Config(), ToneEngine())  # no "duplicated timeseries" error
+    assert first is not second
+
+
+class TestProtected:
+    @pytest.fixture
+    def server_config(self) -> Config:
+        return Config(
+            host="127.0.0.1",
+            security=SecuritySettings(auth_secret="s" * 32, metrics_token="metrics-token"),
+        )
+
+    async def test_a_metrics_token_protects_metrics_and_refusals_are_counted(
+        self, live_server: LiveServer
+    ) -> None:
+        async with aiohttp.ClientSession() as http:
+            for headers in ({}, {"Authorization": "Bearer wrong"}):
+                async with http.get(live_server.url + "/metrics", headers=headers) as resp:
+                    assert resp.status == 401
+                    assert (await resp.json())["error"]["code"] == "unauthorized"
+            async with http.post(live_server.url + "/offer", json={"type": "offer"}) as resp:
+                assert resp.status == 401
+            samples = await scrape(
+                http, live_server.url, headers={"Authorization": "Bearer metrics-token"}
+            )
+            outcome = "rejected_unauthorized"
+            assert value(samples, "voice_agent_offers_total", kind="offer", outcome=outcome) == 1
+
+
+async def test_scraping_reads_live_state_without_a_background_task(
+    live_server: LiveServer,
+) -> None:
+    """Engine state is read at scrape time: no task keeps gauges up to date."""
+    async with aiohttp.ClientSession() as http:
+        assert value(await scrape(http, live_server.url), "voice_agent_engine_ready") == 1
+        await live_server.engine.close()
+        assert value(await scrape(http, live_server.url), "voice_agent_engine_ready") == 0
