@@ -165,3 +165,8 @@ class Config:
     chattts: ChatTTSSettings = field(default_factory=ChatTTSSettings)
     security: SecuritySettings = field(default_factory=SecuritySettings)
     limits: LimitSettings = field(default_factory=LimitSettings)
+    # Media processes behind one address (signaling/workers.py); 1 = this process alone.
+    workers: int = 1
+    # Set inside a worker process: its index (session ids carry it, so the front process
+    # can route every later request for a session to the process that holds it).
+    worker_index: int | None = None

@@ -107,6 +107,13 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         help="threads encoding speech one frame ahead, off the event loop "
         "(0: on the loop; -1: one per core but one)",
     )
+    serve.add_argument(
+        "--workers",
+        type=int,
+        default=int(_env(env, "WORKERS", str(os.cpu_count() or 1)) or 1),
+        help="media processes behind the one address (default: one per core); each holds "
+        "its own sessions and, with the in-process engine, its own copy of the model",
+    )
     serve.add_argument("--log-level", default=_env(env, "LOG_LEVEL", "INFO"))
     serve.add_argument(
         "--log-json",
@@ -179,6 +186,7 @@ def config_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> Config
         engine=args.engine,
         log_level=args.log_level.upper(),
         log_json=args.log_json,
+        workers=args.workers,
         opus=replace(base.opus, bitrate=args.bitrate, encode_threads=args.encode_threads),
         adaptation=replace(
             base.adaptation,
@@ -212,16 +220,25 @@ def config_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> Config
 def serve(config: Config) -> None:
     from aiohttp import web
 
-    from agent.engines import create_engine
-    from signaling.app import build_app, runner_options
+    from signaling.app import product_app, runner_options
 
-    engine = create_engine(config)
-    app = build_app(config, engine)
     logging.getLogger(__name__).info(
-        "serving the browser client on http://%s:%d",
+        "serving the browser client on http://%s:%d (%d media %s)",
         "localhost" if config.host in ("0.0.0.0", "::") else config.host,
         config.port,
+        config.workers,
+        "process" if config.workers == 1 else "processes",
     )
+    if config.workers > 1:
+        import tempfile
+
+        from signaling.front import run_front
+        from signaling.workers import WorkerPool
+
+        with tempfile.TemporaryDirectory(prefix="voice-agent-") as sockets:
+            run_front(config, WorkerPool(config, product_app, Path(sockets)))
+        return
+    app = product_app(config)
     web.run_app(app, host=config.host, port=config.port, print=None, **runner_options())
 
 

@@ -32,6 +32,7 @@ from signaling.sdp import add_mdns_fallback, check_offer_sdp, opus_first
 log = logging.getLogger(__name__)
 
 DATA_CHANNEL_LABEL = "agent"
+WORKER_ID_PREFIX = "w"
 SERVER_FULL_RETRY_S = 10  # Retry-After for server_full: sessions last minutes, not seconds
 
 
@@ -59,6 +60,9 @@ class SessionRegistry:
         self._creating = 0  # offers being answered: they count against max_sessions
         self._closing: set[asyncio.Task[bool]] = set()
         self.encode_executor = _encode_executor(config.opus.encode_threads)
+        # In a worker process ids start with "w<index>-": the front routes by the id alone.
+        index = config.worker_index
+        self._id_prefix = f"{WORKER_ID_PREFIX}{index}-" if index is not None else ""
 
     def __len__(self) -> int:
         return len(self._peers)
@@ -133,7 +137,7 @@ class SessionRegistry:
         role: str,
         hooks: SessionHooks | None,
     ) -> tuple[Peer, str]:
-        session_id = uuid.uuid4().hex
+        session_id = self._id_prefix + uuid.uuid4().hex
         # Set before the peer connection exists: the tasks it and the session start inherit
         # this context, so their log lines carry the session id too.
         SESSION_ID.set(session_id)

@@ -1,0 +1,230 @@
+"""Media worker processes: N copies of the server app, each on a private Unix socket.
+
+One Python process tops out at about one core (the GIL), so ``serve --workers N`` runs N
+processes that each own their peer connections, tracks and speech pipelines, and a front
+process (signaling/front.py) that owns the public address and routes HTTP to them. Media
+never passes through the front: each worker's ICE candidates are its own UDP ports.
+
+A worker that dies is started again at once (with a back-off if it keeps dying); its
+sessions died with it, and requests for them get 404 from the new process. Workers are
+started with the ``spawn`` method: forking a process that has threads (torch, aioice) is
+unsafe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import multiprocessing
+import multiprocessing.process
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from agent.config import Config
+from signaling.app import STATUS_PATH
+
+log = logging.getLogger(__name__)
+
+AppFactory = Callable[[Config], web.Application]
+STATUS_INTERVAL_S = 1.0
+RESTART_BACKOFF_S = (0.0, 1.0, 2.0, 5.0, 10.0)  # after 1, 2, 3... quick deaths in a row
+QUICK_DEATH_S = 30.0  # a worker that lived longer than this starts the back-off over
+
+
+def worker_main(config: Config, socket_path: str, factory: AppFactory) -> None:
+    """The worker process: the whole server app, on a Unix socket only the front can reach."""
+    from signaling.app import runner_options
+    from signaling.logs import configure_logging
+
+    configure_logging(config)
+    app = factory(config)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(socket_path)
+    # No access log: the front logs each request once (with the client's address).
+    options = {**runner_options(), "access_log": None}
+    web.run_app(app, path=socket_path, print=None, **options)
+
+
+@dataclass
+class Worker:
+    index: int
+    socket_path: str
+    process: multiprocessing.process.BaseProcess | None = None
+    http: aiohttp.ClientSession | None = None
+    started_at: float = 0.0
+    restarts: int = 0
+    quick_deaths: int = 0
+    ready: bool = False
+    sessions: int = 0  # from the last status poll, plus offers routed since
+    status: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def alive(self) -> bool:
+        return self.process is not None and self.process.is_alive()
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process is not None else None
+
+
+class WorkerPool:
+    """Starts, watches and restarts the workers; knows which is ready and how loaded."""
+
+    def __init__(self, config: Config, factory: AppFactory, socket_dir: Path) -> None:
+        if config.workers < 1:
+            raise ValueError("workers must be at least 1")
+        self.config = config
+        self.factory = factory
+        self._context = multiprocessing.get_context("spawn")
+        self.workers = [
+            Worker(index, str(socket_dir / f"worker-{index}.sock"))
+            for index in range(config.workers)
+        ]
+        self._watch: asyncio.Task[None] | None = None
+        self._closing = False
+
+    # --- lifecycle -----------------------------------------------------------------------
+    async def start(self) -> None:
+        for worker in self.workers:
+            self._spawn(worker)
+        self._watch = asyncio.get_running_loop().create_task(self._watch_loop())
+
+    async def close(self, timeout_s: float = 10.0) -> None:
+        self._closing = True
+        if self._watch is not None:
+            self._watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watch
+        for worker in self.workers:
+            if worker.alive and worker.process is not None:
+                worker.process.terminate()  # SIGTERM: aiohttp closes its sessions and exits
+        deadline = time.monotonic() + timeout_s
+        for worker in self.workers:
+            process = worker.process
+            if process is None:
+                continue
+            await asyncio.to_thread(process.join, max(0.1, deadline - time.monotonic()))
+            if process.is_alive():
+                log.warning("worker %d did not stop in time: killing it", worker.index)
+                process.kill()
+                await asyncio.to_thread(process.join, 2)
+            if worker.http is not None:
+                await worker.http.close()
+
+    def _spawn(self, worker: Worker) -> None:
+        config = replace(self.config, worker_index=worker.index, workers=1)
+        if config.chattts.threads == 0:
+            # "All cores but one" is per process: split them, or N workers oversubscribe.
+            cores = max(1, (os.cpu_count() or 1) - 1)
+            share = max(1, cores // len(self.workers))
+            config = replace(config, chattts=replace(config.chattts, threads=share))
+        process = self._context.Process(
+            target=worker_main,
+            args=(config, worker.socket_path, self.factory),
+            name=f"voice-agent-worker-{worker.index}",
+            daemon=True,
+        )
+        process.start()
+        worker.process = process
+        worker.started_at = time.monotonic()
+        worker.ready = False
+        worker.sessions = 0
+        worker.status = {}
+        if worker.http is None:
+            worker.http = aiohttp.ClientSession(
+                connector=aiohttp.UnixConnector(path=worker.socket_path),
+                timeout=aiohttp.ClientTimeout(total=60),
+            )
+        log.info("worker %d started (pid %s)", worker.index, process.pid)
+
+    async def _watch_loop(self) -> None:
+        """Restart dead workers; poll the live ones for readiness and load."""
+        while not self._closing:
+            for worker in self.workers:
+                if not worker.alive:
+                    await self._restart(worker)
+                else:
+                    await self._poll(worker)
+            await asyncio.sleep(
+                STATUS_INTERVAL_S / 2
+                if not all(w.ready for w in self.workers)
+                else STATUS_INTERVAL_S
+            )
+
+    async def _restart(self, worker: Worker) -> None:
+        process = worker.process
+        code = process.exitcode if process is not None else None
+        lived = time.monotonic() - worker.started_at
+        worker.quick_deaths = worker.quick_deaths + 1 if lived < QUICK_DEATH_S else 1
+        delay = RESTART_BACKOFF_S[min(worker.quick_deaths - 1, len(RESTART_BACKOFF_S) - 1)]
+        log.error(
+            "worker %d (pid %s) died with exit code %s after %.1f s; its %d sessions are gone;"
+            " restarting in %.0f s",
+            worker.index,
+            worker.pid,
+            code,
+            lived,
+            worker.sessions,
+            delay,
+        )
+        worker.ready = False
+        worker.restarts += 1
+        if delay:
+            await asyncio.sleep(delay)
+        if not self._closing:
+            self._spawn(worker)
+
+    async def _poll(self, worker: Worker) -> None:
+        assert worker.http is not None
+        try:
+            async with worker.http.get(
+                "http://worker" + STATUS_PATH, timeout=aiohttp.ClientTimeout(total=2)
+            ) as resp:
+                status = await resp.json()
+        except (aiohttp.ClientError, TimeoutError, ValueError):
+            worker.ready = False  # starting up (no socket yet) or stuck
+            return
+        worker.status = status
+        worker.ready = bool(status.get("ready"))
+        worker.sessions = int(status.get("sessions", 0))
+
+    # --- routing -------------------------------------------------------------------------
+    def for_new_session(self, room: str | None) -> Worker | None:
+        """A room's participants share its worker; other sessions go to the least loaded."""
+        live = [w for w in self.workers if w.alive and w.ready]
+        if room is not None:
+            # Stable across restarts of the front: a room is pinned by its name's hash.
+            worker = self.workers[_stable_hash(room) % len(self.workers)]
+            return worker if worker in live else None
+        if not live:
+            return None
+        return min(live, key=lambda w: (w.sessions, w.index))
+
+    def for_session(self, session_id: str) -> Worker | None:
+        """The worker whose ids start with ``w<index>-``, if the id has that form."""
+        from signaling.sessions import WORKER_ID_PREFIX
+
+        head, sep, _ = session_id.partition("-")
+        if not sep or not head.startswith(WORKER_ID_PREFIX):
+            return None
+        number = head[len(WORKER_ID_PREFIX) :]
+        if not number.isdigit() or int(number) >= len(self.workers):
+            return None
+        return self.workers[int(number)]
+
+    def any_ready(self) -> Worker | None:
+        return next((w for w in self.workers if w.alive and w.ready), None)
+
+
+def _stable_hash(text: str) -> int:
+    import zlib
+
+    return zlib.crc32(text.encode("utf-8"))
