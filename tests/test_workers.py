@@ -55,7 +55,9 @@ async def speaks(client: RtcClient, text: str, utterance: str, timeout: float = 
     assert ended["interrupted"] is False
 
 
-async def test_sessions_spread_requests_reach_their_worker_rooms_share_one(two_workers: Served) -> None:
+async def test_sessions_spread_requests_reach_their_worker_rooms_share_one(
+    two_workers: Served,
+) -> None:
     url = two_workers.url
     async with aiohttp.ClientSession() as http:
         clients = [RtcClient(url, http) for _ in range(4)]
