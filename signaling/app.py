@@ -84,7 +84,7 @@ def _add_worker_parts(app: web.Application) -> None:
                 "pid": os.getpid(),
                 "ready": engine.ready,
                 "engine_error": load_errors[0] if load_errors else engine.failure,
-                "sessions": len(request.app[SESSIONS]),
+                "sessions": request.app[SESSIONS].load,
             }
         )
 

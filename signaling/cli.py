@@ -34,6 +34,12 @@ def _env_bool(env: Mapping[str, str], name: str) -> bool:
     return (_env(env, name) or "").strip().lower() in ("1", "true", "yes", "on")
 
 
+def _cores() -> int:
+    from signaling.workers import cores
+
+    return cores()
+
+
 def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     defaults = Config()
     parser = argparse.ArgumentParser(
@@ -110,7 +116,7 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     serve.add_argument(
         "--workers",
         type=int,
-        default=int(_env(env, "WORKERS", str(os.cpu_count() or 1)) or 1),
+        default=int(_env(env, "WORKERS", str(_cores())) or 1),
         help="media processes behind the one address (default: one per core); each holds "
         "its own sessions and, with the in-process engine, its own copy of the model",
     )

@@ -21,6 +21,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import aiohttp
+import jwt
 from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import Metric
@@ -80,17 +81,37 @@ def build_front_app(config: Config, pool: WorkerPool) -> web.Application:
 async def post_offer(request: web.Request) -> web.StreamResponse:
     body = await request.read()
     room: str | None = None
+    token: str | None = None
     try:
         parsed = json.loads(body)
-        if isinstance(parsed, dict) and isinstance(parsed.get("room"), str):
-            room = parsed["room"]
+        if isinstance(parsed, dict):
+            room = parsed.get("room") if isinstance(parsed.get("room"), str) else None
+            token = parsed.get("token") if isinstance(parsed.get("token"), str) else None
     except (ValueError, UnicodeDecodeError, RecursionError):
         pass  # the worker answers it with bad_json
+    room = room or _token_room(request, token)
     return await _forward(request, _new_session_worker(request, room), body)
 
 
 async def post_whep(request: web.Request) -> web.StreamResponse:
-    return await _forward(request, _new_session_worker(request, request.query.get("room")))
+    room = request.query.get("room") or _token_room(request, None)
+    return await _forward(request, _new_session_worker(request, room))
+
+
+def _token_room(request: web.Request, body_token: str | None) -> str | None:
+    """The room a token binds its holder to, for routing only: the worker verifies the
+    token; here an invalid one just routes like any other offer (and is refused there)."""
+    scheme, _, bearer = request.headers.get("Authorization", "").partition(" ")
+    token = bearer.strip() if scheme.lower() == "bearer" else None
+    token = token or request.query.get("token") or body_token
+    if not token:
+        return None
+    try:
+        claims = jwt.decode(token, options={"verify_signature": False})
+    except jwt.PyJWTError:
+        return None
+    room = claims.get("room") if isinstance(claims, dict) else None
+    return room if isinstance(room, str) and room else None
 
 
 def _new_session_worker(request: web.Request, room: str | None) -> Worker:

@@ -67,6 +67,11 @@ class SessionRegistry:
     def __len__(self) -> int:
         return len(self._peers)
 
+    @property
+    def load(self) -> int:
+        """Open sessions plus offers being answered (they take seconds: ICE gathering)."""
+        return len(self._peers) + self._creating
+
     def get(self, session_id: str) -> Peer:
         peer = self._peers.get(session_id)
         if peer is None:

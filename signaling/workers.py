@@ -19,6 +19,8 @@ import logging
 import multiprocessing
 import multiprocessing.process
 import os
+import signal
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -36,6 +38,7 @@ log = logging.getLogger(__name__)
 AppFactory = Callable[[Config], web.Application]
 STATUS_INTERVAL_S = 1.0
 RESTART_BACKOFF_S = (0.0, 1.0, 2.0, 5.0, 10.0)  # after 1, 2, 3... quick deaths in a row
+MAX_SOCKET_PATH = 100  # sun_path is 108 bytes on Linux, 104 on macOS
 QUICK_DEATH_S = 30.0  # a worker that lived longer than this starts the back-off over
 
 
@@ -44,6 +47,7 @@ def worker_main(config: Config, socket_path: str, factory: AppFactory) -> None:
     from signaling.app import runner_options
     from signaling.logs import configure_logging
 
+    _die_with_parent()
     configure_logging(config)
     app = factory(config)
     with contextlib.suppress(FileNotFoundError):
@@ -51,6 +55,25 @@ def worker_main(config: Config, socket_path: str, factory: AppFactory) -> None:
     # No access log: the front logs each request once (with the client's address).
     options = {**runner_options(), "access_log": None}
     web.run_app(app, path=socket_path, print=None, **options)
+
+
+def _die_with_parent() -> None:
+    """A front that is SIGKILLed (or OOM-killed) must not leave workers holding the model,
+    the GPU and UDP ports: Linux sends them SIGTERM when it dies (prctl PR_SET_PDEATHSIG)."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG = 1
+
+
+def cores() -> int:
+    """Cores this process may run on (affinity and cpusets, not the machine's count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 @dataclass
@@ -88,21 +111,32 @@ class WorkerPool:
             Worker(index, str(socket_dir / f"worker-{index}.sock"))
             for index in range(config.workers)
         ]
-        self._watch: asyncio.Task[None] | None = None
+        longest = max(len(w.socket_path.encode()) for w in self.workers)
+        if longest > MAX_SOCKET_PATH:
+            # The worker could not bind and would restart forever: say so now.
+            raise ValueError(
+                f"socket paths under {socket_dir} are {longest} bytes, over the {MAX_SOCKET_PATH} "
+                "a Unix socket allows: set TMPDIR to a shorter directory"
+            )
+        self._watches: list[asyncio.Task[None]] = []
         self._closing = False
 
     # --- lifecycle -----------------------------------------------------------------------
     async def start(self) -> None:
         for worker in self.workers:
             self._spawn(worker)
-        self._watch = asyncio.get_running_loop().create_task(self._watch_loop())
+        loop = asyncio.get_running_loop()
+        self._watches = [loop.create_task(self._watch(worker)) for worker in self.workers]
+
+    def stop_restarting(self) -> None:
+        """Shutting down: a worker that exits now (SIGTERM to the group) stays down."""
+        self._closing = True
 
     async def close(self, timeout_s: float = 10.0) -> None:
         self._closing = True
-        if self._watch is not None:
-            self._watch.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._watch
+        for task in self._watches:
+            task.cancel()
+        await asyncio.gather(*self._watches, return_exceptions=True)
         for worker in self.workers:
             if worker.alive and worker.process is not None:
                 worker.process.terminate()  # SIGTERM: aiohttp closes its sessions and exits
@@ -121,11 +155,12 @@ class WorkerPool:
 
     def _spawn(self, worker: Worker) -> None:
         config = replace(self.config, worker_index=worker.index, workers=1)
+        # "All cores but one" is per process: split it, or N workers oversubscribe.
+        share = max(1, (cores() - 1) // len(self.workers))
         if config.chattts.threads == 0:
-            # "All cores but one" is per process: split them, or N workers oversubscribe.
-            cores = max(1, (os.cpu_count() or 1) - 1)
-            share = max(1, cores // len(self.workers))
             config = replace(config, chattts=replace(config.chattts, threads=share))
+        if config.opus.encode_threads < 0:
+            config = replace(config, opus=replace(config.opus, encode_threads=share))
         process = self._context.Process(
             target=worker_main,
             args=(config, worker.socket_path, self.factory),
@@ -145,19 +180,20 @@ class WorkerPool:
             )
         log.info("worker %d started (pid %s)", worker.index, process.pid)
 
-    async def _watch_loop(self) -> None:
-        """Restart dead workers; poll the live ones for readiness and load."""
+    async def _watch(self, worker: Worker) -> None:
+        """Restart this worker when it dies; poll it for readiness and load. One task per
+        worker, so a restart's back-off or a stuck worker never delays the others."""
         while not self._closing:
-            for worker in self.workers:
+            try:
                 if not worker.alive:
                     await self._restart(worker)
                 else:
                     await self._poll(worker)
-            await asyncio.sleep(
-                STATUS_INTERVAL_S / 2
-                if not all(w.ready for w in self.workers)
-                else STATUS_INTERVAL_S
-            )
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # e.g. EMFILE spawning: keep watching, try again
+                log.exception("watching worker %d failed", worker.index)
+            await asyncio.sleep(STATUS_INTERVAL_S / 2 if not worker.ready else STATUS_INTERVAL_S)
 
     async def _restart(self, worker: Worker) -> None:
         process = worker.process
@@ -216,7 +252,9 @@ class WorkerPool:
         if not sep or not head.startswith(WORKER_ID_PREFIX):
             return None
         number = head[len(WORKER_ID_PREFIX) :]
-        if not number.isdigit() or int(number) >= len(self.workers):
+        if not (number.isascii() and number.isdigit()) or len(number) > 4:
+            return None
+        if int(number) >= len(self.workers):
             return None
         return self.workers[int(number)]
 

@@ -96,6 +96,20 @@ async def test_sessions_spread_requests_reach_their_worker_rooms_share_one(
         finally:
             await asyncio.gather(*(c.close() for c in clients))
 
+        # WHEP through the front: 201 with the Location of the owning worker's session, and
+        # DELETE on that Location reaches it.
+        listener = RtcClient(url, http)
+        try:
+            await listener.connect(whep=True)
+            assert listener.location == f"/whep/{listener.session_id}"
+            worker_of(listener)
+            async with http.delete(url + listener.location) as resp:
+                assert resp.status == 204, await resp.text()
+            async with http.get(f"{url}/sessions/{listener.session_id}") as resp:
+                assert resp.status == 404
+        finally:
+            await listener.close()
+
         # A room's participants all land in the process that holds the room.
         rooms: dict[str, list[RtcClient]] = {"alpha": [], "beta": []}
         try:
