@@ -16,11 +16,12 @@ from signaling import routes
 from signaling.auth import make_auth_middleware
 from signaling.cors import make_cors_middleware
 from signaling.errors import error_middleware
-from signaling.keys import CONFIG, ENGINE, ENGINE_ERROR, LIMITS, METRICS, SESSIONS
+from signaling.keys import CONFIG, DRAIN, ENGINE, ENGINE_ERROR, LIMITS, METRICS, SESSIONS
 from signaling.limits import Limits
 from signaling.logs import AccessLogger
 from signaling.metrics import Metrics
 from signaling.sessions import SessionRegistry
+from signaling.shutdown import Drain
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +51,7 @@ def build_app(config: Config, engine: TTSEngine) -> web.Application:
     app[ENGINE_ERROR] = []
     app[LIMITS] = Limits(config.limits)
     app[METRICS] = metrics
+    app[DRAIN] = Drain()
     routes.add_routes(app)
     app.cleanup_ctx.append(_engine_lifecycle)
     app.on_shutdown.append(_close_sessions)

@@ -245,10 +245,12 @@ def config_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> Config
 
 
 def serve(config: Config) -> None:
-    from aiohttp import web
+    import asyncio
 
     from agent.engines import create_engine
     from signaling.app import build_app, runner_options
+    from signaling.keys import DRAIN, SESSIONS
+    from signaling.shutdown import serve as serve_app
 
     engine = create_engine(config)
     app = build_app(config, engine)
@@ -257,7 +259,8 @@ def serve(config: Config) -> None:
         "localhost" if config.host in ("0.0.0.0", "::") else config.host,
         config.port,
     )
-    web.run_app(app, host=config.host, port=config.port, print=None, **runner_options())
+    # Until SIGTERM/SIGINT; then drain (signaling/shutdown.py) and return: exit status 0.
+    asyncio.run(serve_app(app, config, app[SESSIONS], app[DRAIN], **runner_options()))
 
 
 def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> int:

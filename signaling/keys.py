@@ -9,6 +9,7 @@ from agent.engine import TTSEngine
 from signaling.limits import Limits
 from signaling.metrics import Metrics
 from signaling.sessions import SessionRegistry
+from signaling.shutdown import Drain
 
 CONFIG = web.AppKey("config", Config)
 ENGINE = web.AppKey("engine", TTSEngine)
@@ -17,3 +18,4 @@ SESSIONS = web.AppKey("sessions", SessionRegistry)
 ENGINE_ERROR = web.AppKey("engine_error", list[str])
 LIMITS = web.AppKey("limits", Limits)
 METRICS = web.AppKey("metrics", Metrics)
+DRAIN = web.AppKey("drain", Drain)  # set when SIGTERM came: new sessions are refused

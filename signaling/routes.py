@@ -15,7 +15,7 @@ from agent.hooks import SessionHooks
 from agent.speech import SpeechError
 from signaling.auth import claims, require_room, require_speaker, room_for
 from signaling.errors import ApiError, Handler
-from signaling.keys import CONFIG, ENGINE, ENGINE_ERROR, LIMITS, METRICS, SESSIONS
+from signaling.keys import CONFIG, DRAIN, ENGINE, ENGINE_ERROR, LIMITS, METRICS, SESSIONS
 from signaling.sessions import Peer, SessionRegistry
 
 MAX_ROOM_CHARS = 64
@@ -45,6 +45,7 @@ def _sessions(request: web.Request) -> SessionRegistry:
 
 def _new_sessions(request: web.Request) -> SessionRegistry:
     """The registry for a new session: 503 with the reason if the engine failed to load."""
+    request.app[DRAIN].check()
     failure = _engine_failure(request)
     if failure:
         raise ApiError(503, "engine_failed", failure)
@@ -110,6 +111,7 @@ def _offer_answer(peer: Peer, answer: str) -> web.Response:
 
 def _resumable(request: web.Request, token: object, kind: str) -> Peer:
     """The session a resume names, if this request may take it over."""
+    request.app[DRAIN].check()
     peer = _sessions(request).by_token(token)
     require_room(request, peer.room)
     if peer.kind != kind:
@@ -217,6 +219,11 @@ async def healthz(request: web.Request) -> web.Response:
 
 async def readyz(request: web.Request) -> web.Response:
     engine: TTSEngine = request.app[ENGINE]
+    if request.app[DRAIN].draining:
+        error = {"code": "shutting_down", "message": "the server is shutting down"}
+        return web.json_response(
+            {"ready": False, "engine": engine.name, "error": error}, status=503
+        )
     if engine.ready:
         return web.json_response({"ready": True, "engine": engine.name})
     failure = _engine_failure(request)

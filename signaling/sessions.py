@@ -32,7 +32,7 @@ from signaling.errors import ApiError
 from signaling.lifecycle import Liveness, Verdict, check_interval, tap_rtcp, verdict
 from signaling.negotiation import OpusOffer, read_opus_offer, tune_answer
 from signaling.resume import TokenBook, new_token
-from signaling.sdp import add_mdns_fallback, check_offer_sdp, opus_first
+from signaling.sdp import add_mdns_fallback, check_offer_sdp, explicit_directions, opus_first
 
 log = logging.getLogger(__name__)
 
@@ -182,7 +182,10 @@ class SessionRegistry:
             if peer.kind == "offer":
                 pc.on("datachannel", lambda ch: self._on_datachannel(session, ch, life))
             pc.on("connectionstatechange", lambda: self._on_state(peer, pc, life))
-            answer = await pc.createAnswer()
+            try:
+                answer = await pc.createAnswer()
+            except Exception as exc:  # noqa: BLE001 - an offer aiortc parsed but can't answer
+                raise ApiError(400, "bad_sdp", f"could not answer the offer: {exc}") from None
             await pc.setLocalDescription(answer)
             session.attach_sender(sender, _receiver_opus(opus_offer))
         except BaseException:
@@ -336,7 +339,7 @@ class SessionRegistry:
 def _read_offer(sdp: object, peer_ip: str | None) -> tuple[str, OpusOffer]:
     """The offer's SDP checked and prepared for aiortc, and what it says about Opus."""
     offer_sdp = add_mdns_fallback(
-        opus_first(check_offer_sdp(sdp)),
+        explicit_directions(opus_first(check_offer_sdp(sdp))),
         peer_ip,
         lambda: get_host_addresses(use_ipv4=True, use_ipv6=False),
     )
