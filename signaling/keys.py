@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from agent.breaker import CircuitBreaker
 from agent.config import Config
 from agent.engine import TTSEngine
 from signaling.limits import Limits
@@ -18,4 +19,5 @@ SESSIONS = web.AppKey("sessions", SessionRegistry)
 ENGINE_ERROR = web.AppKey("engine_error", list[str])
 LIMITS = web.AppKey("limits", Limits)
 METRICS = web.AppKey("metrics", Metrics)
+BREAKER = web.AppKey("breaker", CircuitBreaker)  # the same object as ENGINE
 DRAIN = web.AppKey("drain", Drain)  # set when SIGTERM came: new sessions are refused

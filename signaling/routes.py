@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hmac
 import json
+import math
 from functools import partial
 from typing import Any
 
@@ -15,7 +16,7 @@ from agent.hooks import SessionHooks
 from agent.speech import SpeechError
 from signaling.auth import claims, require_room, require_speaker, room_for
 from signaling.errors import ApiError, Handler
-from signaling.keys import CONFIG, DRAIN, ENGINE, ENGINE_ERROR, LIMITS, METRICS, SESSIONS
+from signaling.keys import BREAKER, CONFIG, DRAIN, ENGINE, ENGINE_ERROR, LIMITS, METRICS, SESSIONS
 from signaling.sessions import Peer, SessionRegistry
 
 MAX_ROOM_CHARS = 64
@@ -49,7 +50,17 @@ def _new_sessions(request: web.Request) -> SessionRegistry:
     failure = _engine_failure(request)
     if failure:
         raise ApiError(503, "engine_failed", failure)
+    _check_breaker(request)
     return _sessions(request)
+
+
+def _check_breaker(request: web.Request) -> None:
+    """503 ``tts_unavailable`` while the engine's circuit breaker is open."""
+    breaker = request.app[BREAKER]
+    reason = breaker.unavailable
+    if reason is not None:
+        retry = str(max(1, math.ceil(breaker.retry_after_s)))
+        raise ApiError(503, "tts_unavailable", reason, {"Retry-After": retry})
 
 
 def _engine_failure(request: web.Request) -> str | None:
@@ -177,6 +188,7 @@ async def post_say(request: web.Request) -> web.Response:
     request.app[LIMITS].check_speech(request.remote)
     body = await _json_body(request)
     peer.life.active()
+    _check_breaker(request)
     utterance_id = body.get("id")
     try:
         utt = peer.session.pipeline.say(body.get("text"), utterance_id)  # type: ignore[arg-type]
@@ -221,6 +233,12 @@ async def readyz(request: web.Request) -> web.Response:
     engine: TTSEngine = request.app[ENGINE]
     if request.app[DRAIN].draining:
         error = {"code": "shutting_down", "message": "the server is shutting down"}
+        return web.json_response(
+            {"ready": False, "engine": engine.name, "error": error}, status=503
+        )
+    unavailable = request.app[BREAKER].unavailable
+    if engine.ready and unavailable is not None:
+        error = {"code": "tts_unavailable", "message": unavailable}
         return web.json_response(
             {"ready": False, "engine": engine.name, "error": error}, status=503
         )
