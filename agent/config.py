@@ -148,6 +148,54 @@ class LimitSettings:
 
 
 @dataclass(frozen=True)
+class LifecycleSettings:
+    """How long sessions wait for their peer, and how the server stops (0 turns a timer off)."""
+
+    # A peer that has not connected (ICE + DTLS) this long after its offer was answered is
+    # closed: a client that never came, or one behind a firewall.
+    connect_timeout_s: float = 20.0
+    # A connected peer that sent no RTCP (and no data-channel message) for this long is
+    # treated as gone. Chrome sends an audio receiver report every ~2.5-7 s, aiortc every
+    # 0.5-1.5 s; aioice's own consent check needs ~30 s (6 failed checks 5 s apart).
+    rtcp_timeout_s: float = 12.0
+    # A lost peer's session (same id, queue, voice) waits this long for the client to come
+    # back with its session token; playout pauses meanwhile. 0: closed at once.
+    resume_grace_s: float = 15.0
+    # A session with no client request and no speech played for this long is closed.
+    idle_timeout_s: float = 600.0
+    # On SIGTERM: speech in flight may finish for up to this long before every peer closes.
+    drain_deadline_s: float = 20.0
+
+    def __post_init__(self) -> None:
+        timers = (
+            self.connect_timeout_s,
+            self.rtcp_timeout_s,
+            self.resume_grace_s,
+            self.idle_timeout_s,
+            self.drain_deadline_s,
+        )
+        if min(timers) < 0:
+            raise ValueError("timeouts must not be negative")
+
+
+@dataclass(frozen=True)
+class BreakerSettings:
+    """The circuit breaker around the speech engine (agent/breaker.py)."""
+
+    # This many engine failures in a row, all within window_s, open the breaker: new speech
+    # fails fast with tts_unavailable and /readyz turns unready.
+    failures: int = 5
+    window_s: float = 30.0
+    # After this long open, one probe utterance runs; its success closes the breaker.
+    cooldown_s: float = 10.0
+    probe_text: str = "Hello."
+
+    def __post_init__(self) -> None:
+        if self.failures < 1 or self.window_s <= 0 or self.cooldown_s <= 0:
+            raise ValueError("breaker failures must be at least 1, window and cool-down positive")
+
+
+@dataclass(frozen=True)
 class Config:
     host: str = "0.0.0.0"
     port: int = 8080
@@ -165,6 +213,8 @@ class Config:
     chattts: ChatTTSSettings = field(default_factory=ChatTTSSettings)
     security: SecuritySettings = field(default_factory=SecuritySettings)
     limits: LimitSettings = field(default_factory=LimitSettings)
+    lifecycle: LifecycleSettings = field(default_factory=LifecycleSettings)
+    breaker: BreakerSettings = field(default_factory=BreakerSettings)
     # Media processes behind one address (signaling/workers.py); 1 = this process alone.
     workers: int = 1
     # Set inside a worker process: its index (session ids carry it, so the front process

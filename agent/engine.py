@@ -73,3 +73,8 @@ class TTSEngine(Protocol):
     def synthesize(self, text: str, voice: VoiceOptions) -> AsyncGenerator[PCM, None]:
         """Stream speech for ``text``."""
         ...
+
+
+class EngineUnavailable(EngineError):
+    """The engine is not tried at all: it failed repeatedly and the circuit breaker is open
+    (agent/breaker.py). Reported to clients as ``tts_unavailable``."""

@@ -54,6 +54,7 @@ class AgentSession:
         self.pipeline = SpeechPipeline(
             engine, config.speech, self.send_event, on_first_audio=self.hooks.first_audio
         )
+        self._encode_executor = encode_executor
         self.track = OpusPacketTrack(
             self.pipeline.buffer, config.opus, encode_executor=encode_executor
         )
@@ -68,6 +69,19 @@ class AgentSession:
         """The sender carrying our track and what its receiver allows: adaptation starts."""
         self.network = NetworkAdaptation(self.track, self.config.adaptation, receiver)
         self.network.attach(sender)
+
+    def renew_track(self) -> None:
+        """A new track on the same playout buffer, for a resumed session's new connection.
+
+        aiortc stops a track when its sender stops, so a new peer connection needs a new
+        one; what was queued or buffered plays from where it paused. The counters carry over.
+        """
+        stats = self.track.stats
+        self.track.stop()
+        self.track = OpusPacketTrack(
+            self.pipeline.buffer, self.config.opus, encode_executor=self._encode_executor
+        )
+        self.track.stats = stats
 
     def start(self) -> None:
         self.pipeline.start()

@@ -22,7 +22,7 @@ from typing import Any
 
 from agent.audio import Framer, Int16Frame, StreamResampler
 from agent.config import SpeechSettings
-from agent.engine import TTSEngine, VoiceOptions
+from agent.engine import EngineUnavailable, TTSEngine, VoiceOptions
 from agent.opus import SAMPLE_RATE
 from agent.playout import PlayoutBuffer, PlayoutFrame
 from agent.protocol import MAX_ID_CHARS
@@ -314,11 +314,13 @@ class SpeechPipeline:
 
     def _emit_failure(self, utt: Utterance, exc: Exception) -> None:
         self.stats.engine_errors += 1
+        # An open circuit breaker: the engine was not even tried (agent/breaker.py).
+        unavailable = isinstance(exc, EngineUnavailable)
         self._emit(
             {
                 "type": "error",
-                "code": "tts_failed",
-                "message": f"speech engine failed: {exc}",
+                "code": "tts_unavailable" if unavailable else "tts_failed",
+                "message": f"speech engine {'unavailable' if unavailable else 'failed'}: {exc}",
                 "id": utt.id,
             }
         )

@@ -11,17 +11,19 @@ from typing import Any
 
 from aiohttp import web
 
+from agent.breaker import CircuitBreaker
 from agent.config import Config
 from agent.engine import EngineLoadError, TTSEngine
 from signaling import routes
 from signaling.auth import make_auth_middleware
 from signaling.cors import make_cors_middleware
 from signaling.errors import error_middleware
-from signaling.keys import CONFIG, ENGINE, ENGINE_ERROR, LIMITS, METRICS, SESSIONS
+from signaling.keys import BREAKER, CONFIG, DRAIN, ENGINE, ENGINE_ERROR, LIMITS, METRICS, SESSIONS
 from signaling.limits import Limits
 from signaling.logs import AccessLogger
 from signaling.metrics import Metrics
 from signaling.sessions import SessionRegistry
+from signaling.shutdown import Drain
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +35,9 @@ MAX_REQUEST_BYTES = 256 * 1024
 
 
 def build_app(config: Config, engine: TTSEngine) -> web.Application:
+    # Sessions, readiness and metrics all see the engine through its circuit breaker.
+    breaker = CircuitBreaker(engine, config.breaker)
+    engine = breaker
     metrics = Metrics(engine, config.limits.max_sessions)
     sessions = SessionRegistry(config, engine, on_closed=metrics.retire)
     metrics.watch(sessions.peers)
@@ -56,6 +61,8 @@ def build_app(config: Config, engine: TTSEngine) -> web.Application:
     app[ENGINE_ERROR] = []
     app[LIMITS] = Limits(config.limits)
     app[METRICS] = metrics
+    app[DRAIN] = Drain()
+    app[BREAKER] = breaker
     routes.add_routes(app)
     if config.worker_index is not None:
         _add_worker_parts(app)

@@ -13,8 +13,10 @@ from pathlib import Path
 from agent.config import (
     ROLES,
     AdaptationSettings,
+    BreakerSettings,
     ChatTTSSettings,
     Config,
+    LifecycleSettings,
     LimitSettings,
     OpusSettings,
     SecuritySettings,
@@ -153,6 +155,8 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
             "--" + flag, type=kind, default=kind(_env(env, env_name, str(default))), help=text
         )
 
+    _add_lifecycle_flags(serve, env)
+
     tiny = commands.add_parser(
         "tiny-model", help="build a tiny random-weight ChatTTS checkpoint for offline smoke tests"
     )
@@ -166,6 +170,24 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     token.add_argument("--role", choices=ROLES, default=None, help="default: speaker")
     token.add_argument("--ttl", type=int, default=3600, help="lifetime in seconds")
     return parser
+
+
+def _add_lifecycle_flags(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
+    life, breaker = LifecycleSettings(), BreakerSettings()
+    for flag, kind, default, text in [
+        ("connect-timeout", float, life.connect_timeout_s, "seconds a peer may take to connect"),
+        ("rtcp-timeout", float, life.rtcp_timeout_s, "seconds without RTCP before a peer is lost"),
+        ("resume-grace", float, life.resume_grace_s, "seconds a lost session waits for resume"),
+        ("idle-timeout", float, life.idle_timeout_s, "seconds of no request and no speech"),
+        ("drain-deadline", float, life.drain_deadline_s, "seconds speech may finish on SIGTERM"),
+        ("breaker-failures", int, breaker.failures, "engine failures in a row that open it"),
+        ("breaker-window", float, breaker.window_s, "seconds those failures must fall within"),
+        ("breaker-cooldown", float, breaker.cooldown_s, "seconds open before a probe"),
+    ]:
+        env_name = flag.upper().replace("-", "_")
+        parser.add_argument(
+            "--" + flag, type=kind, default=kind(_env(env, env_name, str(default))), help=text
+        )
 
 
 def _add_auth_secret(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
@@ -220,13 +242,28 @@ def config_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> Config
             max_clients=args.rate_limit_clients,
             max_sessions=args.max_sessions,
         ),
+        lifecycle=LifecycleSettings(
+            connect_timeout_s=args.connect_timeout,
+            rtcp_timeout_s=args.rtcp_timeout,
+            resume_grace_s=args.resume_grace,
+            idle_timeout_s=args.idle_timeout,
+            drain_deadline_s=args.drain_deadline,
+        ),
+        breaker=replace(
+            BreakerSettings(),
+            failures=args.breaker_failures,
+            window_s=args.breaker_window,
+            cooldown_s=args.breaker_cooldown,
+        ),
     )
 
 
 def serve(config: Config) -> None:
-    from aiohttp import web
+    import asyncio
 
     from signaling.app import product_app, runner_options
+    from signaling.keys import DRAIN, SESSIONS
+    from signaling.shutdown import serve as serve_app
 
     logging.getLogger(__name__).info(
         "serving the browser client on http://%s:%d (%d media %s)",
@@ -245,7 +282,8 @@ def serve(config: Config) -> None:
             run_front(config, WorkerPool(config, product_app, Path(sockets)))
         return
     app = product_app(config)
-    web.run_app(app, host=config.host, port=config.port, print=None, **runner_options())
+    # Until SIGTERM/SIGINT; then drain (signaling/shutdown.py) and return: exit status 0.
+    asyncio.run(serve_app(app, config, app[SESSIONS], app[DRAIN], **runner_options()))
 
 
 def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> int:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import signal
 from collections.abc import Iterable
 from typing import Any
 
@@ -32,7 +33,9 @@ from agent.config import Config
 from signaling import routes
 from signaling.app import FORWARDED_FOR_HEADER, MAX_REQUEST_BYTES, runner_options
 from signaling.errors import ApiError, error_middleware
-from signaling.keys import CONFIG
+from signaling.keys import CONFIG, DRAIN
+from signaling.routes import SESSION_TOKEN_HEADER
+from signaling.shutdown import Drain
 from signaling.workers import Worker, WorkerPool
 
 log = logging.getLogger(__name__)
@@ -60,6 +63,7 @@ def build_front_app(config: Config, pool: WorkerPool) -> web.Application:
     app = web.Application(middlewares=[error_middleware], client_max_size=MAX_REQUEST_BYTES)
     app[CONFIG] = config
     app[POOL] = pool
+    app[DRAIN] = Drain()
     app.router.add_post("/offer", post_offer)
     app.router.add_post("/whep", post_whep)
     app.router.add_route("*", "/whep/{session_id}", to_session_worker)
@@ -80,20 +84,28 @@ def build_front_app(config: Config, pool: WorkerPool) -> web.Application:
 # --- routing -------------------------------------------------------------------------------
 async def post_offer(request: web.Request) -> web.StreamResponse:
     body = await request.read()
-    room: str | None = None
-    token: str | None = None
     try:
         parsed = json.loads(body)
-        if isinstance(parsed, dict):
-            room = parsed.get("room") if isinstance(parsed.get("room"), str) else None
-            token = parsed.get("token") if isinstance(parsed.get("token"), str) else None
     except (ValueError, UnicodeDecodeError, RecursionError):
-        pass  # the worker answers it with bad_json
-    room = room or _token_room(request, token)
+        parsed = None  # the worker answers it with bad_json
+    fields = parsed if isinstance(parsed, dict) else {}
+
+    def text(key: str) -> str | None:
+        value = fields.get(key)
+        return value if isinstance(value, str) else None
+
+    resume = text("resume")
+    if resume is not None:
+        # A session token names its worker like a session id does.
+        return await _forward(request, _session_worker(request, resume), body)
+    room = text("room") or _token_room(request, text("token"))
     return await _forward(request, _new_session_worker(request, room), body)
 
 
 async def post_whep(request: web.Request) -> web.StreamResponse:
+    resume = request.headers.get(SESSION_TOKEN_HEADER)
+    if resume is not None:
+        return await _forward(request, _session_worker(request, resume))
     room = request.query.get("room") or _token_room(request, None)
     return await _forward(request, _new_session_worker(request, room))
 
@@ -115,6 +127,7 @@ def _token_room(request: web.Request, body_token: str | None) -> str | None:
 
 
 def _new_session_worker(request: web.Request, room: str | None) -> Worker:
+    request.app[DRAIN].check()
     pool = request.app[POOL]
     worker = pool.for_new_session(room)
     if worker is None:
@@ -125,11 +138,14 @@ def _new_session_worker(request: web.Request, room: str | None) -> Worker:
 
 
 async def to_session_worker(request: web.Request) -> web.StreamResponse:
-    session_id = request.match_info["session_id"]
-    worker = request.app[POOL].for_session(session_id)
+    return await _forward(request, _session_worker(request, request.match_info["session_id"]))
+
+
+def _session_worker(request: web.Request, session_id_or_token: str) -> Worker:
+    worker = request.app[POOL].for_session(session_id_or_token)
     if worker is None or not worker.alive:
-        raise ApiError(404, "unknown_session", f"no session {session_id[:64]!r}")
-    return await _forward(request, worker)
+        raise ApiError(404, "unknown_session", "no session has this id or token")
+    return worker
 
 
 async def to_any_worker(request: web.Request) -> web.StreamResponse:
@@ -177,6 +193,11 @@ async def _forward(
 
 # --- one readiness and one metrics page for the whole server ---------------------------------
 async def readyz(request: web.Request) -> web.Response:
+    if request.app[DRAIN].draining:
+        return web.json_response(
+            {"ready": False, "error": {"code": "shutting_down", "message": "shutting down"}},
+            status=503,
+        )
     pool = request.app[POOL]
     workers = [
         {
@@ -264,13 +285,30 @@ class _MergedCollector:
 
 # --- running ---------------------------------------------------------------------------------
 def run_front(config: Config, pool: WorkerPool) -> None:
-    """Serve the front on the public address; the pool starts and stops with it."""
+    """Serve the front on the public address until SIGTERM/SIGINT, then shut down like a
+    single process does (signaling/shutdown.py): keep listening but refuse new sessions
+    (503 ``shutting_down``), let every worker drain its speech, and exit 0."""
+    asyncio.run(_serve_front(config, pool))
+
+
+async def _serve_front(config: Config, pool: WorkerPool) -> None:
     app = build_front_app(config, pool)
-
-    async def pool_lifecycle(app: web.Application) -> Any:
-        await pool.start()
-        yield
+    runner = web.AppRunner(app, handle_signals=False, **runner_options())
+    await runner.setup()
+    await pool.start()
+    try:
+        site = web.TCPSite(runner, config.host, config.port)
+        await site.start()
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+        log.info("stop signal received: draining the workers")
+        app[DRAIN].draining = True
+        # Workers get SIGTERM and drain their own sessions; the front waits for them.
         await pool.close()
-
-    app.cleanup_ctx.append(pool_lifecycle)
-    web.run_app(app, host=config.host, port=config.port, print=None, **runner_options())
+    finally:
+        await pool.close()
+        await runner.cleanup()
+    log.info("stopped")

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from agent.breaker import CircuitBreaker
 from agent.config import Config
 from agent.engine import TTSEngine
 from signaling.limits import Limits
 from signaling.metrics import Metrics
 from signaling.sessions import SessionRegistry
+from signaling.shutdown import Drain
 
 CONFIG = web.AppKey("config", Config)
 ENGINE = web.AppKey("engine", TTSEngine)
@@ -17,3 +19,5 @@ SESSIONS = web.AppKey("sessions", SessionRegistry)
 ENGINE_ERROR = web.AppKey("engine_error", list[str])
 LIMITS = web.AppKey("limits", Limits)
 METRICS = web.AppKey("metrics", Metrics)
+BREAKER = web.AppKey("breaker", CircuitBreaker)  # the same object as ENGINE
+DRAIN = web.AppKey("drain", Drain)  # set when SIGTERM came: new sessions are refused

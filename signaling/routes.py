@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hmac
 import json
+import math
 from functools import partial
 from typing import Any
 
@@ -15,10 +16,12 @@ from agent.hooks import SessionHooks
 from agent.speech import SpeechError
 from signaling.auth import claims, require_room, require_speaker, room_for
 from signaling.errors import ApiError, Handler
-from signaling.keys import CONFIG, ENGINE, ENGINE_ERROR, LIMITS, METRICS, SESSIONS
+from signaling.keys import BREAKER, CONFIG, DRAIN, ENGINE, ENGINE_ERROR, LIMITS, METRICS, SESSIONS
 from signaling.sessions import Peer, SessionRegistry
 
 MAX_ROOM_CHARS = 64
+# WHEP answers carry the session token here; a WHEP resume sends it back in the same header.
+SESSION_TOKEN_HEADER = "X-Session-Token"
 
 
 async def _json_body(request: web.Request) -> dict[str, Any]:
@@ -43,10 +46,21 @@ def _sessions(request: web.Request) -> SessionRegistry:
 
 def _new_sessions(request: web.Request) -> SessionRegistry:
     """The registry for a new session: 503 with the reason if the engine failed to load."""
+    request.app[DRAIN].check()
     failure = _engine_failure(request)
     if failure:
         raise ApiError(503, "engine_failed", failure)
+    _check_breaker(request)
     return _sessions(request)
+
+
+def _check_breaker(request: web.Request) -> None:
+    """503 ``tts_unavailable`` while the engine's circuit breaker is open."""
+    breaker = request.app[BREAKER]
+    reason = breaker.unavailable
+    if reason is not None:
+        retry = str(max(1, math.ceil(breaker.retry_after_s)))
+        raise ApiError(503, "tts_unavailable", reason, {"Retry-After": retry})
 
 
 def _engine_failure(request: web.Request) -> str | None:
@@ -79,6 +93,10 @@ async def post_offer(request: web.Request) -> web.Response:
     body = await _json_body(request)
     if body.get("type") != "offer":
         raise ApiError(400, "not_an_offer", "'type' must be \"offer\"")
+    if "resume" in body:
+        peer = _resumable(request, body["resume"], "offer")
+        answer = await _sessions(request).resume(peer, body.get("sdp"), request.remote)
+        return _offer_answer(peer, answer)
     room = room_for(request, _check_room(body.get("room")))
     peer, answer = await _new_sessions(request).create(
         body.get("sdp"),
@@ -88,7 +106,28 @@ async def post_offer(request: web.Request) -> web.Response:
         role=claims(request).role,
         hooks=_session_hooks(request),
     )
-    return web.json_response({"sdp": answer, "type": "answer", "session_id": peer.session.id})
+    return _offer_answer(peer, answer)
+
+
+def _offer_answer(peer: Peer, answer: str) -> web.Response:
+    return web.json_response(
+        {
+            "sdp": answer,
+            "type": "answer",
+            "session_id": peer.session.id,
+            "session_token": peer.token,
+        }
+    )
+
+
+def _resumable(request: web.Request, token: object, kind: str) -> Peer:
+    """The session a resume names, if this request may take it over."""
+    request.app[DRAIN].check()
+    peer = _sessions(request).by_token(token)
+    require_room(request, peer.room)
+    if peer.kind != kind:
+        raise ApiError(400, "wrong_kind", f"this token belongs to a {peer.kind} session")
+    return peer
 
 
 async def post_whep(request: web.Request) -> web.Response:
@@ -99,6 +138,10 @@ async def post_whep(request: web.Request) -> web.Response:
         sdp = await request.text()
     except UnicodeDecodeError:
         raise ApiError(400, "bad_sdp", "SDP must be UTF-8 text") from None
+    if SESSION_TOKEN_HEADER in request.headers:
+        peer = _resumable(request, request.headers[SESSION_TOKEN_HEADER], "whep")
+        answer = await _sessions(request).resume(peer, sdp, request.remote)
+        return _whep_answer(peer, answer)
     room = room_for(request, _check_room(request.query.get("room")))
     peer, answer = await _new_sessions(request).create(
         sdp,
@@ -108,12 +151,20 @@ async def post_whep(request: web.Request) -> web.Response:
         role=claims(request).role,
         hooks=_session_hooks(request),
     )
+    return _whep_answer(peer, answer)
+
+
+def _whep_answer(peer: Peer, answer: str) -> web.Response:
     location = f"/whep/{peer.session.id}"
     return web.Response(
         status=201,
         text=answer,
         content_type="application/sdp",
-        headers={"Location": location, "ETag": f'"{peer.session.id}"'},
+        headers={
+            "Location": location,
+            "ETag": f'"{peer.session.id}"',
+            SESSION_TOKEN_HEADER: peer.token,
+        },
     )
 
 
@@ -136,6 +187,8 @@ async def post_say(request: web.Request) -> web.Response:
     require_speaker(request)
     request.app[LIMITS].check_speech(request.remote)
     body = await _json_body(request)
+    peer.life.active()
+    _check_breaker(request)
     utterance_id = body.get("id")
     try:
         utt = peer.session.pipeline.say(body.get("text"), utterance_id)  # type: ignore[arg-type]
@@ -148,7 +201,14 @@ async def post_say(request: web.Request) -> web.Response:
 async def get_session(request: web.Request) -> web.Response:
     peer = _peer(request)
     return web.json_response(
-        {**peer.session.stats(), "kind": peer.kind, "room": peer.room, "role": peer.role}
+        {
+            **peer.session.stats(),
+            "kind": peer.kind,
+            "room": peer.room,
+            "role": peer.role,
+            "connection": peer.pc.connectionState,
+            "detached": peer.life.detached_at is not None,  # lost, waiting for a resume
+        }
     )
 
 
@@ -171,6 +231,17 @@ async def healthz(request: web.Request) -> web.Response:
 
 async def readyz(request: web.Request) -> web.Response:
     engine: TTSEngine = request.app[ENGINE]
+    if request.app[DRAIN].draining:
+        error = {"code": "shutting_down", "message": "the server is shutting down"}
+        return web.json_response(
+            {"ready": False, "engine": engine.name, "error": error}, status=503
+        )
+    unavailable = request.app[BREAKER].unavailable
+    if engine.ready and unavailable is not None:
+        error = {"code": "tts_unavailable", "message": unavailable}
+        return web.json_response(
+            {"ready": False, "engine": engine.name, "error": error}, status=503
+        )
     if engine.ready:
         return web.json_response({"ready": True, "engine": engine.name})
     failure = _engine_failure(request)

@@ -59,6 +59,40 @@ def opus_first(sdp: str) -> str:
     return newline.join(lines)
 
 
+def explicit_directions(sdp: str) -> str:
+    """Write ``a=sendrecv`` into audio/video sections that state no direction.
+
+    RFC 3264 makes sendrecv the default, and check_offer_sdp reads it so, but aiortc cannot
+    answer a section without one (it failed with a 500 before; found by fuzzing).
+    """
+    newline = "\r\n" if "\r\n" in sdp else "\n"
+    lines = sdp.split(newline)
+    out: list[str] = []
+    media_start: int | None = None  # index in ``out`` of the current audio/video m-line
+
+    def close_section() -> None:
+        if media_start is not None and not any(
+            line.strip() in DIRECTIONS for line in out[media_start + 1 :]
+        ):
+            out.insert(media_start + 1, "a=sendrecv")
+
+    for line in lines:
+        if line.startswith("m="):
+            close_section()
+            media_start = len(out) if line.startswith(("m=audio", "m=video")) else None
+        out.append(line)
+    if out and out[-1] == "":
+        out.pop()
+        close_section()
+        out.append("")
+    else:
+        close_section()
+    return newline.join(out)
+
+
+DIRECTIONS = ("a=sendrecv", "a=sendonly", "a=recvonly", "a=inactive")
+
+
 def _is_opus_rtpmap(line: str) -> bool:
     return line.startswith("a=rtpmap:") and " opus/48000" in line.lower()
 
@@ -88,7 +122,7 @@ def _audio_sections(sdp: str) -> list[list[str]]:
 
 def _direction(section: list[str]) -> str:
     for line in section:
-        if line.strip() in ("a=sendrecv", "a=sendonly", "a=recvonly", "a=inactive"):
+        if line.strip() in DIRECTIONS:
             return line.strip()[2:]
     return "sendrecv"
 

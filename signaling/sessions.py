@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
+import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from aioice.ice import get_host_addresses
 from aiortc import (
@@ -26,8 +29,10 @@ from agent.hooks import SessionHooks
 from agent.logcontext import SESSION_ID
 from agent.session import AgentSession
 from signaling.errors import ApiError
+from signaling.lifecycle import Liveness, Verdict, check_interval, tap_rtcp, verdict
 from signaling.negotiation import OpusOffer, read_opus_offer, tune_answer
-from signaling.sdp import add_mdns_fallback, check_offer_sdp, opus_first
+from signaling.resume import TokenBook, new_token
+from signaling.sdp import add_mdns_fallback, check_offer_sdp, explicit_directions, opus_first
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +48,10 @@ class Peer:
     kind: str  # "offer" | "whep"
     room: str | None = None
     role: str = "host"  # the token's role ("host" without authentication)
+    token: str = field(default_factory=new_token, repr=False)  # for resuming (signaling/resume.py)
+    life: Liveness = field(default_factory=Liveness)
+    ever_connected: bool = False  # a peer connection of this session reached "connected"
+    resuming: bool = False  # a resume is negotiating a new peer connection
 
 
 class SessionRegistry:
@@ -58,11 +67,13 @@ class SessionRegistry:
         self._on_closed = on_closed
         self._peers: dict[str, Peer] = {}
         self._creating = 0  # offers being answered: they count against max_sessions
-        self._closing: set[asyncio.Task[bool]] = set()
+        self._closing: set[asyncio.Task[Any]] = set()
         self.encode_executor = _encode_executor(config.opus.encode_threads)
         # In a worker process ids start with "w<index>-": the front routes by the id alone.
         index = config.worker_index
         self._id_prefix = f"{WORKER_ID_PREFIX}{index}-" if index is not None else ""
+        self.tokens = TokenBook()
+        self._watchdog: asyncio.Task[None] | None = None
 
     def __len__(self) -> int:
         return len(self._peers)
@@ -116,12 +127,7 @@ class SessionRegistry:
         ``peer_ip`` is the address the HTTP request came from (for mDNS candidates).
         """
         self.check_capacity()
-        offer_sdp = add_mdns_fallback(
-            opus_first(check_offer_sdp(sdp)),
-            peer_ip,
-            lambda: get_host_addresses(use_ipv4=True, use_ipv6=False),
-        )
-        opus_offer = read_opus_offer(offer_sdp)
+        offer_sdp, opus_offer = _read_offer(sdp, peer_ip)
         if not self.engine.ready:
             raise ApiError(
                 503, "not_ready", "the speech engine is still loading", {"Retry-After": "5"}
@@ -146,7 +152,6 @@ class SessionRegistry:
         # Set before the peer connection exists: the tasks it and the session start inherit
         # this context, so their log lines carry the session id too.
         SESSION_ID.set(session_id)
-        pc = RTCPeerConnection(self._rtc_configuration())
         session = AgentSession(
             session_id,
             self.engine,
@@ -155,7 +160,34 @@ class SessionRegistry:
             expects_channel=kind == "offer",
             hooks=hooks,
         )
-        peer = Peer(pc, session, kind, room, role)
+        # The token carries the worker prefix too: a resume reaches this process.
+        peer = Peer(
+            None,  # type: ignore[arg-type]
+            session,
+            kind,
+            room,
+            role,
+            token=self._id_prefix + new_token(),
+        )
+        try:
+            peer.pc, answer = await self._connect(peer, offer_sdp, opus_offer)
+        except BaseException:
+            await session.close()
+            raise
+        self._peers[session_id] = peer
+        self.tokens.add(peer.token, session_id)
+        session.start()
+        self._start_watchdog()
+        log.info("session %s created (%s, %d active)", session_id, kind, len(self._peers))
+        return peer, answer
+
+    async def _connect(
+        self, peer: Peer, offer_sdp: str, opus_offer: OpusOffer
+    ) -> tuple[RTCPeerConnection, str]:
+        """A new peer connection carrying ``peer``'s session, answered (not yet connected)."""
+        session = peer.session
+        pc = RTCPeerConnection(self._rtc_configuration())
+        life = Liveness()
         try:
             try:
                 await pc.setRemoteDescription(RTCSessionDescription(sdp=offer_sdp, type="offer"))
@@ -163,41 +195,138 @@ class SessionRegistry:
                 raise ApiError(400, "bad_sdp", f"could not apply the offer: {exc}") from None
             tune_answer(pc, opus_offer)
             sender = pc.addTrack(session.track)
-            if kind == "offer":
-                pc.on("datachannel", lambda channel: self._on_datachannel(session, channel))
-            pc.on("connectionstatechange", lambda: self._on_state(session_id, pc))
-            answer = await pc.createAnswer()
+            tap_rtcp(sender, life.heard)
+            if peer.kind == "offer":
+                pc.on("datachannel", lambda ch: self._on_datachannel(session, ch, life))
+            pc.on("connectionstatechange", lambda: self._on_state(peer, pc, life))
+            try:
+                answer = await pc.createAnswer()
+            except Exception as exc:  # noqa: BLE001 - an offer aiortc parsed but can't answer
+                raise ApiError(400, "bad_sdp", f"could not answer the offer: {exc}") from None
             await pc.setLocalDescription(answer)
             session.attach_sender(sender, _receiver_opus(opus_offer))
         except BaseException:
-            await session.close()
             await pc.close()
             raise
-        self._peers[session_id] = peer
-        session.start()
-        log.info("session %s created (%s, %d active)", session_id, kind, len(self._peers))
-        return peer, pc.localDescription.sdp
+        peer.life = life
+        return pc, pc.localDescription.sdp
+
+    # --- resume --------------------------------------------------------------------------
+    def by_token(self, token: object) -> Peer:
+        """The session a client's session token names (4xx: bad, unknown or expired)."""
+        peer = self._peers[self.tokens.session_id(token)]
+        SESSION_ID.set(peer.session.id)
+        return peer
+
+    async def resume(self, peer: Peer, sdp: object, peer_ip: str | None) -> str:
+        """Give ``peer``'s session a new peer connection from a fresh offer: same session,
+        queue and voice; playout resumes where it paused. Returns the answer SDP."""
+        offer_sdp, opus_offer = _read_offer(sdp, peer_ip)
+        if peer.resuming:
+            raise ApiError(409, "resume_in_progress", "this session is already being resumed")
+        peer.resuming = True
+        try:
+            old = peer.pc
+            if peer.life.detached_at is None:
+                # The client knows before we do (it switched networks, say): drop the old one.
+                peer.life.detached_at = time.monotonic()
+                peer.life.lost_reason = "resumed"
+            await old.close()
+            # aiortc stops a track with its sender: playout goes on in a new one.
+            peer.session.renew_track()
+            pc, answer = await self._connect(peer, offer_sdp, opus_offer)
+            peer.pc = pc
+            log.info("session %s resumed (%s)", peer.session.id, peer.kind)
+            return answer
+        finally:
+            peer.resuming = False
+
+    # --- watchdog ------------------------------------------------------------------------
+    def _start_watchdog(self) -> None:
+        if self._watchdog is None or self._watchdog.done():
+            self._watchdog = asyncio.get_running_loop().create_task(self._watch())
+
+    async def _watch(self) -> None:
+        interval = check_interval(self.config.lifecycle)
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                self._check_all()
+            except Exception:  # the watchdog must outlive any one session's trouble
+                log.exception("session watchdog failed")
+
+    def _check_all(self) -> None:
+        now = time.monotonic()
+        for peer in list(self._peers.values()):
+            if peer.resuming:
+                continue
+            if peer.session.pipeline.busy:
+                peer.life.active()
+            connected = peer.pc.connectionState == "connected"
+            match verdict(peer.life, connected, self.config.lifecycle, now):
+                case Verdict.LOST:
+                    self._spawn(self._lose(peer, peer.pc))
+                case Verdict.EXPIRED:
+                    log.info("session %s: not resumed in time", peer.session.id)
+                    self._spawn(self.close(peer.session.id))
+                case Verdict.IDLE:
+                    log.info("session %s: idle", peer.session.id)
+                    peer.session.send_event({"type": "session.closed", "reason": "idle_timeout"})
+                    self._spawn(self.close(peer.session.id))
+
+    async def _lose(self, peer: Peer, pc: RTCPeerConnection) -> None:
+        """``pc`` is gone: keep the session for a resume if it may have one, else close."""
+        if self._peers.get(peer.session.id) is not peer or peer.pc is not pc or peer.resuming:
+            return  # already closed, replaced or being replaced
+        if peer.life.detached_at is not None:
+            return
+        reason = peer.life.lost_reason or pc.connectionState
+        if peer.ever_connected and self.config.lifecycle.resume_grace_s > 0:
+            peer.life.detached_at = time.monotonic()
+            log.info(
+                "session %s: peer lost (%s); playout paused, %.0f s to resume",
+                peer.session.id,
+                reason,
+                self.config.lifecycle.resume_grace_s,
+            )
+            await pc.close()
+        else:
+            log.info("session %s: peer lost (%s)", peer.session.id, reason)
+            await self.close(peer.session.id)
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
 
     @staticmethod
-    def _on_datachannel(session: AgentSession, channel: RTCDataChannel) -> None:
+    def _on_datachannel(session: AgentSession, channel: RTCDataChannel, life: Liveness) -> None:
         if channel.label == DATA_CHANNEL_LABEL:
             session.attach_channel(channel)
+
+            @channel.on("message")
+            def _heard(_raw: object) -> None:
+                life.heard()
+                life.active()
+
         else:
             log.info("session %s: ignoring data channel %r", session.id, channel.label[:40])
 
-    def _on_state(self, session_id: str, pc: RTCPeerConnection) -> None:
-        if pc.connectionState in ("failed", "closed"):
-            self._close_soon(session_id)
-
-    def _close_soon(self, session_id: str) -> None:
-        task = asyncio.get_running_loop().create_task(self.close(session_id))
-        self._closing.add(task)
-        task.add_done_callback(self._closing.discard)
+    def _on_state(self, peer: Peer, pc: RTCPeerConnection, life: Liveness) -> None:
+        state = pc.connectionState
+        if state == "connected":
+            life.connected()
+            peer.ever_connected = True
+        elif state in ("failed", "closed"):
+            if life.lost_reason is None:
+                life.lost_reason = state
+            self._spawn(self._lose(peer, pc))
 
     async def close(self, session_id: str) -> bool:
         peer = self._peers.pop(session_id, None)
         if peer is None:
             return False
+        self.tokens.end(peer.token)
         if self._on_closed is not None:
             self._on_closed(peer)
         try:
@@ -208,6 +337,10 @@ class SessionRegistry:
         return True
 
     async def close_all(self) -> None:
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watchdog
         results = await asyncio.gather(
             *(self.close(sid) for sid in list(self._peers)), return_exceptions=True
         )
@@ -218,6 +351,16 @@ class SessionRegistry:
             await asyncio.gather(*self._closing, return_exceptions=True)
         if self.encode_executor is not None:
             self.encode_executor.shutdown(wait=False, cancel_futures=True)
+
+
+def _read_offer(sdp: object, peer_ip: str | None) -> tuple[str, OpusOffer]:
+    """The offer's SDP checked and prepared for aiortc, and what it says about Opus."""
+    offer_sdp = add_mdns_fallback(
+        explicit_directions(opus_first(check_offer_sdp(sdp))),
+        peer_ip,
+        lambda: get_host_addresses(use_ipv4=True, use_ipv6=False),
+    )
+    return offer_sdp, read_opus_offer(offer_sdp)
 
 
 def _receiver_opus(offer: OpusOffer) -> ReceiverOpus:

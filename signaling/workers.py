@@ -45,7 +45,9 @@ QUICK_DEATH_S = 30.0  # a worker that lived longer than this starts the back-off
 def worker_main(config: Config, socket_path: str, factory: AppFactory) -> None:
     """The worker process: the whole server app, on a Unix socket only the front can reach."""
     from signaling.app import runner_options
+    from signaling.keys import DRAIN, SESSIONS
     from signaling.logs import configure_logging
+    from signaling.shutdown import serve as serve_app
 
     _die_with_parent()
     configure_logging(config)
@@ -54,7 +56,8 @@ def worker_main(config: Config, socket_path: str, factory: AppFactory) -> None:
         os.unlink(socket_path)
     # No access log: the front logs each request once (with the client's address).
     options = {**runner_options(), "access_log": None}
-    web.run_app(app, path=socket_path, print=None, **options)
+    # Like a single-process server: SIGTERM (from the front) drains speech, then exits.
+    asyncio.run(serve_app(app, config, app[SESSIONS], app[DRAIN], path=socket_path, **options))
 
 
 def _die_with_parent() -> None:
@@ -120,6 +123,7 @@ class WorkerPool:
             )
         self._watches: list[asyncio.Task[None]] = []
         self._closing = False
+        self._closed = False
 
     # --- lifecycle -----------------------------------------------------------------------
     async def start(self) -> None:
@@ -132,7 +136,14 @@ class WorkerPool:
         """Shutting down: a worker that exits now (SIGTERM to the group) stays down."""
         self._closing = True
 
-    async def close(self, timeout_s: float = 10.0) -> None:
+    async def close(self, timeout_s: float | None = None) -> None:
+        """SIGTERM every worker (each drains its speech, up to the drain deadline), then
+        wait for them; any still running after that is killed."""
+        if timeout_s is None:
+            timeout_s = self.config.lifecycle.drain_deadline_s + 5.0
+        if self._closed:
+            return
+        self._closed = True
         self._closing = True
         for task in self._watches:
             task.cancel()

@@ -8,6 +8,10 @@ const ICE_GATHER_TIMEOUT_MS = 2000; // non-trickle: send the offer after gatheri
 const CONNECT_TIMEOUT_MS = 15000; // offer posted -> data channel open
 const HANGUP_WAIT_MS = 1000; // how long Hang up waits for DELETE /sessions/{id}
 const STATS_INTERVAL_MS = 1000;
+// Reconnect: a lost connection is resumed with the session token (same session, queued
+// speech kept); "disconnected" for this long counts as lost.
+const RESUME_ATTEMPTS = 3;
+const RESUME_AFTER_DISCONNECTED_MS = 4000;
 const PLOT_POINTS = 60; // one per second: the last minute
 const MAX_STATS_SAMPLES = 3600; // what window.voiceAgent.stats keeps (an hour)
 // An access token from the page URL (?token=...), for a server started with an auth secret.
@@ -49,6 +53,8 @@ const session = {
   seq: 0,
   captionFor: null,
   hangingUp: false,
+  token: null, // session token from the last answer: what a resume shows the server
+  disconnectTimer: null,
 };
 const texts = new Map(); // client id -> text we asked the agent to say
 const items = new Map(); // utterance id -> transcript <li>
@@ -127,7 +133,12 @@ function refreshState() {
   const { pc, channel } = session;
   if (!pc) return;
   const pcState = pc.connectionState ?? pc.iceConnectionState;
+  if (pcState !== "disconnected") {
+    clearTimeout(session.disconnectTimer);
+    session.disconnectTimer = null;
+  }
   if (pcState === "failed") {
+    if (lostConnection()) return;
     teardown("failed");
     showAlert("The connection failed (ICE could not reach the server).");
     return;
@@ -137,6 +148,7 @@ function refreshState() {
     return;
   }
   if (pcState === "disconnected") {
+    session.disconnectTimer ??= setTimeout(lostConnection, RESUME_AFTER_DISCONNECTED_MS);
     setState("disconnected", "media path interrupted; waiting for it to recover");
     return;
   }
@@ -224,8 +236,9 @@ function waitForChannelOpen(channel, pc) {
   });
 }
 
-async function postOffer(description) {
+async function postOffer(description, resume = null) {
   const body = { sdp: description.sdp, type: description.type };
+  if (resume) body.resume = resume;
   const room = new URLSearchParams(location.search).get("room");
   if (room) body.room = room;
   const res = await fetch(OFFER_URL, {
@@ -262,14 +275,16 @@ function connect() {
   return connecting;
 }
 
-async function doConnect() {
+async function doConnect(resume = null) {
   clearAlert();
   const generation = ++session.generation;
-  events.length = 0;
-  stats.length = 0;
-  serverStats.length = 0;
+  if (!resume) {
+    events.length = 0;
+    stats.length = 0;
+    serverStats.length = 0;
+    resetPlots();
+  }
   session.prevInbound = null;
-  resetPlots();
 
   const pc = new RTCPeerConnection({ iceServers: await iceServers() });
   session.pc = pc;
@@ -286,6 +301,7 @@ async function doConnect() {
     channel.addEventListener("close", () => {
       if (session.channel === channel && session.pc) {
         const expected = session.hangingUp;
+        if (!expected && lostConnection()) return;
         teardown("closed");
         if (!expected) showAlert("The agent closed the session.", "info");
       }
@@ -297,9 +313,10 @@ async function doConnect() {
     await pc.setLocalDescription(await pc.createOffer());
     await waitForIceGathering(pc, ICE_GATHER_TIMEOUT_MS);
     if (stale()) return;
-    const answer = await postOffer(pc.localDescription);
+    const answer = await postOffer(pc.localDescription, resume);
     if (stale()) return;
     session.id = answer.session_id ?? null;
+    session.token = answer.session_token ?? null;
     await pc.setRemoteDescription({ type: "answer", sdp: answer.sdp });
     startStats();
     refreshState();
@@ -316,8 +333,11 @@ async function doConnect() {
   }
 }
 
-function teardown(finalState, { notifyServer = false } = {}) {
+function teardown(finalState, { notifyServer = false, keepToken = false } = {}) {
   const { pc, channel, id } = session;
+  if (!keepToken) session.token = null;
+  clearTimeout(session.disconnectTimer);
+  session.disconnectTimer = null;
   session.generation += 1;
   session.hangingUp = false;
   session.pc = null;
@@ -332,7 +352,7 @@ function teardown(finalState, { notifyServer = false } = {}) {
   }
   ui.audio.srcObject = null;
   for (const li of items.values()) {
-    if (li.dataset.status === "speaking") setItemStatus(li, "interrupted", "cut off");
+    if (!keepToken && li.dataset.status === "speaking") setItemStatus(li, "interrupted", "cut off");
   }
   setCaption(null, "");
   if (notifyServer && id) {
@@ -358,6 +378,30 @@ async function hangup() {
     }
   }
   if (session.generation === generation) teardown("closed");
+}
+
+// The connection was lost (ICE failed, stayed disconnected, or the channel closed without a
+// hang-up): resume the same session on a new connection; queued speech plays once back.
+function lostConnection() {
+  const token = session.token;
+  if (!token || session.hangingUp || !session.pc) return false;
+  teardown("reconnecting", { keepToken: true });
+  resumeSession(token, 1);
+  return true;
+}
+
+async function resumeSession(token, attempt) {
+  await new Promise((resolve) => setTimeout(resolve, 500 * attempt));
+  if (session.pc || connecting) return; // the user connected or hung up meanwhile
+  session.token = token;
+  try {
+    connecting = doConnect(token).finally(() => { connecting = null; });
+    await connecting;
+  } catch (err) {
+    // 404/410: the session is gone (grace period over); anything else: try again.
+    const gone = err instanceof ServerError && (err.status === 404 || err.status === 410);
+    if (!gone && attempt < RESUME_ATTEMPTS) resumeSession(token, attempt + 1);
+  }
 }
 
 function hangupOnUnload() {

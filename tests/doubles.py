@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncGenerator
+from contextlib import aclosing
 
 import numpy as np
 
-from agent.engine import PCM, VoiceOptions
+from agent.engine import PCM, EngineError, VoiceOptions
 
 
 def tone_frequency(text: str) -> float:
@@ -110,3 +111,29 @@ class ClipEngine(ToneEngine):
         except (asyncio.CancelledError, GeneratorExit):
             self.cancelled_streams += 1
             raise
+
+
+class FailingEngine(ToneEngine):
+    """A ToneEngine that fails when told: ``mode`` is ``"ok"``, ``"start"`` (raises before
+    any audio) or ``"midway"`` (raises after ``good_chunks`` chunks of audio)."""
+
+    name = "failing"
+
+    def __init__(self, **kwargs: float) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        self.mode = "ok"
+        self.good_chunks = 3
+        self.failures = 0
+
+    async def synthesize(self, text: str, voice: VoiceOptions) -> AsyncGenerator[PCM, None]:
+        if self.mode == "start":
+            self.failures += 1
+            raise EngineError("the engine's worker crashed")
+        n = 0
+        async with aclosing(super().synthesize(text, voice)) as chunks:
+            async for chunk in chunks:
+                if self.mode == "midway" and n == self.good_chunks:
+                    self.failures += 1
+                    raise EngineError("the engine failed mid-utterance")
+                n += 1
+                yield chunk

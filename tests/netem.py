@@ -319,6 +319,9 @@ class LossyRelay:
         self._client_transport: asyncio.DatagramTransport | None = None
         self._server_transport: asyncio.DatagramTransport | None = None
         self._pending: set[asyncio.TimerHandle] = set()
+        # Drop every datagram both ways, STUN and DTLS included: a client that vanished.
+        self.blackout = False
+        self.blackout_dropped = 0
 
     # -- lifecycle
 
@@ -438,6 +441,9 @@ class LossyRelay:
         target: Address | None,
     ) -> None:
         if transport is None:
+            return
+        if self.blackout:
+            self.blackout_dropped += 1
             return
         if target is None:
             direction.stats.unroutable += 1

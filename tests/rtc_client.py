@@ -42,6 +42,7 @@ class RtcClient:
         self.audio = ReceivedAudio()
         self.events: list[dict[str, Any]] = []
         self.session_id: str | None = None
+        self.session_token: str | None = None  # for resuming the session (signaling/resume.py)
         self.location: str | None = None
         self._event_signal = asyncio.Event()
         self._reader: asyncio.Task[None] | None = None
@@ -58,8 +59,10 @@ class RtcClient:
         rewrite_offer: Callable[[str], str] | None = None,
         rewrite_answer: Callable[[str], str] | None = None,
         token_in: str = "header",
+        resume: str | None = None,
     ) -> None:
-        """``token_in``: where the offer carries the token: header, query or body (JSON)."""
+        """``token_in``: where the offer carries the token: header, query or body (JSON).
+        ``resume``: a session token: take over that session instead of starting one."""
         transceiver = self.pc.addTransceiver("audio", direction="recvonly")
         if self.rtp_tap is not None:
             tap = self.rtp_tap
@@ -99,13 +102,18 @@ class RtcClient:
             async with self.http.post(
                 self.base_url + "/whep",
                 data=sdp,
-                headers={**headers, "Content-Type": "application/sdp"},
+                headers={
+                    **headers,
+                    "Content-Type": "application/sdp",
+                    **({"X-Session-Token": resume} if resume else {}),
+                },
                 params=params,
             ) as resp:
                 assert resp.status == 201, await resp.text()
                 assert resp.content_type == "application/sdp"
                 self.location = resp.headers["Location"]
                 self.session_id = self.location.rsplit("/", 1)[1]
+                self.session_token = resp.headers.get("X-Session-Token")
                 answer = await resp.text()
         else:
             body: dict[str, Any] = {"sdp": sdp, "type": "offer"}
@@ -113,6 +121,8 @@ class RtcClient:
                 body["room"] = room
             if self.token and token_in == "body":
                 body["token"] = self.token
+            if resume is not None:
+                body["resume"] = resume
             async with self.http.post(
                 self.base_url + "/offer", json=body, headers=headers, params=params
             ) as resp:
@@ -120,6 +130,7 @@ class RtcClient:
                 data = await resp.json()
                 assert data["type"] == "answer"
                 self.session_id = data["session_id"]
+                self.session_token = data.get("session_token")
                 answer = data["sdp"]
         if rewrite_answer is not None:
             answer = rewrite_answer(answer)

@@ -99,3 +99,19 @@ def test_settings_the_config_refuses_exit_with_usage() -> None:
         with pytest.raises(SystemExit) as exit_info:
             main(argv, {})
         assert exit_info.value.code == 2
+
+
+def test_lifecycle_and_breaker_settings() -> None:
+    env = {"VOICE_AGENT_RTCP_TIMEOUT": "5", "VOICE_AGENT_BREAKER_COOLDOWN": "3"}
+    config = build(
+        ["serve", "--connect-timeout", "7", "--resume-grace", "0", "--breaker-failures", "2"], env
+    )
+    life = config.lifecycle
+    assert (life.connect_timeout_s, life.rtcp_timeout_s, life.resume_grace_s) == (7, 5, 0)
+    assert (config.breaker.failures, config.breaker.cooldown_s) == (2, 3)
+    defaults = build(["serve"])
+    assert defaults.lifecycle.idle_timeout_s == 600 and defaults.lifecycle.drain_deadline_s == 20
+    with pytest.raises(ValueError, match="negative"):
+        build(["serve", "--idle-timeout", "-1"])
+    with pytest.raises(ValueError, match="at least 1"):
+        build(["serve", "--breaker-failures", "0"])

@@ -1,0 +1,156 @@
+"""A circuit breaker around the speech engine.
+
+Closed (normal): every utterance goes to the engine. ``failures`` engine failures in a row,
+all within ``window_s``, open it: from then on new speech fails at once with
+``EngineUnavailable`` (clients get ``tts_unavailable``) instead of waiting on an engine that
+keeps failing, and ``unavailable`` says why (``/readyz`` turns unready, new sessions are
+refused). After ``cooldown_s`` one probe utterance (``probe_text``) runs on the engine
+(half-open); if it produces audio the breaker closes, otherwise it stays open for another
+cool-down. The probe runs on its own, so readiness comes back without waiting for traffic.
+
+Cancellation (an interrupt, a hang-up) is neither a failure nor a success.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import AsyncGenerator, Callable
+from contextlib import aclosing
+
+from agent.config import BreakerSettings
+from agent.engine import PCM, EngineUnavailable, TTSEngine, VoiceOptions
+
+log = logging.getLogger(__name__)
+
+PROBE_TIMEOUT_S = 30.0  # an engine that hangs on the probe counts as failed
+
+
+class CircuitBreaker:
+    """A TTSEngine that wraps another one (see the module docstring)."""
+
+    def __init__(
+        self,
+        engine: TTSEngine,
+        settings: BreakerSettings,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.inner = engine
+        self.name = engine.name
+        self.sample_rate = engine.sample_rate
+        self.settings = settings
+        self._clock = clock
+        self.state = "closed"  # closed | open | half_open
+        self._failures: deque[float] = deque()  # times of the current run of failures
+        self._opened_at = 0.0
+        self.last_error: str | None = None
+        self.opened = 0  # times the breaker opened (figures)
+        self._timer: asyncio.TimerHandle | None = None
+        self._probe: asyncio.Task[None] | None = None
+
+    # --- TTSEngine -------------------------------------------------------------------------
+    @property
+    def ready(self) -> bool:
+        return self.inner.ready
+
+    @property
+    def failure(self) -> str | None:
+        return self.inner.failure
+
+    async def start(self) -> None:
+        await self.inner.start()
+
+    async def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        if self._probe is not None:
+            self._probe.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._probe
+        await self.inner.close()
+
+    async def synthesize(self, text: str, voice: VoiceOptions) -> AsyncGenerator[PCM, None]:
+        reason = self.unavailable
+        if reason is not None:
+            raise EngineUnavailable(reason)
+        try:
+            async with aclosing(self.inner.synthesize(text, voice)) as chunks:
+                async for chunk in chunks:
+                    yield chunk
+        except (asyncio.CancelledError, GeneratorExit):
+            raise
+        except Exception as exc:
+            self._failed(exc)
+            raise
+        self._succeeded()
+
+    # --- state -----------------------------------------------------------------------------
+    @property
+    def unavailable(self) -> str | None:
+        """Why new speech fails fast (None while the breaker is closed)."""
+        if self.state == "closed":
+            return None
+        return (
+            f"the speech engine failed {self.settings.failures} times in a row "
+            f"(last: {self.last_error}); retrying in {self.retry_after_s:.0f} s"
+        )
+
+    @property
+    def retry_after_s(self) -> float:
+        """Seconds until the next probe (0 while one runs or the breaker is closed)."""
+        if self.state != "open":
+            return 0.0
+        return max(0.0, self._opened_at + self.settings.cooldown_s - self._clock())
+
+    def _failed(self, exc: Exception) -> None:
+        now = self._clock()
+        self.last_error = str(exc)[:200] or type(exc).__name__
+        self._failures.append(now)
+        while self._failures and now - self._failures[0] > self.settings.window_s:
+            self._failures.popleft()
+        if self.state == "closed" and len(self._failures) >= self.settings.failures:
+            self._open("opened")
+
+    def _succeeded(self) -> None:
+        self._failures.clear()
+
+    def _open(self, what: str) -> None:
+        self.state = "open"
+        self._opened_at = self._clock()
+        self.opened += 1
+        log.warning(
+            "speech engine circuit breaker %s (%s); probing in %.1f s",
+            what,
+            self.last_error,
+            self.settings.cooldown_s,
+        )
+        loop = asyncio.get_running_loop()
+        self._timer = loop.call_later(self.settings.cooldown_s, self._start_probe)
+
+    def _start_probe(self) -> None:
+        self._timer = None
+        self.state = "half_open"
+        self._probe = asyncio.get_running_loop().create_task(self._run_probe())
+
+    async def _run_probe(self) -> None:
+        try:
+            audio = 0
+            async with asyncio.timeout(PROBE_TIMEOUT_S):
+                gen = self.inner.synthesize(self.settings.probe_text, VoiceOptions())
+                async with aclosing(gen) as chunks:
+                    async for chunk in chunks:
+                        audio += len(chunk)
+            if not audio:
+                raise RuntimeError("the probe produced no audio")
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - any failure keeps the breaker open
+            self.last_error = str(exc)[:200] or type(exc).__name__
+            self._open("stays open: the probe failed")
+            return
+        self.state = "closed"
+        self._failures.clear()
+        log.info("speech engine circuit breaker closed: the probe succeeded")

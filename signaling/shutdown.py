@@ -1,0 +1,113 @@
+"""Running the server, and stopping it gracefully on SIGTERM (or SIGINT).
+
+On the signal the server keeps listening but stops admitting: new sessions and resumes get
+503 ``shutting_down`` (``/readyz`` too, so a load balancer moves traffic away); speech in
+flight goes on until every session is idle or ``drain_deadline_s`` passes; the last events
+are given a moment to leave; then every peer is closed and the process exits 0.
+(aiohttp's own ``run_app`` stops listening first, so late offers would be refused at the
+TCP level, not told why.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import time
+from collections.abc import Callable
+
+from aiohttp import web
+
+from agent.config import Config
+from signaling.errors import ApiError
+from signaling.sessions import SessionRegistry
+
+log = logging.getLogger(__name__)
+
+POLL_S = 0.05
+FLUSH_S = 1.0  # at most this long for the last data-channel events to leave
+RETRY_AFTER_S = 5
+
+
+class Drain:
+    """Whether the server is shutting down; new sessions ask ``check`` first."""
+
+    def __init__(self) -> None:
+        self.draining = False
+
+    def check(self) -> None:
+        if self.draining:
+            raise ApiError(
+                503,
+                "shutting_down",
+                "the server is shutting down; connect again (to another instance)",
+                {"Retry-After": str(RETRY_AFTER_S)},
+            )
+
+
+async def drain(sessions: SessionRegistry, state: Drain, deadline_s: float) -> bool:
+    """Stop admitting, let speech finish (up to the deadline), close every peer.
+
+    Returns True if every session finished its speech in time.
+    """
+    state.draining = True
+    end = time.monotonic() + deadline_s
+
+    def speaking() -> int:
+        return sum(1 for p in sessions.peers() if p.session.pipeline.busy)
+
+    def unsent() -> bool:
+        return any(
+            p.session.channel is not None and p.session.channel.bufferedAmount > 0
+            for p in sessions.peers()
+        )
+
+    log.info(
+        "draining: %d sessions, %d speaking, %.0f s at most", len(sessions), speaking(), deadline_s
+    )
+    await _poll_until(lambda: not speaking(), end)
+    busy = speaking()
+    # The last events (speech.ended) are queued on the data channels: let them leave.
+    await _poll_until(lambda: not unsent(), min(end, time.monotonic() + FLUSH_S))
+    if busy:
+        log.warning("drain deadline passed with %d sessions still speaking", busy)
+    await sessions.close_all()
+    return not busy
+
+
+async def _poll_until(done: Callable[[], bool], until: float) -> None:
+    """Poll ``done`` until it is true or the monotonic clock reaches ``until`` (the states
+    polled change inside aiortc and the speech pipeline, which offer no event to wait on)."""
+    while True:
+        if done() or time.monotonic() >= until:
+            return
+        await asyncio.sleep(POLL_S)
+
+
+async def serve(
+    app: web.Application,
+    config: Config,
+    sessions: SessionRegistry,
+    drain_state: Drain,
+    path: str | None = None,
+    **runner_kw: object,
+) -> None:
+    """Serve ``app`` until SIGTERM/SIGINT, then drain and stop (on ``path``, a Unix socket,
+    when given: a worker process behind the front)."""
+    runner = web.AppRunner(app, handle_signals=False, **runner_kw)  # type: ignore[arg-type]
+    await runner.setup()
+    try:
+        site: web.BaseSite = (
+            web.UnixSite(runner, path) if path else web.TCPSite(runner, config.host, config.port)
+        )
+        await site.start()
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+        log.info("stop signal received")
+        await drain(sessions, drain_state, config.lifecycle.drain_deadline_s)
+    finally:
+        await runner.cleanup()
+    log.info("stopped")

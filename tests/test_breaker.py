@@ -1,0 +1,142 @@
+"""Engine faults through the real server: an exception mid-utterance ends that utterance with
+an error and the session goes on; repeated failures open the circuit breaker (fail fast with
+tts_unavailable, /readyz unready, new sessions refused), and a probe closes it again."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import aiohttp
+import pytest
+
+from agent.config import BreakerSettings, Config
+from tests.conftest import LiveServer
+from tests.doubles import FailingEngine, ToneEngine
+from tests.rtc_client import RtcClient
+
+pytestmark = pytest.mark.timeout(60)
+
+BREAKER = BreakerSettings(failures=3, window_s=10, cooldown_s=1.0)
+
+
+@pytest.fixture
+def tone_engine() -> ToneEngine:
+    return FailingEngine()
+
+
+@pytest.fixture
+def server_config() -> Config:
+    return Config(host="127.0.0.1", port=0, breaker=BREAKER)
+
+
+async def say(client: RtcClient, utt_id: str) -> list[dict[str, Any]]:
+    """Say something; the events of that utterance once it ended."""
+    client.send({"type": "say", "text": "one two three four", "id": utt_id})
+    await client.wait_event(lambda e: e["type"] == "speech.ended" and e.get("id") == utt_id)
+    return [e for e in client.events if e.get("id") == utt_id]
+
+
+async def readyz(http: aiohttp.ClientSession, url: str) -> tuple[int, Any]:
+    async with http.get(url + "/readyz") as resp:
+        return resp.status, await resp.json()
+
+
+async def test_an_engine_failure_mid_utterance_ends_it_and_the_session_goes_on(
+    live_server: LiveServer,
+) -> None:
+    engine = live_server.engine
+    assert isinstance(engine, FailingEngine)
+    async with aiohttp.ClientSession() as http:
+        client = RtcClient(live_server.url, http)
+        await client.connect()
+        try:
+            engine.mode = "midway"
+            events = await say(client, "broken")
+            engine.mode = "ok"
+            after = await say(client, "fine")
+        finally:
+            await client.close()
+    kinds = [e["type"] for e in events]
+    # The audio made before the failure is played (the error is sent when it happens,
+    # speech.started when the first frame is heard).
+    assert "speech.started" in kinds and kinds.index("error") < kinds.index("speech.ended")
+    error = next(e for e in events if e["type"] == "error")
+    assert error["code"] == "tts_failed" and "mid-utterance" in error["message"]
+    assert events[-1] == {"type": "speech.ended", "id": "broken", "interrupted": True}
+    assert [e["type"] for e in after if e["type"] != "speech.segment"] == [
+        "speech.started",
+        "speech.ended",
+    ]
+    assert after[-1]["interrupted"] is False
+
+
+async def test_repeated_failures_open_the_breaker_and_a_probe_closes_it(
+    live_server: LiveServer,
+) -> None:
+    engine = live_server.engine
+    assert isinstance(engine, FailingEngine)
+    async with aiohttp.ClientSession() as http:
+        client = RtcClient(live_server.url, http)
+        await client.connect()
+        try:
+            engine.mode = "start"
+            for n in range(BREAKER.failures):
+                events = await say(client, f"f{n}")
+                assert [e["code"] for e in events if e["type"] == "error"] == ["tts_failed"]
+            assert engine.failures == BREAKER.failures
+            # Open: new speech fails fast without touching the engine.
+            started = time.monotonic()
+            events = await say(client, "fast")
+            assert time.monotonic() - started < 0.5
+            assert engine.failures == BREAKER.failures
+            error = next(e for e in events if e["type"] == "error")
+            assert error["code"] == "tts_unavailable" and "worker crashed" in error["message"]
+            assert events[-1]["interrupted"] is True
+            status, body = await readyz(http, live_server.url)
+            assert status == 503 and body["error"]["code"] == "tts_unavailable"
+            offer = {"type": "offer", "sdp": client.pc.localDescription.sdp}
+            async with http.post(live_server.url + "/offer", json=offer) as resp:
+                assert resp.status == 503 and int(resp.headers["Retry-After"]) >= 1
+                assert (await resp.json())["error"]["code"] == "tts_unavailable"
+            say_url = f"{live_server.url}/sessions/{client.session_id}/say"
+            async with http.post(say_url, json={"text": "hello"}) as resp:
+                assert resp.status == 503
+                assert (await resp.json())["error"]["code"] == "tts_unavailable"
+
+            # The probe after the cool-down fails too: still open.
+            await asyncio.sleep(BREAKER.cooldown_s + 0.3)
+            assert engine.failures == BREAKER.failures + 1
+            assert (await readyz(http, live_server.url))[0] == 503
+
+            # The engine recovers: the next probe closes the breaker, speech works again.
+            engine.mode = "ok"
+            deadline = time.monotonic() + BREAKER.cooldown_s + 2
+            while (await readyz(http, live_server.url))[0] != 200:
+                assert time.monotonic() < deadline, "the breaker never closed"
+                await asyncio.sleep(0.1)
+            events = await say(client, "back")
+            assert not [e for e in events if e["type"] == "error"]
+            assert events[-1] == {"type": "speech.ended", "id": "back", "interrupted": False}
+        finally:
+            await client.close()
+
+
+async def test_interrupts_are_not_failures(live_server: LiveServer) -> None:
+    async with aiohttp.ClientSession() as http:
+        client = RtcClient(live_server.url, http)
+        await client.connect()
+        try:
+            for n in range(BREAKER.failures + 1):
+                client.send({"type": "say", "text": " ".join(["w"] * 20), "id": f"i{n}"})
+                await client.wait_event(
+                    lambda e, i=n: e == {"type": "speech.started", "id": f"i{i}"}
+                )
+                client.send({"type": "interrupt"})
+                await client.wait_event(
+                    lambda e, i=n: e.get("id") == f"i{i}" and e["type"] == "speech.ended"
+                )
+            assert (await readyz(http, live_server.url))[0] == 200
+        finally:
+            await client.close()

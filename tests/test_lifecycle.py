@@ -1,0 +1,163 @@
+"""Session lifecycle through the real server: connect timeout, vanished peers, idle sessions.
+
+Timeouts are shortened so each test takes seconds; the rules are the product's
+(signaling/lifecycle.py). Vanishing clients are made with the lossy relay (tests/netem.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import aiohttp
+import pytest
+from aiortc import RTCConfiguration, RTCPeerConnection
+
+from agent.config import Config, LifecycleSettings
+from signaling.keys import SESSIONS
+from tests.conftest import LiveServer
+from tests.netem import relayed_client
+from tests.rtc_client import RtcClient
+
+pytestmark = pytest.mark.timeout(60)
+
+SHORT = LifecycleSettings(
+    connect_timeout_s=1.5, rtcp_timeout_s=2.0, resume_grace_s=1.0, idle_timeout_s=0
+)
+
+
+@pytest.fixture
+def server_config() -> Config:
+    return Config(host="127.0.0.1", port=0, lifecycle=SHORT)
+
+
+async def session_state(http: aiohttp.ClientSession, url: str, sid: str) -> dict[str, Any] | None:
+    async with http.get(f"{url}/sessions/{sid}") as resp:
+        if resp.status == 404:
+            return None
+        assert resp.status == 200, await resp.text()
+        data: dict[str, Any] = await resp.json()
+        return data
+
+
+async def wait_for(
+    http: aiohttp.ClientSession,
+    url: str,
+    sid: str,
+    predicate: Any,
+    timeout: float,
+) -> float:
+    """Seconds until the session's state (None once it is gone) satisfies ``predicate``."""
+    start = time.monotonic()
+    while time.monotonic() - start < timeout:
+        if predicate(await session_state(http, url, sid)):
+            return time.monotonic() - start
+        await asyncio.sleep(0.1)
+    now = await session_state(http, url, sid)
+    raise TimeoutError(f"session {sid} never reached the state; now {now}")
+
+
+def gone(state: dict[str, Any] | None) -> bool:
+    return state is None
+
+
+def detached(state: dict[str, Any] | None) -> bool:
+    return state is not None and state["detached"]
+
+
+def test_default_timers_clean_up_a_vanished_client_within_30_s() -> None:
+    life = LifecycleSettings()
+    # Worst case: last RTCP just before it vanished, then the grace, plus one watchdog tick.
+    assert life.rtcp_timeout_s + life.resume_grace_s + 1.0 <= 30
+    assert 10 <= life.connect_timeout_s <= 30
+
+
+async def test_a_peer_that_never_connects_is_closed(live_server: LiveServer) -> None:
+    pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+    pc.addTransceiver("audio", direction="recvonly")
+    await pc.setLocalDescription(await pc.createOffer())
+    try:
+        async with aiohttp.ClientSession() as http:
+            offer = {"type": "offer", "sdp": pc.localDescription.sdp}
+            async with http.post(live_server.url + "/offer", json=offer) as resp:
+                assert resp.status == 200
+                sid = (await resp.json())["session_id"]
+            # The answer is never applied: ICE never completes.
+            elapsed = await wait_for(http, live_server.url, sid, gone, 10)
+    finally:
+        await pc.close()
+    assert SHORT.connect_timeout_s - 0.1 <= elapsed <= SHORT.connect_timeout_s + 1.5
+    assert len(live_server.app[SESSIONS]) == 0
+
+
+@pytest.mark.parametrize("how", ["loss", "blackout"])
+async def test_a_client_that_vanishes_is_cleaned_up(live_server: LiveServer, how: str) -> None:
+    """100% loss both ways with RTCP (STUN and DTLS still pass, so ICE consent holds), or
+    a blackout (nothing passes): either way the session is detached after the RTCP timeout
+    and closed after the grace."""
+    async with (
+        aiohttp.ClientSession() as http,
+        relayed_client(live_server.url, http) as (
+            client,
+            relay,
+        ),
+    ):
+        sid = client.session_id
+        assert sid is not None
+        await asyncio.sleep(0.5)
+        state = await session_state(http, live_server.url, sid)
+        assert state is not None and state["connection"] == "connected"
+        if how == "loss":
+            relay.set_drop_rtcp(True)
+            relay.set_loss(downstream=1.0, upstream=1.0)
+        else:
+            relay.blackout = True
+        lost = await wait_for(http, live_server.url, sid, detached, 10)
+        closed = await wait_for(http, live_server.url, sid, gone, 10) + lost
+    # The last report came up to ~1.5 s before the cut (aiortc reports every 0.5-1.5 s).
+    assert SHORT.rtcp_timeout_s - 1.6 <= lost <= SHORT.rtcp_timeout_s + 1.5
+    assert closed <= SHORT.rtcp_timeout_s + SHORT.resume_grace_s + 2.0
+    assert len(live_server.app[SESSIONS]) == 0
+
+
+async def test_a_client_that_closes_without_a_goodbye_is_cleaned_up(
+    live_server: LiveServer,
+) -> None:
+    async with aiohttp.ClientSession() as http:
+        client = RtcClient(live_server.url, http)
+        await client.connect()
+        sid = client.session_id
+        assert sid is not None
+        await asyncio.sleep(0.3)
+        await client.close()  # no DELETE
+        # DTLS close_notify reaches the server: it notices at once, not after the timeout.
+        lost = await wait_for(http, live_server.url, sid, detached, 5)
+        closed = await wait_for(http, live_server.url, sid, gone, 5) + lost
+    assert lost < SHORT.rtcp_timeout_s
+    assert closed <= lost + SHORT.resume_grace_s + 1.0
+
+
+@pytest.mark.parametrize(
+    "server_config",
+    [Config(host="127.0.0.1", port=0, lifecycle=LifecycleSettings(idle_timeout_s=1.5))],
+)
+async def test_an_idle_session_is_closed_and_told_why(live_server: LiveServer) -> None:
+    async with aiohttp.ClientSession() as http:
+        client = RtcClient(live_server.url, http)
+        await client.connect()
+        sid = client.session_id
+        assert sid is not None
+        try:
+            # Activity keeps it: a short utterance at 1 s pushes the deadline back.
+            await asyncio.sleep(1.0)
+            client.send({"type": "say", "text": "one two", "id": "u1"})
+            await client.wait_event(lambda e: e["type"] == "speech.ended")
+            started = time.monotonic()
+            event = await client.wait_event(lambda e: e["type"] == "session.closed", 5)
+            idle_for = time.monotonic() - started
+            assert event == {"type": "session.closed", "reason": "idle_timeout"}
+            await wait_for(http, live_server.url, sid, gone, 3)
+        finally:
+            await client.close()
+    assert 1.0 <= idle_for <= 3.0

@@ -1,0 +1,195 @@
+"""Reconnect: a client that lost its connection resumes its session with the session token.
+
+Same session id, same queue, same voice; what was queued while it was gone plays when it is
+back (playout pauses while no peer is connected)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import aiohttp
+import numpy as np
+import pytest
+
+from agent.config import Config, LifecycleSettings, LimitSettings
+from tests.conftest import LiveServer
+from tests.doubles import tone_frequency
+from tests.netem import relayed_client
+from tests.rtc_client import RtcClient
+from tests.test_lifecycle import detached, gone, session_state, wait_for
+
+pytestmark = pytest.mark.timeout(60)
+
+LIFE = LifecycleSettings(connect_timeout_s=5, rtcp_timeout_s=3, resume_grace_s=5, idle_timeout_s=0)
+
+
+@pytest.fixture
+def server_config() -> Config:
+    return Config(host="127.0.0.1", port=0, lifecycle=LIFE)
+
+
+def voiced_seconds(audio: np.ndarray) -> float:
+    frames = audio[: len(audio) // 960 * 960].reshape(-1, 960)
+    return float((np.sqrt((frames**2).mean(axis=1)) > 0.05).sum()) * 0.02
+
+
+def has_tone(audio: np.ndarray, freq: float) -> bool:
+    """Is there a stretch of ``freq`` (a ToneEngine utterance) in ``audio``?"""
+    window = 4800  # 100 ms
+    for start in range(0, len(audio) - window, window):
+        chunk = audio[start : start + window]
+        if np.sqrt((chunk**2).mean()) < 0.05:
+            continue
+        spectrum = np.abs(np.fft.rfft(chunk * np.hanning(window)))
+        peak = np.fft.rfftfreq(window, 1 / 48_000)[int(np.argmax(spectrum))]
+        if abs(peak - freq) < 15:
+            return True
+    return False
+
+
+TEXTS = {
+    "u1": "one two three four",
+    "u2": "a b c d e f",
+    "u3": "a b c d e f g h i j",
+}
+
+
+async def test_resume_after_a_hang_up_plays_the_queued_speech(live_server: LiveServer) -> None:
+    async with aiohttp.ClientSession() as http:
+        first = RtcClient(live_server.url, http)
+        await first.connect()
+        assert first.session_token and len(first.session_token) >= 40
+        for utt_id, text in TEXTS.items():
+            first.send({"type": "say", "text": text, "id": utt_id})
+        await first.wait_event(lambda e: e == {"type": "speech.started", "id": "u1"})
+        await first.close()  # the connection drops mid-utterance, no DELETE
+        sid = first.session_id
+        assert sid is not None
+        await wait_for(http, live_server.url, sid, detached, 5)
+        paused = await session_state(http, live_server.url, sid)
+        await asyncio.sleep(1.0)
+        still = await session_state(http, live_server.url, sid)
+        assert paused is not None and still is not None
+        # Nothing is sent while nobody listens: the speech waits.
+        assert still["speech_packets"] == paused["speech_packets"]
+
+        second = RtcClient(live_server.url, http)
+        await second.connect(resume=first.session_token)
+        try:
+            assert second.session_id == sid
+            assert second.session_token == first.session_token
+            ended: dict[str, Any] = {}
+            for utt_id in ("u1", "u2", "u3"):
+                event = await second.wait_event(
+                    lambda e, u=utt_id: e["type"] == "speech.ended" and e["id"] == u, 15
+                )
+                ended[utt_id] = event
+            await asyncio.sleep(0.2)
+            audio = second.audio.samples()
+        finally:
+            await second.close()
+    assert not any(e["interrupted"] for e in ended.values())
+    started = [e["id"] for e in second.events if e["type"] == "speech.started"]
+    assert started == ["u2", "u3"]  # u1 had started before the hang-up
+    assert not any(e["type"] == "error" for e in second.events)
+    # u2 and u3 were heard in full by the resumed client (4 s of tone), at their pitch.
+    assert voiced_seconds(audio) >= 0.9 * 0.25 * 16
+    assert has_tone(audio, tone_frequency(TEXTS["u2"]))
+    assert has_tone(audio, tone_frequency(TEXTS["u3"]))
+
+
+async def test_resume_before_the_server_noticed(live_server: LiveServer) -> None:
+    """The client's network died (relay blackout) and it comes back on another path at
+    once: the server drops the old connection for the new one."""
+    async with aiohttp.ClientSession() as http:
+        async with relayed_client(live_server.url, http) as (client, relay):
+            client.send({"type": "say", "text": "a b c d e f g h", "id": "long"})
+            await client.wait_event(lambda e: e["type"] == "speech.started")
+            relay.blackout = True
+            token, sid = client.session_token, client.session_id
+        back = RtcClient(live_server.url, http)
+        await back.connect(resume=token)
+        try:
+            assert back.session_id == sid
+            event = await back.wait_event(lambda e: e["type"] == "speech.ended", 10)
+            assert event == {"type": "speech.ended", "id": "long", "interrupted": False}
+            back.send({"type": "say", "text": "again", "id": "next"})
+            await back.wait_event(lambda e: e == {"type": "speech.started", "id": "next"})
+            state = await session_state(http, live_server.url, sid)  # type: ignore[arg-type]
+            assert state is not None and not state["detached"]
+        finally:
+            await back.close()
+
+
+async def test_whep_sessions_resume_with_the_header(live_server: LiveServer) -> None:
+    async with aiohttp.ClientSession() as http:
+        first = RtcClient(live_server.url, http)
+        await first.connect(whep=True)
+        assert first.session_token and first.session_id is not None
+        await wait_for(
+            http, live_server.url, first.session_id, lambda s: s["connection"] == "connected", 5
+        )
+        await first.close()
+        await wait_for(http, live_server.url, first.session_id, detached, 5)
+        second = RtcClient(live_server.url, http)
+        await second.connect(whep=True, resume=first.session_token)
+        try:
+            assert second.session_id == first.session_id
+            async with http.post(
+                f"{live_server.url}/sessions/{second.session_id}/say", json={"text": "hi there"}
+            ) as resp:
+                assert resp.status == 202
+            await asyncio.sleep(1.0)
+            assert voiced_seconds(second.audio.samples()) > 0.2
+        finally:
+            await second.close()
+
+
+async def post_resume(http: aiohttp.ClientSession, url: str, token: object) -> tuple[int, Any]:
+    client = RtcClient(url, http)
+    client.pc.addTransceiver("audio", direction="recvonly")
+    await client.pc.setLocalDescription(await client.pc.createOffer())
+    body = {"type": "offer", "sdp": client.pc.localDescription.sdp, "resume": token}
+    try:
+        async with http.post(url + "/offer", json=body) as resp:
+            return resp.status, await resp.json()
+    finally:
+        await client.close()
+
+
+@pytest.mark.parametrize(
+    "server_config",
+    [
+        Config(
+            host="127.0.0.1",
+            port=0,
+            lifecycle=LifecycleSettings(resume_grace_s=0.5),
+            limits=LimitSettings(offer_burst=100),
+        )
+    ],
+)
+async def test_tokens_after_the_grace_wrong_or_malformed_are_refused(
+    live_server: LiveServer,
+) -> None:
+    async with aiohttp.ClientSession() as http:
+        client = RtcClient(live_server.url, http)
+        await client.connect()
+        await client.close()
+        assert client.session_id is not None
+        await wait_for(http, live_server.url, client.session_id, gone, 5)
+        status, body = await post_resume(http, live_server.url, client.session_token)
+        assert status == 410 and body["error"]["code"] == "session_expired"
+        status, body = await post_resume(http, live_server.url, "x" * 43)
+        assert status == 404 and body["error"]["code"] == "unknown_session"
+        for bad in (42, "", None, ["t"], "\ud800" * 3, "y" * 300):
+            status, body = await post_resume(http, live_server.url, bad)
+            assert (status, body["error"]["code"]) in ((400, "bad_token"), (404, "unknown_session"))
+        # A WHEP token cannot take over an /offer session, and the reverse.
+        whep = RtcClient(live_server.url, http)
+        await whep.connect(whep=True)
+        try:
+            status, body = await post_resume(http, live_server.url, whep.session_token)
+            assert status == 400 and body["error"]["code"] == "wrong_kind"
+        finally:
+            await whep.close()

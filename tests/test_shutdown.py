@@ -1,0 +1,114 @@
+"""Graceful shutdown: SIGTERM stops admitting (503 shutting_down), lets speech in flight
+finish up to --drain-deadline, closes every peer and exits 0. The server runs the product's
+CLI and shutdown path in a subprocess: with the tone engine, and with ChatTTS (tiny model)."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import time
+from pathlib import Path
+
+import aiohttp
+import pytest
+from aiortc import RTCConfiguration, RTCPeerConnection
+
+from tests.rtc_client import RtcClient
+from tests.server_process import ServerProcess
+
+pytest_plugins = ["tests.conftest_chattts"]
+pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
+
+
+async def an_offer() -> str:
+    pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+    pc.addTransceiver("audio", direction="recvonly")
+    await pc.setLocalDescription(await pc.createOffer())
+    sdp: str = pc.localDescription.sdp
+    await pc.close()
+    return sdp
+
+
+async def sigterm_while_speaking(server: ServerProcess, text: str, deadline: float) -> None:
+    offer = await an_offer()
+    async with aiohttp.ClientSession() as http:
+        client = RtcClient(server.url, http)
+        await client.connect()
+        try:
+            client.send({"type": "say", "text": text, "id": "last"})
+            await client.wait_event(lambda e: e["type"] == "speech.started", 60)
+            signalled = time.monotonic()
+            server.terminate()
+            # New sessions are refused while the speech finishes (the signal may take a
+            # moment to be handled: the first answer after it is what counts).
+            refused = None
+            while refused is None and time.monotonic() - signalled < 2:
+                async with http.post(
+                    server.url + "/offer", json={"type": "offer", "sdp": offer}
+                ) as resp:
+                    if resp.status == 503:
+                        refused = (await resp.json())["error"]
+                        assert resp.headers["Retry-After"]
+                    else:
+                        assert resp.status == 200
+                        await asyncio.sleep(0.02)
+            assert refused is not None and refused["code"] == "shutting_down", refused
+            async with http.get(server.url + "/readyz") as resp:
+                assert resp.status == 503
+                assert (await resp.json())["error"]["code"] == "shutting_down"
+            ended = await client.wait_event(lambda e: e["type"] == "speech.ended", deadline + 5)
+            assert ended == {"type": "speech.ended", "id": "last", "interrupted": False}
+            status = await asyncio.get_running_loop().run_in_executor(
+                None, server.proc.wait, deadline + 10
+            )
+            took = time.monotonic() - signalled
+        finally:
+            await client.close()
+    assert status == 0
+    assert took <= deadline + 3, took
+
+
+async def test_sigterm_drains_speech_then_exits_0() -> None:
+    server = ServerProcess(["tests.serve_tone"], ["--drain-deadline", "8"])
+    try:
+        await server.ready()
+        await sigterm_while_speaking(server, "one two three four five six seven eight", 8)
+    finally:
+        if server.proc.poll() is None:
+            server.proc.kill()
+
+
+async def test_the_deadline_caps_the_drain() -> None:
+    server = ServerProcess(["tests.serve_tone"], ["--drain-deadline", "1"])
+    try:
+        await server.ready()
+        async with aiohttp.ClientSession() as http:
+            client = RtcClient(server.url, http)
+            await client.connect()
+            client.send({"type": "say", "text": " ".join(["word"] * 40), "id": "long"})  # 10 s
+            await client.wait_event(lambda e: e["type"] == "speech.started")
+            signalled = time.monotonic()
+            server.terminate()
+            status = await asyncio.get_running_loop().run_in_executor(None, server.proc.wait, 15)
+            took = time.monotonic() - signalled
+            await client.close()
+        assert status == 0
+        assert 0.9 <= took <= 4, took
+    finally:
+        if server.proc.poll() is None:
+            server.proc.kill()
+
+
+async def test_sigterm_with_chattts(tiny_model_dir: Path) -> None:
+    """The product as shipped: `python -m signaling serve` with the tiny ChatTTS model."""
+    server = ServerProcess(
+        ["signaling", "serve"],
+        ["--model-dir", str(tiny_model_dir), "--device", "cpu", "--drain-deadline", "30"],
+        subprocess.DEVNULL,
+    )
+    try:
+        await server.ready(timeout=120)
+        await sigterm_while_speaking(server, "Hello there. One more sentence.", 30)
+    finally:
+        if server.proc.poll() is None:
+            server.proc.kill()
