@@ -370,7 +370,7 @@ async def _close_quietly(pc: RTCPeerConnection) -> None:
     what the client must get, never this one."""
     try:
         await pc.close()
-    except Exception:  # noqa: BLE001 - see above; nothing else holds this pc
+    except Exception:  # see above; nothing else holds this pc
         log.debug("closing a half-negotiated peer connection failed", exc_info=True)
 
 

@@ -195,7 +195,10 @@ async def test_an_offer_aiortc_cannot_answer_is_a_400_not_a_500(live_server: Liv
     await pc.setLocalDescription(await pc.createOffer())
     sdp = "\r\n".join(line for line in pc.localDescription.sdp.split("\r\n") if line != "a=mid:0")
     await pc.close()
-    async with aiohttp.ClientSession() as http:
-        async with http.post(live_server.url + "/offer", json={"type": "offer", "sdp": sdp}) as r:
-            assert r.status == 400, await r.text()
-            assert (await r.json())["error"]["code"] == "bad_sdp"
+    body = {"type": "offer", "sdp": sdp}
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(live_server.url + "/offer", json=body) as r,
+    ):
+        assert r.status == 400, await r.text()
+        assert (await r.json())["error"]["code"] == "bad_sdp"
