@@ -278,6 +278,14 @@ def serve(config: Config) -> None:
         from signaling.front import run_front
         from signaling.workers import WorkerPool
 
+        if config.engine == "chattts":
+            from agent.chattts.loader import ModelLoadError, ensure_downloaded
+
+            try:
+                ensure_downloaded(config.chattts)
+            except ModelLoadError as exc:
+                # The workers try themselves and report it on /readyz (engine_failed).
+                logging.getLogger(__name__).error("%s", exc)
         with tempfile.TemporaryDirectory(prefix="voice-agent-") as sockets:
             run_front(config, WorkerPool(config, product_app, Path(sockets)))
         return
