@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
-
-import aiohttp
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -30,11 +29,13 @@ class Served:
         self.proc = proc
 
 
-@contextlib.asynccontextmanager
-async def serve_subprocess(
-    model_dir: Path, *args: str, ready_timeout_s: float = 120
-) -> AsyncIterator[Served]:
-    """``serve`` with the tiny checkpoint on CPU; yields once /readyz says 200."""
+@contextlib.contextmanager
+def serve_subprocess(model_dir: Path, *args: str, ready_timeout_s: float = 120) -> Iterator[Served]:
+    """``serve`` with the tiny checkpoint on CPU; yields once /readyz says 200.
+
+    Synchronous (it only polls), so module-scoped fixtures can share one server between
+    tests: starting the product (torch, the model, N workers) is most of their cost.
+    """
     port = free_port()
     env = {**os.environ, "VOICE_AGENT_LOG_LEVEL": "WARNING"}
     command = [sys.executable, "-m", "signaling", "serve", "--host", "127.0.0.1"]
@@ -43,20 +44,16 @@ async def serve_subprocess(
     url = f"http://127.0.0.1:{port}"
     seen: list[int] = []
     try:
-        async with aiohttp.ClientSession() as http:
-            deadline = time.monotonic() + ready_timeout_s
-            while time.monotonic() < deadline:
-                assert proc.poll() is None, "server exited"
-                try:
-                    async with http.get(url + "/readyz") as resp:
-                        seen.append(resp.status)
-                        if resp.status == 200:
-                            break
-                except aiohttp.ClientConnectionError:
-                    pass
-                await asyncio.sleep(0.05)
-            else:
-                raise TimeoutError(f"server not ready: {seen[-5:]}")
+        deadline = time.monotonic() + ready_timeout_s
+        while True:
+            assert proc.poll() is None, "server exited"
+            assert time.monotonic() < deadline, f"server not ready: {seen[-5:]}"
+            status = _status(url + "/readyz")
+            if status is not None:
+                seen.append(status)
+                if status == 200:
+                    break
+            time.sleep(0.05)
         yield Served(url, seen, proc)
     finally:
         proc.terminate()
@@ -65,3 +62,13 @@ async def serve_subprocess(
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(5)
+
+
+def _status(url: str) -> int | None:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            return int(resp.status)
+    except urllib.error.HTTPError as exc:
+        return int(exc.code)
+    except (urllib.error.URLError, ConnectionError, TimeoutError):
+        return None

@@ -4,7 +4,7 @@ driven end to end through WebRTC by a Python client. Real ChatTTS code path, no 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import aiohttp
@@ -17,10 +17,10 @@ from tests.served import Served, serve_subprocess
 pytest_plugins = ["tests.conftest_chattts"]
 
 
-@pytest.fixture
-async def served(tiny_model_dir: Path) -> AsyncIterator[Served]:
+@pytest.fixture(scope="module")
+def served(tiny_model_dir: Path) -> Iterator[Served]:
     # The product's defaults: as many media workers as cores, behind one front process.
-    async with serve_subprocess(tiny_model_dir) as server:
+    with serve_subprocess(tiny_model_dir) as server:
         yield server
 
 

@@ -7,10 +7,12 @@ processes killed with SIGKILL. Session ids name their worker (``w<index>-...``).
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import time
-from collections.abc import AsyncIterator
+import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,16 +26,27 @@ pytest_plugins = ["tests.conftest_chattts"]
 pytestmark = pytest.mark.timeout(240)
 
 
+def _both_ready(server: Served) -> Served:
+    deadline = time.monotonic() + 120
+    while True:
+        with urllib.request.urlopen(server.url + "/readyz", timeout=5) as resp:
+            if json.loads(resp.read())["ready_workers"] == 2:
+                return server
+        assert time.monotonic() < deadline, "second worker never became ready"
+        time.sleep(0.2)
+
+
+@pytest.fixture(scope="module")
+def two_workers(tiny_model_dir: Path) -> Iterator[Served]:
+    """Shared by the tests that leave both workers alive."""
+    with serve_subprocess(tiny_model_dir, "--workers", "2") as server:
+        yield _both_ready(server)
+
+
 @pytest.fixture
-async def two_workers(tiny_model_dir: Path) -> AsyncIterator[Served]:
-    async with serve_subprocess(tiny_model_dir, "--workers", "2") as server:
-        # Both workers ready, not just the first.
-        async with aiohttp.ClientSession() as http:
-            deadline = time.monotonic() + 120
-            while (await readyz(http, server.url))["ready_workers"] < 2:
-                assert time.monotonic() < deadline, "second worker never became ready"
-                await asyncio.sleep(0.2)
-        yield server
+def two_workers_to_kill(tiny_model_dir: Path) -> Iterator[Served]:
+    with serve_subprocess(tiny_model_dir, "--workers", "2") as server:
+        yield _both_ready(server)
 
 
 async def readyz(http: aiohttp.ClientSession, url: str) -> dict[str, Any]:
@@ -125,9 +138,9 @@ async def test_sessions_spread_requests_reach_their_worker_rooms_share_one(
 
 
 async def test_a_killed_worker_is_restarted_and_the_other_keeps_speaking(
-    two_workers: Served,
+    two_workers_to_kill: Served,
 ) -> None:
-    url = two_workers.url
+    url = two_workers_to_kill.url
     async with aiohttp.ClientSession() as http:
         a, b = RtcClient(url, http), RtcClient(url, http)
         await a.connect()
