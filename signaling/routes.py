@@ -12,6 +12,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from agent.engine import TTSEngine
 from agent.hooks import SessionHooks
+from agent.room import RoomMember
 from agent.speech import SpeechError
 from signaling.auth import claims, require_room, require_speaker, room_for
 from signaling.errors import ApiError, Handler
@@ -19,6 +20,7 @@ from signaling.keys import CONFIG, ENGINE, ENGINE_ERROR, LIMITS, METRICS, SESSIO
 from signaling.sessions import Peer, SessionRegistry
 
 MAX_ROOM_CHARS = 64
+MAX_NAME_CHARS = 64
 
 
 async def _json_body(request: web.Request) -> dict[str, Any]:
@@ -35,6 +37,13 @@ def _check_room(room: object) -> str | None:
     if room is not None and (not isinstance(room, str) or not 0 < len(room) <= MAX_ROOM_CHARS):
         raise ApiError(400, "bad_room", f"'room' must be a string of 1-{MAX_ROOM_CHARS} characters")
     return room
+
+
+def _check_name(name: object) -> str | None:
+    """A room participant's display name (optional)."""
+    if name is not None and (not isinstance(name, str) or not 0 < len(name) <= MAX_NAME_CHARS):
+        raise ApiError(400, "bad_name", f"'name' must be a string of 1-{MAX_NAME_CHARS} characters")
+    return name
 
 
 def _sessions(request: web.Request) -> SessionRegistry:
@@ -80,6 +89,7 @@ async def post_offer(request: web.Request) -> web.Response:
     if body.get("type") != "offer":
         raise ApiError(400, "not_an_offer", "'type' must be \"offer\"")
     room = room_for(request, _check_room(body.get("room")))
+    name = _check_name(body.get("name"))
     peer, answer = await _new_sessions(request).create(
         body.get("sdp"),
         "offer",
@@ -87,8 +97,12 @@ async def post_offer(request: web.Request) -> web.Response:
         request.remote,
         role=claims(request).role,
         hooks=_session_hooks(request),
+        name=name,
     )
-    return web.json_response({"sdp": answer, "type": "answer", "session_id": peer.session.id})
+    reply = {"sdp": answer, "type": "answer", "session_id": peer.session.id}
+    if isinstance(peer.session, RoomMember):
+        reply["participant_id"] = peer.session.participant_id
+    return web.json_response(reply)
 
 
 async def post_whep(request: web.Request) -> web.Response:
@@ -134,6 +148,8 @@ async def _delete(request: web.Request) -> web.Response:
 async def post_say(request: web.Request) -> web.Response:
     peer = _peer(request)
     require_speaker(request)
+    if isinstance(peer.session, RoomMember) and not peer.session.may_instruct:
+        raise ApiError(403, "forbidden", "only hosts may instruct the agent in this room")
     request.app[LIMITS].check_speech(request.remote)
     body = await _json_body(request)
     utterance_id = body.get("id")

@@ -24,9 +24,11 @@ from agent.config import Config
 from agent.engine import TTSEngine
 from agent.hooks import SessionHooks
 from agent.logcontext import SESSION_ID
+from agent.room import RoomMember
 from agent.session import AgentSession
 from signaling.errors import ApiError
 from signaling.negotiation import OpusOffer, read_opus_offer, tune_answer
+from signaling.rooms import RoomRegistry, offer_sends_audio
 from signaling.sdp import add_mdns_fallback, check_offer_sdp, opus_first
 
 log = logging.getLogger(__name__)
@@ -38,7 +40,7 @@ SERVER_FULL_RETRY_S = 10  # Retry-After for server_full: sessions last minutes, 
 @dataclass
 class Peer:
     pc: RTCPeerConnection
-    session: AgentSession
+    session: AgentSession | RoomMember  # a room participant shares the room's agent
     kind: str  # "offer" | "whep"
     room: str | None = None
     role: str = "host"  # the token's role ("host" without authentication)
@@ -59,6 +61,7 @@ class SessionRegistry:
         self._creating = 0  # offers being answered: they count against max_sessions
         self._closing: set[asyncio.Task[bool]] = set()
         self.encode_executor = _encode_executor(config.opus.encode_threads)
+        self.rooms = RoomRegistry(config, engine, self.encode_executor)
 
     def __len__(self) -> int:
         return len(self._peers)
@@ -101,6 +104,7 @@ class SessionRegistry:
         *,
         role: str = "host",
         hooks: SessionHooks | None = None,
+        name: str | None = None,
     ) -> tuple[Peer, str]:
         """Answer an offer: returns the peer and the answer SDP (ICE gathered, non-trickle).
 
@@ -120,7 +124,7 @@ class SessionRegistry:
         # No await since check_capacity(): no other offer can have slipped in between.
         self._creating += 1
         try:
-            return await self._create(offer_sdp, opus_offer, kind, room, role, hooks)
+            return await self._create(offer_sdp, opus_offer, kind, room, role, hooks, name)
         finally:
             self._creating -= 1
 
@@ -132,20 +136,34 @@ class SessionRegistry:
         room: str | None,
         role: str,
         hooks: SessionHooks | None,
+        name: str | None = None,
     ) -> tuple[Peer, str]:
         session_id = uuid.uuid4().hex
         # Set before the peer connection exists: the tasks it and the session start inherit
         # this context, so their log lines carry the session id too.
         SESSION_ID.set(session_id)
+        session: AgentSession | RoomMember
+        if room is not None:
+            # Admitted before any await, so concurrent joins cannot overfill the room.
+            session = self.rooms.join(
+                room,
+                session_id,
+                speaking=kind == "offer" and offer_sends_audio(offer_sdp),
+                host=role == "host",
+                display_name=name,
+                hooks=hooks,
+                expects_channel=kind == "offer",
+            )
+        else:
+            session = AgentSession(
+                session_id,
+                self.engine,
+                self.config,
+                self.encode_executor,
+                expects_channel=kind == "offer",
+                hooks=hooks,
+            )
         pc = RTCPeerConnection(self._rtc_configuration())
-        session = AgentSession(
-            session_id,
-            self.engine,
-            self.config,
-            self.encode_executor,
-            expects_channel=kind == "offer",
-            hooks=hooks,
-        )
         peer = Peer(pc, session, kind, room, role)
         try:
             try:
@@ -153,13 +171,17 @@ class SessionRegistry:
             except Exception as exc:  # noqa: BLE001 - aiortc raises many types on SDP it can't use
                 raise ApiError(400, "bad_sdp", f"could not apply the offer: {exc}") from None
             tune_answer(pc, opus_offer)
-            sender = pc.addTrack(session.track)
+            if isinstance(session, RoomMember):
+                session.attach_peer(pc, _receiver_opus(opus_offer))
+            else:
+                sender = pc.addTrack(session.track)
             if kind == "offer":
                 pc.on("datachannel", lambda channel: self._on_datachannel(session, channel))
             pc.on("connectionstatechange", lambda: self._on_state(session_id, pc))
             answer = await pc.createAnswer()
             await pc.setLocalDescription(answer)
-            session.attach_sender(sender, _receiver_opus(opus_offer))
+            if isinstance(session, AgentSession):
+                session.attach_sender(sender, _receiver_opus(opus_offer))
         except BaseException:
             await session.close()
             await pc.close()
@@ -170,7 +192,7 @@ class SessionRegistry:
         return peer, pc.localDescription.sdp
 
     @staticmethod
-    def _on_datachannel(session: AgentSession, channel: RTCDataChannel) -> None:
+    def _on_datachannel(session: AgentSession | RoomMember, channel: RTCDataChannel) -> None:
         if channel.label == DATA_CHANNEL_LABEL:
             session.attach_channel(channel)
         else:
