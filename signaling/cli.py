@@ -11,12 +11,14 @@ from dataclasses import replace
 from pathlib import Path
 
 from agent.config import (
+    INSTRUCT_POLICIES,
     ROLES,
     AdaptationSettings,
     ChatTTSSettings,
     Config,
     LimitSettings,
     OpusSettings,
+    RoomSettings,
     SecuritySettings,
 )
 from agent.engines import ENGINE_NAMES
@@ -139,6 +141,7 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         serve.add_argument(
             "--" + flag, type=kind, default=kind(_env(env, env_name, str(default))), help=text
         )
+    _add_room_flags(serve, env)
 
     tiny = commands.add_parser(
         "tiny-model", help="build a tiny random-weight ChatTTS checkpoint for offline smoke tests"
@@ -153,6 +156,28 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     token.add_argument("--role", choices=ROLES, default=None, help="default: speaker")
     token.add_argument("--ttl", type=int, default=3600, help="lifetime in seconds")
     return parser
+
+
+def _add_room_flags(serve: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
+    rooms = RoomSettings()
+    serve.add_argument(
+        "--room-max-participants",
+        type=int,
+        default=int(_env(env, "ROOM_MAX_PARTICIPANTS", str(rooms.max_participants)) or 0),
+        help="people per room (speakers and listeners); more get 409 room_full",
+    )
+    serve.add_argument(
+        "--room-max-speakers",
+        type=int,
+        default=int(_env(env, "ROOM_MAX_SPEAKERS", str(rooms.max_speakers)) or 0),
+        help="people sending a microphone per room; more get 409 speakers_full",
+    )
+    serve.add_argument(
+        "--room-instruct",
+        choices=INSTRUCT_POLICIES,
+        default=_env(env, "ROOM_INSTRUCT", rooms.instruct),
+        help="who may instruct a room's agent (say, chat, text.delta, interrupt, config)",
+    )
 
 
 def _add_auth_secret(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
@@ -205,6 +230,12 @@ def config_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> Config
             speech_burst=args.speech_burst,
             max_clients=args.rate_limit_clients,
             max_sessions=args.max_sessions,
+        ),
+        rooms=replace(
+            RoomSettings(),
+            max_participants=args.room_max_participants,
+            max_speakers=args.room_max_speakers,
+            instruct=args.room_instruct,
         ),
     )
 
