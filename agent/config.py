@@ -167,6 +167,10 @@ class RoomSettings:
     # stops after ``speaking_hold_s`` below it.
     speaking_threshold_dbfs: float = -45.0
     speaking_hold_s: float = 0.6
+    # Send each subscriber's packets straight from the source's tick (RTP header, SRTP,
+    # sendto: agent/direct.py) instead of through aiortc's per-sender task; False: aiortc's
+    # path (bench/room.py compares them).
+    direct_send: bool = True
 
     def __post_init__(self) -> None:
         if self.instruct not in INSTRUCT_POLICIES:

@@ -33,6 +33,7 @@ import av
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
 from agent.bitrate import EncoderTarget
+from agent.direct import DirectSender
 from agent.opus import FRAME_SAMPLES, SAMPLE_RATE
 from agent.track import TrackStats
 
@@ -58,11 +59,40 @@ class FanoutTrack(MediaStreamTrack):
         self.stats = TrackStats()
         self.source: FanoutSource | None = None
         self.last_size = 0  # bytes of the packet returned last (transport-cc bookkeeping)
+        self._direct: DirectSender | None = None
 
-    def push(self, payload: bytes) -> None:
-        """Queue one packet (never waits; the oldest is dropped when the queue is full)."""
+    def use_direct(self, direct: DirectSender) -> None:
+        """Send from the source's tick (agent/direct.py) instead of through aiortc's sender."""
+        self._direct = direct
+
+    @property
+    def dropped_total(self) -> int:
+        """Packets this subscriber missed: queue overflow or a backed-up socket."""
+        return self.dropped + (self._direct.dropped if self._direct is not None else 0)
+
+    @property
+    def direct(self) -> bool:
+        """Is the lean path in use (rather than aiortc's sender)?"""
+        return self._direct is not None and self._direct.usable
+
+    def push(self, payload: bytes, now: float) -> None:
+        """Hand over one packet (never waits): sent at once on the lean path, else queued
+        for aiortc's sender, the oldest dropped when the queue is full."""
         if self.readyState != "live":
             return
+        direct = self._direct
+        if direct is not None and direct.usable:
+            if direct.resolve():
+                try:
+                    direct.send(payload, self._stamp(now))
+                except Exception:  # one subscriber's failure must not reach the others
+                    log.exception("direct send failed; this subscriber drops the packet")
+                    self.dropped += 1
+                    return
+                self._count(payload)
+                return
+            if direct.usable:
+                return  # not connected yet: aiortc could not send it either
         if len(self._queue) == self._queue.maxlen:
             self.dropped += 1
         self._queue.append(payload)
@@ -83,7 +113,14 @@ class FanoutTrack(MediaStreamTrack):
         if self.readyState != "live":
             raise MediaStreamError
         payload = self._queue.popleft()
-        now = asyncio.get_running_loop().time()
+        packet = av.Packet(payload)
+        packet.pts = self._stamp(asyncio.get_running_loop().time())
+        packet.time_base = TIME_BASE
+        self._count(payload)
+        return packet
+
+    def _stamp(self, now: float) -> int:
+        """This subscriber's pts for a packet sent ``now``: +960, or the clock after a pause."""
         if self._start is None:
             self._start = now
         pts = self._pts + FRAME_SAMPLES
@@ -91,14 +128,13 @@ class FanoutTrack(MediaStreamTrack):
         if on_clock - pts > RESYNC_FRAMES * FRAME_SAMPLES:
             pts = on_clock  # the source paused: the gap shows in the timestamps, as with DTX
         self._pts = pts
-        packet = av.Packet(payload)
-        packet.pts = pts
-        packet.time_base = TIME_BASE
+        return pts
+
+    def _count(self, payload: bytes) -> None:
         stats = self.stats
         stats.packets += 1
         stats.bytes += len(payload)
         self.last_size = len(payload)
-        return packet
 
     def stop(self) -> None:
         super().stop()
@@ -203,8 +239,9 @@ class FanoutSource:
 
     def publish(self, payload: bytes) -> None:
         self.packets += 1
+        now = asyncio.get_running_loop().time()
         for track in self._tracks:
-            track.push(payload)
+            track.push(payload, now)
 
     def close(self) -> None:
         for track in list(self._tracks):

@@ -37,6 +37,7 @@ from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 from agent.adaptation import ReceiverOpus
 from agent.bitrate import BitrateController, EncoderTarget
 from agent.config import Config
+from agent.direct import DirectSender
 from agent.engine import TTSEngine
 from agent.fanout import FanoutSource, FanoutTrack, SubscriberWish
 from agent.feedback import Applier, FeedbackTap
@@ -455,6 +456,8 @@ class RoomMember:
     def _send_on(self, transceiver: Any, sub: _Subscription, source: FanoutSource | None) -> None:
         transceiver.sender.replaceTrack(sub.track)
         transceiver.direction = "sendrecv"  # the answer intersects it with the offer's
+        if self.room.settings.direct_send:
+            sub.track.use_direct(DirectSender(transceiver))
         self._watch(transceiver.sender, sub, source)
 
     def _watch(self, sender: RTCRtpSender, sub: _Subscription, source: FanoutSource | None) -> None:
@@ -475,7 +478,8 @@ class RoomMember:
         track = sub.track
         applier = Applier(wish.set_bitrate, wish.set_fec, wish.set_expected_loss)
         sub.tap = FeedbackTap(sender, controller, applier, packet_size=lambda: track.last_size)
-        sub.tap.install(transport_cc=receiver.transport_cc)
+        # The lean path stamps no transport-wide sequence numbers: receiver reports only.
+        sub.tap.install(transport_cc=receiver.transport_cc and not track.direct)
         if source is None:
             wish.withdraw()  # an empty slot has no encoder to steer yet
 
@@ -616,7 +620,8 @@ class RoomMember:
             "expected_loss_pct": encoder.expected_loss_pct,
             "packets": self.track.stats.packets,
             "bytes": self.track.stats.bytes,
-            "dropped": sum(sub.track.dropped for sub in self._subs),
+            "dropped": sum(sub.track.dropped_total for sub in self._subs),
+            "direct_send": self.track.direct,
             "agent_encodes": self.room.agent_track.stats.encode_calls,
             "agent_packets_published": self.room.agent.packets,
             "buffered_ms": round(self.pipeline.buffer.buffered_seconds * 1000),

@@ -35,6 +35,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 ROOM = "bench"
+# room: fan-out with the lean send path (agent/direct.py, the default); room-aiortc: fan-out
+# through each listener's aiortc RTP sender; solo: N separate 1:1 sessions.
+MODES = ("room", "room-aiortc", "solo")
 TARGET_RATIO = 0.3
 REALTIME_PPS = 48.0  # packets/s per listener a run must deliver to count as real time
 TEXT = " ".join(["word"] * 120)  # 30 s of tone per utterance
@@ -43,7 +46,7 @@ TEXT = " ".join(["word"] * 120)  # 30 s of tone per utterance
 # --- server role ---------------------------------------------------------------------------
 def serve(argv: list[str]) -> None:
     p = argparse.ArgumentParser(prog="room.py server")
-    p.add_argument("--mode", choices=("room", "solo"), required=True)
+    p.add_argument("--mode", choices=MODES, required=True)
     opts = p.parse_args(argv)
     import logging
 
@@ -61,13 +64,13 @@ def serve(argv: list[str]) -> None:
         port=0,
         log_level="WARNING",
         limits=LimitSettings(offer_rate=1000, offer_burst=1000, max_sessions=1000),
-        rooms=RoomSettings(max_participants=1000),
+        rooms=RoomSettings(max_participants=1000, direct_send=opts.mode == "room"),
     )
     app = build_app(config, engine)
     registry = app[SESSIONS]
 
     def pipelines() -> list[Any]:
-        if opts.mode == "room":
+        if opts.mode != "solo":
             return [room.pipeline for room in registry.rooms.rooms()]
         return [peer.session.pipeline for peer in registry.peers()]
 
@@ -84,7 +87,7 @@ def serve(argv: list[str]) -> None:
         task.cancel()
 
     async def stats(request: web.Request) -> web.Response:
-        if opts.mode == "room":
+        if opts.mode != "solo":
             encodes = sum(r.agent_track.stats.encode_calls for r in registry.rooms.rooms())
         else:
             encodes = sum(p.session.track.stats.encode_calls for p in registry.peers())
@@ -196,7 +199,7 @@ def run_one(mode: str, n: int, seconds: float, workdir: Path) -> dict[str, Any]:
             raise RuntimeError(f"server failed: {ready!r}, see {log.name}")
         url = f"http://127.0.0.1:{ready.split()[1]}"
         args = ["client", "--url", url, "--n", str(n)]
-        clients = _spawn([*args, "--room", ROOM] if mode == "room" else args, log)
+        clients = _spawn([*args, "--room", ROOM] if mode != "solo" else args, log)
         assert clients.stdout and clients.stdin
         connected = clients.stdout.readline()
         if not connected.startswith("CONNECTED"):
@@ -249,11 +252,11 @@ def main() -> None:
     results: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="bench-room-") as tmp:
         for n in counts:
-            for mode in ("room", "solo"):
+            for mode in MODES:
                 result = run_one(mode, n, seconds, Path(tmp))
                 results.append(result)
                 print(
-                    f"  {mode:4} N={n:3}: server CPU {result['cpu_pct']:6.1f}%  "
+                    f"  {mode:11} N={n:3}: server CPU {result['cpu_pct']:6.1f}%  "
                     f"encodes/s {result['encodes_per_s']:7.1f}  "
                     f"packets/s per listener {result['packets_per_s_per_listener']:5.1f}",
                     flush=True,
@@ -266,36 +269,44 @@ def main() -> None:
 def report(results: list[dict[str, Any]]) -> str:
     by = {(r["mode"], r["n"]): r for r in results}
     ns = sorted({r["n"] for r in results})
-    base = by[("room", ns[0])]
-    # A 1:1 session's cost from a run that kept real time: one that fell behind did less work
-    # per session than real time needs, which would flatter the room's ratio... or spoil it.
+    rooms = [m for m in MODES if m != "solo" and (m, ns[0]) in by]
+    # A 1:1 session's cost from a run that kept real time: a run that fell behind did less
+    # work per session than real time needs.
     realtime = [n for n in ns if by[("solo", n)]["packets_per_s_per_listener"] >= REALTIME_PPS]
+    all_modes, room_modes = ", ".join([*rooms, "solo"]), ", ".join(rooms)
     lines = [
         "",
-        "| N | room encodes/s | solo encodes/s | room CPU % | solo CPU % | room CPU/listener "
-        "| added listener | 1:1 session | ratio | packets/s per listener (room, solo) |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        f"| N | encodes/s ({all_modes}) | server CPU % ({all_modes}) "
+        f"| added listener, % of a core ({room_modes}) | 1:1 session "
+        f"| ratio ({room_modes}) | packets/s per listener ({all_modes}) |",
+        "|---|---|---|---|---|---|---|",
     ]
     for n in ns:
-        room, solo = by[("room", n)], by[("solo", n)]
         kept_up = n in realtime
         ref = n if kept_up else max((m for m in realtime if m <= n), default=None)
         per_session = by[("solo", ref)]["cpu_pct"] / ref if ref is not None else None
-        added = (room["cpu_pct"] - base["cpu_pct"]) / (n - ns[0]) if n > ns[0] else None
-        ratio = added / per_session if added is not None and per_session else None
+        added: list[float | None] = []
+        for mode in rooms:
+            base = by[(mode, ns[0])]
+            added.append(
+                (by[(mode, n)]["cpu_pct"] - base["cpu_pct"]) / (n - ns[0]) if n > ns[0] else None
+            )
+        ratios = [a / per_session if a is not None and per_session else None for a in added]
         mark = "" if kept_up else f" (N={ref})" if ref is not None else ""
+        modes = [*rooms, "solo"]
+        encodes = ", ".join(f"{by[(m, n)]['encodes_per_s']:.0f}" for m in modes)
+        cpu = ", ".join(f"{by[(m, n)]['cpu_pct']:.1f}" for m in modes)
+        pps = ", ".join(f"{by[(m, n)]['packets_per_s_per_listener']:.1f}" for m in modes)
         lines.append(
-            f"| {n} | {room['encodes_per_s']:.1f} | {solo['encodes_per_s']:.1f} "
-            f"| {room['cpu_pct']:.1f} | {solo['cpu_pct']:.1f} | {room['cpu_pct'] / n:.2f} "
-            f"| {_f(added)} | {_f(per_session)}{mark} | {_f(ratio)} "
-            f"| {room['packets_per_s_per_listener']:.1f}, "
-            f"{solo['packets_per_s_per_listener']:.1f} |"
+            f"| {n} | {encodes} | {cpu} | {', '.join(_f(a) for a in added)} "
+            f"| {_f(per_session)}{mark} | {', '.join(_f(r) for r in ratios)} | {pps} |"
         )
     lines.append(
         f"\nCPU in % of one core. added listener: (room CPU at N - room CPU at N={ns[0]}) / "
         f"(N - {ns[0]}); 1:1 session: solo CPU / N, taken from the largest N whose solo run "
         f"kept real time (>= {REALTIME_PPS} packets/s per listener) when the run at N fell "
-        f"behind; ratio = added listener / 1:1 session (target <= {TARGET_RATIO})."
+        f"behind; ratio = added listener / 1:1 session (target <= {TARGET_RATIO}). room: the "
+        "lean send path (agent/direct.py); room-aiortc: each listener through its aiortc sender."
     )
     return "\n".join(lines)
 

@@ -178,6 +178,13 @@ def _add_room_flags(serve: argparse.ArgumentParser, env: Mapping[str, str]) -> N
         default=_env(env, "ROOM_INSTRUCT", rooms.instruct),
         help="who may instruct a room's agent (say, chat, text.delta, interrupt, config)",
     )
+    serve.add_argument(
+        "--room-send",
+        choices=("direct", "aiortc"),
+        default=_env(env, "ROOM_SEND", "direct" if rooms.direct_send else "aiortc"),
+        help="how room audio reaches each listener: direct (RTP+SRTP from the source's "
+        "tick, lean) or aiortc (each listener's own RTP sender task)",
+    )
 
 
 def _add_auth_secret(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
@@ -236,6 +243,7 @@ def config_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> Config
             max_participants=args.room_max_participants,
             max_speakers=args.room_max_speakers,
             instruct=args.room_instruct,
+            direct_send=args.room_send == "direct",
         ),
     )
 

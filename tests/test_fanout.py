@@ -96,8 +96,9 @@ def test_room_settings_from_flags_and_environment() -> None:
     from signaling.cli import build_parser, config_from_args
 
     env = {"VOICE_AGENT_ROOM_MAX_SPEAKERS": "2", "VOICE_AGENT_ROOM_INSTRUCT": "hosts"}
-    args = build_parser(env).parse_args(["serve", "--room-max-participants", "8"])
-    rooms = config_from_args(args, env).rooms
+    argv = ["serve", "--room-max-participants", "8", "--room-send", "aiortc"]
+    rooms = config_from_args(build_parser(env).parse_args(argv), env).rooms
     assert (rooms.max_participants, rooms.max_speakers, rooms.instruct) == (8, 2, "hosts")
+    assert rooms.direct_send is False
     defaults = config_from_args(build_parser({}).parse_args(["serve"]), {}).rooms
     assert defaults == RoomSettings()
