@@ -292,14 +292,16 @@ def report(results: list[dict[str, Any]]) -> str:
                 (by[(mode, n)]["cpu_pct"] - base["cpu_pct"]) / (n - ns[0]) if n > ns[0] else None
             )
         ratios = [a / per_session if a is not None and per_session else None for a in added]
+        # A room run that fell behind did less than real-time work: its figures flatter it.
+        behind = [by[(m, n)]["packets_per_s_per_listener"] < REALTIME_PPS for m in rooms]
         mark = "" if kept_up else f" (N={ref})" if ref is not None else ""
         modes = [*rooms, "solo"]
         encodes = ", ".join(f"{by[(m, n)]['encodes_per_s']:.0f}" for m in modes)
         cpu = ", ".join(f"{by[(m, n)]['cpu_pct']:.1f}" for m in modes)
         pps = ", ".join(f"{by[(m, n)]['packets_per_s_per_listener']:.1f}" for m in modes)
         lines.append(
-            f"| {n} | {encodes} | {cpu} | {', '.join(_f(a) for a in added)} "
-            f"| {_f(per_session)}{mark} | {', '.join(_f(r) for r in ratios)} | {pps} |"
+            f"| {n} | {encodes} | {cpu} | {_starred(added, behind)} "
+            f"| {_f(per_session)}{mark} | {_starred(ratios, behind)} | {pps} |"
         )
     lines.append(
         f"\nCPU in % of one core. added listener: (room CPU at N - room CPU at N={ns[0]}) / "
@@ -307,8 +309,14 @@ def report(results: list[dict[str, Any]]) -> str:
         f"kept real time (>= {REALTIME_PPS} packets/s per listener) when the run at N fell "
         f"behind; ratio = added listener / 1:1 session (target <= {TARGET_RATIO}). room: the "
         "lean send path (agent/direct.py); room-aiortc: each listener through its aiortc sender."
+        " *: that room run fell behind real time (its figure is not a cost; rerun on a quieter "
+        "machine)."
     )
     return "\n".join(lines)
+
+
+def _starred(values: list[float | None], behind: list[bool]) -> str:
+    return ", ".join(_f(v) + ("*" if b else "") for v, b in zip(values, behind, strict=True))
 
 
 def _f(value: float | None) -> str:
