@@ -102,3 +102,19 @@ def test_room_settings_from_flags_and_environment() -> None:
     assert rooms.direct_send is False
     defaults = config_from_args(build_parser({}).parse_args(["serve"]), {}).rooms
     assert defaults == RoomSettings()
+
+
+async def test_without_the_expected_internals_the_track_uses_aiortcs_path() -> None:
+    from agent.direct import DirectSender
+
+    class Bare:  # a transceiver whose sender lacks aiortc 1.16's private attributes
+        sender = object()
+
+    source = FanoutSource("s", lambda target: None)
+    track = FanoutTrack()
+    track.use_direct(DirectSender(Bare()))
+    source.subscribe(track)
+    assert track.direct
+    source.publish(b"one")  # resolve() finds nothing it knows: falls back, once and for all
+    assert not track.direct
+    assert bytes(await asyncio.wait_for(track.recv(), 1)) == b"one"

@@ -276,3 +276,34 @@ async def test_hosts_only_rooms_refuse_other_instructions() -> None:
         finally:
             await host.close()
             await guest.close()
+
+
+async def test_a_freed_slot_carries_the_next_speaker_on_the_same_timeline() -> None:
+    async with room_server() as server, aiohttp.ClientSession() as http:
+        first = RtcClient(server.url, http)
+        listener = RtcClient(server.url, http)
+        second = RtcClient(server.url, http)
+        try:
+            await first.connect(room="relay", mic=ToneMicrophone(TONE_A), slots=1)
+            await listener.connect(room="relay", slots=1)
+            await asyncio.sleep(1.5)
+            heard_first = tail(listener.slot_audio[0], 0.8)
+            async with http.delete(f"{server.url}/sessions/{first.session_id}") as resp:
+                assert resp.status == 204
+            await listener.wait_event(lambda e: e["type"] == "participant.left")
+            await asyncio.sleep(0.5)
+            await second.connect(room="relay", mic=ToneMicrophone(TONE_B), slots=1)
+            joined = await listener.wait_event(lambda e: e["type"] == "participant.joined")
+            assert joined["slot"] == 0 and joined["role"] == "speaker"
+            await asyncio.sleep(1.5)
+            heard_second = tail(listener.slot_audio[0], 0.8)
+        finally:
+            for client in (first, listener, second):
+                await client.close()
+    assert abs(dominant_frequency(heard_first) - TONE_A) < 10
+    assert abs(dominant_frequency(heard_second) - TONE_B) < 10
+    # One track, two voices: its timestamps only move forward, on the 20 ms grid, and the
+    # pause between the voices shows as a gap rather than being squeezed out.
+    steps = np.diff(np.array(listener.slot_audio[0].pts))
+    assert (steps > 0).all() and (steps % 960 == 0).all(), np.unique(steps)
+    assert steps.max() >= 960 * 10
