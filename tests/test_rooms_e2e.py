@@ -307,3 +307,27 @@ async def test_a_freed_slot_carries_the_next_speaker_on_the_same_timeline() -> N
     steps = np.diff(np.array(listener.slot_audio[0].pts))
     assert (steps > 0).all() and (steps % 960 == 0).all(), np.unique(steps)
     assert steps.max() >= 960 * 10
+
+
+async def test_metrics_count_a_rooms_shared_agent_once() -> None:
+    async with room_server() as server, aiohttp.ClientSession() as http:
+        clients = [RtcClient(server.url, http) for _ in range(3)]
+        try:
+            for client in clients:
+                await client.connect(room="m")
+            room = server.app[SESSIONS].rooms.get("m")
+            assert room is not None
+            clients[0].send({"type": "say", "text": "one", "id": "a"})
+            clients[0].send({"type": "say", "text": "two", "id": "b"})
+            clients[0].send({"type": "say", "text": "three", "id": "c"})
+            await clients[0].wait_event(lambda e: e["type"] == "speech.started")
+            queued = room.pipeline.queued
+            async with http.get(f"{server.url}/metrics") as resp:
+                text = await resp.text()
+        finally:
+            for client in clients:
+                await client.close()
+    line = next(x for x in text.splitlines() if x.startswith("voice_agent_queued_utterances "))
+    assert float(line.split()[1]) == queued  # once for the room, not once per participant
+    sessions = [x for x in text.splitlines() if x.startswith("voice_agent_sessions_active{")]
+    assert any('kind="offer"' in x and x.endswith(" 3.0") for x in sessions), sessions
