@@ -5,8 +5,9 @@ A room source (the agent's speech, or one person's microphone) is encoded exactl
 subscriber has its own ``FanoutTrack`` (one per peer connection's sender) with:
 - a bounded queue that drops the oldest packet when full: a slow or gone subscriber loses
   its own audio and never holds up the source or the others (publish never waits);
-- its own RTP timeline: pts advance by 960 per packet and jump forward by the silent time
-  when its source paused or changed (a new speaker on the slot), so pts stay monotonic and
+- its own RTP timeline: pts advance by 960 per packet (a short stall of the event loop
+  moves its clock instead) and jump forward by the silent time when its source paused for
+  half a second or more or changed (a new speaker on the slot), so pts stay monotonic and
   on the 20 ms grid whatever the sources do;
 - no clock of its own: the source's clock paces every subscriber (one timer per source,
   not one per listener), which is part of keeping the per-listener path lean.
@@ -40,8 +41,12 @@ from agent.track import TrackStats
 log = logging.getLogger(__name__)
 
 TIME_BASE = fractions.Fraction(1, SAMPLE_RATE)
-# A subscriber this many frames behind its clock after a pause re-anchors its pts to it.
+# A subscriber this many frames behind or ahead of its clock moves its clock (a stall or a
+# burst: timestamps stay continuous, like OpusPacketTrack's late re-phasing) ...
 RESYNC_FRAMES = 3
+# ... and this many or more is a pause of its source (a speaker stopped sending, a slot
+# changed hands): the timestamps jump by the pause, as with DTX.
+PAUSE_FRAMES = 25
 
 
 class FanoutTrack(MediaStreamTrack):
@@ -125,8 +130,13 @@ class FanoutTrack(MediaStreamTrack):
             self._start = now
         pts = self._pts + FRAME_SAMPLES
         on_clock = int((now - self._start) * SAMPLE_RATE) // FRAME_SAMPLES * FRAME_SAMPLES
-        if on_clock - pts > RESYNC_FRAMES * FRAME_SAMPLES:
-            pts = on_clock  # the source paused: the gap shows in the timestamps, as with DTX
+        lag = on_clock - pts
+        if lag >= PAUSE_FRAMES * FRAME_SAMPLES:
+            pts = on_clock
+        elif abs(lag) > RESYNC_FRAMES * FRAME_SAMPLES:
+            # Late (a stall) or early (a source that bursts, e.g. a microphone's jitter buffer
+            # releasing frames): follow it, so that a later pause is measured from here.
+            self._start += lag / SAMPLE_RATE
         self._pts = pts
         return pts
 

@@ -35,11 +35,16 @@ async def test_pts_step_960_and_jump_forward_over_a_pause() -> None:
     for _ in range(3):
         source.publish(b"x")
         pts.append((await track.recv()).pts)
-    await asyncio.sleep(0.2)  # the source paused (a speaker left the slot): 10 frames
+    await asyncio.sleep(0.15)  # a stall (7 frames): timestamps stay continuous
     source.publish(b"y")
     pts.append((await track.recv()).pts)
-    assert pts[:3] == [0, 960, 1920]
-    assert pts[3] % 960 == 0 and 8 * 960 <= pts[3] <= 12 * 960, pts
+    source.publish(b"y")  # ... and the clock moved: the next packet follows on
+    pts.append((await track.recv()).pts)
+    await asyncio.sleep(0.8)  # the source paused (a speaker left the slot): 40 frames
+    source.publish(b"z")
+    pts.append((await track.recv()).pts)
+    assert pts[:5] == [0, 960, 1920, 2880, 3840], pts
+    assert pts[5] % 960 == 0 and 37 * 960 <= pts[5] <= 50 * 960, pts
 
 
 async def test_recv_waits_for_the_source_and_stop_ends_it() -> None:

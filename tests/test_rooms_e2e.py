@@ -134,6 +134,10 @@ async def test_one_encode_per_frame_whatever_the_listeners_and_pts_per_track() -
             await clients[0].wait_event(lambda e: e["type"] == "speech.started")
             members = list(room.members.values())
             assert len(members) == 4
+            deadline = time.monotonic() + 10  # every connection up (DTLS done) and sending
+            while min(m.track.stats.packets for m in members) < 5:
+                assert time.monotonic() < deadline, [m.track.stats.packets for m in members]
+                await asyncio.sleep(0.05)
             start_encodes = room.agent_track.stats.speech_packets
             start_published = room.agent.packets
             start_sent = [m.track.stats.packets for m in members]
@@ -303,10 +307,14 @@ async def test_a_freed_slot_carries_the_next_speaker_on_the_same_timeline() -> N
     assert abs(dominant_frequency(heard_first) - TONE_A) < 10
     assert abs(dominant_frequency(heard_second) - TONE_B) < 10
     # One track, two voices: its timestamps only move forward, on the 20 ms grid, and the
-    # pause between the voices shows as a gap rather than being squeezed out.
+    # pause between the voices (over 0.5 s) shows as a gap rather than being squeezed out.
     steps = np.diff(np.array(listener.slot_audio[0].pts))
     assert (steps > 0).all() and (steps % 960 == 0).all(), np.unique(steps)
-    assert steps.max() >= 960 * 10
+    assert steps.max() >= 960 * 25, (
+        np.unique(steps),
+        len(steps),
+        listener.slot_audio[0].arrivals[:3],
+    )
 
 
 async def test_metrics_count_a_rooms_shared_agent_once() -> None:
