@@ -147,6 +147,40 @@ class LimitSettings:
             raise ValueError("bursts, max_clients and max_sessions must be at least 1")
 
 
+INSTRUCT_POLICIES = ("everyone", "hosts")
+
+
+@dataclass(frozen=True)
+class RoomSettings:
+    """Voice rooms: several people and one agent; each voice encoded once (agent/room.py)."""
+
+    max_participants: int = 50  # speakers and listeners together; more get 409 room_full
+    # People sending a microphone at once; each takes a slot every other participant
+    # receives on its own track, so a client offers this many extra receive-only tracks.
+    max_speakers: int = 4
+    # Who may send say/chat/text.delta/interrupt/config to the room's agent: everyone, or
+    # only participants whose token role is "host" (without authentication, everyone is).
+    instruct: str = "everyone"
+    # Packets queued per subscriber track before the oldest is dropped (20 ms each).
+    subscriber_queue_frames: int = 10
+    # A speaker counts as talking above this level (dBFS of a 20 ms frame, smoothed) and
+    # stops after ``speaking_hold_s`` below it.
+    speaking_threshold_dbfs: float = -45.0
+    speaking_hold_s: float = 0.6
+    # Send each subscriber's packets straight from the source's tick (RTP header, SRTP,
+    # sendto: agent/direct.py) instead of through aiortc's per-sender task; False: aiortc's
+    # path (bench/room.py compares them).
+    direct_send: bool = True
+
+    def __post_init__(self) -> None:
+        if self.instruct not in INSTRUCT_POLICIES:
+            raise ValueError(f"room instruct policy must be one of {', '.join(INSTRUCT_POLICIES)}")
+        if self.max_participants < 1 or self.max_speakers < 0:
+            raise ValueError("max_participants must be at least 1, max_speakers at least 0")
+        if self.subscriber_queue_frames < 1:
+            raise ValueError("subscriber_queue_frames must be at least 1")
+
+
 @dataclass(frozen=True)
 class LifecycleSettings:
     """How long sessions wait for their peer, and how the server stops (0 turns a timer off)."""
@@ -220,3 +254,4 @@ class Config:
     # Set inside a worker process: its index (session ids carry it, so the front process
     # can route every later request for a session to the process that holds it).
     worker_index: int | None = None
+    rooms: RoomSettings = field(default_factory=RoomSettings)

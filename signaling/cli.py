@@ -11,6 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from agent.config import (
+    INSTRUCT_POLICIES,
     ROLES,
     AdaptationSettings,
     BreakerSettings,
@@ -19,6 +20,7 @@ from agent.config import (
     LifecycleSettings,
     LimitSettings,
     OpusSettings,
+    RoomSettings,
     SecuritySettings,
 )
 from agent.engines import ENGINE_NAMES
@@ -154,6 +156,7 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         serve.add_argument(
             "--" + flag, type=kind, default=kind(_env(env, env_name, str(default))), help=text
         )
+    _add_room_flags(serve, env)
 
     _add_lifecycle_flags(serve, env)
 
@@ -188,6 +191,33 @@ def _add_lifecycle_flags(parser: argparse.ArgumentParser, env: Mapping[str, str]
         parser.add_argument(
             "--" + flag, type=kind, default=kind(_env(env, env_name, str(default))), help=text
         )
+def _add_room_flags(serve: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
+    rooms = RoomSettings()
+    serve.add_argument(
+        "--room-max-participants",
+        type=int,
+        default=int(_env(env, "ROOM_MAX_PARTICIPANTS", str(rooms.max_participants)) or 0),
+        help="people per room (speakers and listeners); more get 409 room_full",
+    )
+    serve.add_argument(
+        "--room-max-speakers",
+        type=int,
+        default=int(_env(env, "ROOM_MAX_SPEAKERS", str(rooms.max_speakers)) or 0),
+        help="people sending a microphone per room; more get 409 speakers_full",
+    )
+    serve.add_argument(
+        "--room-instruct",
+        choices=INSTRUCT_POLICIES,
+        default=_env(env, "ROOM_INSTRUCT", rooms.instruct),
+        help="who may instruct a room's agent (say, chat, text.delta, interrupt, config)",
+    )
+    serve.add_argument(
+        "--room-send",
+        choices=("direct", "aiortc"),
+        default=_env(env, "ROOM_SEND", "direct" if rooms.direct_send else "aiortc"),
+        help="how room audio reaches each listener: direct (RTP+SRTP from the source's "
+        "tick, lean) or aiortc (each listener's own RTP sender task)",
+    )
 
 
 def _add_auth_secret(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
@@ -254,6 +284,13 @@ def config_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> Config
             failures=args.breaker_failures,
             window_s=args.breaker_window,
             cooldown_s=args.breaker_cooldown,
+        ),
+        rooms=replace(
+            RoomSettings(),
+            max_participants=args.room_max_participants,
+            max_speakers=args.room_max_speakers,
+            instruct=args.room_instruct,
+            direct_send=args.room_send == "direct",
         ),
     )
 

@@ -19,6 +19,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from agent.engine import TTSEngine
+from agent.room import RoomMember
+from agent.speech import SpeechPipeline
 from signaling.errors import HTTP_CODES, ApiError, Handler
 from signaling.sessions import Peer
 
@@ -46,10 +48,12 @@ _COUNTERS = {
 def _peer_counters(peer: Peer) -> dict[str, int]:
     session = peer.session
     track = session.track.stats
+    # A room's agent is shared by its participants: its underruns are not each one's.
+    shared = isinstance(session, RoomMember)
     return {
         "packets": track.packets,
         "speech_packets": track.speech_packets,
-        "underruns": session.pipeline.buffer.underruns,
+        "underruns": 0 if shared else session.pipeline.buffer.underruns,
         "late_packets": track.late_rephases,
     }
 
@@ -143,12 +147,12 @@ class _LiveCollector:
         yield GaugeMetricFamily(
             "voice_agent_queued_utterances",
             "Utterances waiting behind the one being spoken, all sessions",
-            sum(peer.session.pipeline.queued for peer in peers),
+            sum(pipeline.queued for pipeline in _pipelines(peers)),
         )
         yield GaugeMetricFamily(
             "voice_agent_playout_buffered_seconds",
             "Generated audio waiting to be sent, all sessions",
-            sum(peer.session.pipeline.buffer.buffered_seconds for peer in peers),
+            sum(pipeline.buffer.buffered_seconds for pipeline in _pipelines(peers)),
         )
 
         totals = Tally(metrics._retired)
@@ -158,6 +162,11 @@ class _LiveCollector:
             yield CounterMetricFamily(name, doc, totals[key])
 
         yield from _session_stats(peers)
+
+
+def _pipelines(peers: list[Peer]) -> list[SpeechPipeline]:
+    """Each speech pipeline once: a room's participants share theirs."""
+    return list({id(p.session.pipeline): p.session.pipeline for p in peers}.values())
 
 
 def _session_stats(peers: list[Peer]) -> Iterator[Metric]:

@@ -13,6 +13,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from agent.engine import TTSEngine
 from agent.hooks import SessionHooks
+from agent.room import RoomMember
 from agent.speech import SpeechError
 from signaling.auth import claims, require_room, require_speaker, room_for
 from signaling.errors import ApiError, Handler
@@ -20,6 +21,7 @@ from signaling.keys import BREAKER, CONFIG, DRAIN, ENGINE, ENGINE_ERROR, LIMITS,
 from signaling.sessions import Peer, SessionRegistry
 
 MAX_ROOM_CHARS = 64
+MAX_NAME_CHARS = 64
 # WHEP answers carry the session token here; a WHEP resume sends it back in the same header.
 SESSION_TOKEN_HEADER = "X-Session-Token"
 
@@ -38,6 +40,13 @@ def _check_room(room: object) -> str | None:
     if room is not None and (not isinstance(room, str) or not 0 < len(room) <= MAX_ROOM_CHARS):
         raise ApiError(400, "bad_room", f"'room' must be a string of 1-{MAX_ROOM_CHARS} characters")
     return room
+
+
+def _check_name(name: object) -> str | None:
+    """A room participant's display name (optional)."""
+    if name is not None and (not isinstance(name, str) or not 0 < len(name) <= MAX_NAME_CHARS):
+        raise ApiError(400, "bad_name", f"'name' must be a string of 1-{MAX_NAME_CHARS} characters")
+    return name
 
 
 def _sessions(request: web.Request) -> SessionRegistry:
@@ -98,6 +107,7 @@ async def post_offer(request: web.Request) -> web.Response:
         answer = await _sessions(request).resume(peer, body.get("sdp"), request.remote)
         return _offer_answer(peer, answer)
     room = room_for(request, _check_room(body.get("room")))
+    name = _check_name(body.get("name"))
     peer, answer = await _new_sessions(request).create(
         body.get("sdp"),
         "offer",
@@ -105,19 +115,21 @@ async def post_offer(request: web.Request) -> web.Response:
         request.remote,
         role=claims(request).role,
         hooks=_session_hooks(request),
+        name=name,
     )
     return _offer_answer(peer, answer)
 
 
 def _offer_answer(peer: Peer, answer: str) -> web.Response:
-    return web.json_response(
-        {
-            "sdp": answer,
-            "type": "answer",
-            "session_id": peer.session.id,
-            "session_token": peer.token,
-        }
-    )
+    reply = {
+        "sdp": answer,
+        "type": "answer",
+        "session_id": peer.session.id,
+        "session_token": peer.token,
+    }
+    if isinstance(peer.session, RoomMember):
+        reply["participant_id"] = peer.session.participant_id
+    return web.json_response(reply)
 
 
 def _resumable(request: web.Request, token: object, kind: str) -> Peer:
@@ -127,6 +139,9 @@ def _resumable(request: web.Request, token: object, kind: str) -> Peer:
     require_room(request, peer.room)
     if peer.kind != kind:
         raise ApiError(400, "wrong_kind", f"this token belongs to a {peer.kind} session")
+    if isinstance(peer.session, RoomMember):
+        # A room seat is left when its connection is lost: join the room again instead.
+        raise ApiError(400, "not_resumable", "room participants rejoin the room instead")
     return peer
 
 
@@ -185,6 +200,8 @@ async def _delete(request: web.Request) -> web.Response:
 async def post_say(request: web.Request) -> web.Response:
     peer = _peer(request)
     require_speaker(request)
+    if isinstance(peer.session, RoomMember) and not peer.session.may_instruct:
+        raise ApiError(403, "forbidden", "only hosts may instruct the agent in this room")
     request.app[LIMITS].check_speech(request.remote)
     body = await _json_body(request)
     peer.life.active()

@@ -27,11 +27,13 @@ from agent.config import Config
 from agent.engine import TTSEngine
 from agent.hooks import SessionHooks
 from agent.logcontext import SESSION_ID
+from agent.room import RoomMember
 from agent.session import AgentSession
 from signaling.errors import ApiError
 from signaling.lifecycle import Liveness, Verdict, check_interval, tap_rtcp, verdict
 from signaling.negotiation import OpusOffer, read_opus_offer, tune_answer
 from signaling.resume import TokenBook, new_token
+from signaling.rooms import RoomRegistry, offer_sends_audio
 from signaling.sdp import add_mdns_fallback, check_offer_sdp, explicit_directions, opus_first
 
 log = logging.getLogger(__name__)
@@ -44,7 +46,7 @@ SERVER_FULL_RETRY_S = 10  # Retry-After for server_full: sessions last minutes, 
 @dataclass
 class Peer:
     pc: RTCPeerConnection
-    session: AgentSession
+    session: AgentSession | RoomMember  # a room participant shares the room's agent
     kind: str  # "offer" | "whep"
     room: str | None = None
     role: str = "host"  # the token's role ("host" without authentication)
@@ -74,6 +76,7 @@ class SessionRegistry:
         self._id_prefix = f"{WORKER_ID_PREFIX}{index}-" if index is not None else ""
         self.tokens = TokenBook()
         self._watchdog: asyncio.Task[None] | None = None
+        self.rooms = RoomRegistry(config, engine, self.encode_executor)
 
     def __len__(self) -> int:
         return len(self._peers)
@@ -121,6 +124,7 @@ class SessionRegistry:
         *,
         role: str = "host",
         hooks: SessionHooks | None = None,
+        name: str | None = None,
     ) -> tuple[Peer, str]:
         """Answer an offer: returns the peer and the answer SDP (ICE gathered, non-trickle).
 
@@ -135,7 +139,7 @@ class SessionRegistry:
         # No await since check_capacity(): no other offer can have slipped in between.
         self._creating += 1
         try:
-            return await self._create(offer_sdp, opus_offer, kind, room, role, hooks)
+            return await self._create(offer_sdp, opus_offer, kind, room, role, hooks, name)
         finally:
             self._creating -= 1
 
@@ -147,19 +151,33 @@ class SessionRegistry:
         room: str | None,
         role: str,
         hooks: SessionHooks | None,
+        name: str | None = None,
     ) -> tuple[Peer, str]:
         session_id = self._id_prefix + uuid.uuid4().hex
         # Set before the peer connection exists: the tasks it and the session start inherit
         # this context, so their log lines carry the session id too.
         SESSION_ID.set(session_id)
-        session = AgentSession(
-            session_id,
-            self.engine,
-            self.config,
-            self.encode_executor,
-            expects_channel=kind == "offer",
-            hooks=hooks,
-        )
+        session: AgentSession | RoomMember
+        if room is not None:
+            # Admitted before any await, so concurrent joins cannot overfill the room.
+            session = self.rooms.join(
+                room,
+                session_id,
+                speaking=kind == "offer" and offer_sends_audio(offer_sdp),
+                host=role == "host",
+                display_name=name,
+                hooks=hooks,
+                expects_channel=kind == "offer",
+            )
+        else:
+            session = AgentSession(
+                session_id,
+                self.engine,
+                self.config,
+                self.encode_executor,
+                expects_channel=kind == "offer",
+                hooks=hooks,
+            )
         # The token carries the worker prefix too: a resume reaches this process.
         peer = Peer(
             None,  # type: ignore[arg-type]
@@ -194,8 +212,13 @@ class SessionRegistry:
             except Exception as exc:  # noqa: BLE001 - aiortc raises many types on SDP it can't use
                 raise ApiError(400, "bad_sdp", f"could not apply the offer: {exc}") from None
             tune_answer(pc, opus_offer)
-            sender = pc.addTrack(session.track)
-            tap_rtcp(sender, life.heard)
+            sender = None
+            if isinstance(session, RoomMember):
+                session.attach_peer(pc, _receiver_opus(opus_offer))
+            else:
+                sender = pc.addTrack(session.track)
+            for each in pc.getSenders():  # any RTCP from the peer says it is still there
+                tap_rtcp(each, life.heard)
             if peer.kind == "offer":
                 pc.on("datachannel", lambda ch: self._on_datachannel(session, ch, life))
             pc.on("connectionstatechange", lambda: self._on_state(peer, pc, life))
@@ -204,7 +227,8 @@ class SessionRegistry:
             except Exception as exc:  # noqa: BLE001 - an offer aiortc parsed but can't answer
                 raise ApiError(400, "bad_sdp", f"could not answer the offer: {exc}") from None
             await pc.setLocalDescription(answer)
-            session.attach_sender(sender, _receiver_opus(opus_offer))
+            if sender is not None and isinstance(session, AgentSession):
+                session.attach_sender(sender, _receiver_opus(opus_offer))
         except BaseException:
             await _close_quietly(pc)
             raise
@@ -233,6 +257,8 @@ class SessionRegistry:
                 peer.life.lost_reason = "resumed"
             await old.close()
             # aiortc stops a track with its sender: playout goes on in a new one.
+            if not isinstance(peer.session, AgentSession):  # routes refuse it before this
+                raise ApiError(400, "not_resumable", "room participants rejoin the room instead")
             peer.session.renew_track()
             pc, answer = await self._connect(peer, offer_sdp, opus_offer)
             peer.pc = pc
@@ -281,7 +307,8 @@ class SessionRegistry:
         if peer.life.detached_at is not None:
             return
         reason = peer.life.lost_reason or pc.connectionState
-        if peer.ever_connected and self.config.lifecycle.resume_grace_s > 0:
+        resumable = isinstance(peer.session, AgentSession)  # a room seat is simply left
+        if resumable and peer.ever_connected and self.config.lifecycle.resume_grace_s > 0:
             peer.life.detached_at = time.monotonic()
             log.info(
                 "session %s: peer lost (%s); playout paused, %.0f s to resume",
@@ -300,7 +327,9 @@ class SessionRegistry:
         task.add_done_callback(self._closing.discard)
 
     @staticmethod
-    def _on_datachannel(session: AgentSession, channel: RTCDataChannel, life: Liveness) -> None:
+    def _on_datachannel(
+        session: AgentSession | RoomMember, channel: RTCDataChannel, life: Liveness
+    ) -> None:
         if channel.label == DATA_CHANNEL_LABEL:
             session.attach_channel(channel)
 

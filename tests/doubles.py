@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import fractions
+import time
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
 
+import av
 import numpy as np
+from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
 from agent.engine import PCM, EngineError, VoiceOptions
 
@@ -137,3 +141,35 @@ class FailingEngine(ToneEngine):
                     raise EngineError("the engine failed mid-utterance")
                 n += 1
                 yield chunk
+
+
+class ToneMicrophone(MediaStreamTrack):
+    """A microphone for room tests: a steady sine tone, 20 ms AudioFrames paced in real time."""
+
+    kind = "audio"
+
+    def __init__(self, frequency: float, amplitude: float = 0.3, rate: int = 48_000) -> None:
+        super().__init__()
+        self.frequency = frequency
+        self.amplitude = amplitude
+        self.rate = rate
+        self._samples = rate // 50
+        self._sent = 0
+        self._start: float | None = None
+
+    async def recv(self) -> av.AudioFrame:
+        if self.readyState != "live":
+            raise MediaStreamError
+        if self._start is None:
+            self._start = time.monotonic()
+        wait = self._start + self._sent / self.rate - time.monotonic()
+        if wait > 0:
+            await asyncio.sleep(wait)
+        t = np.arange(self._sent, self._sent + self._samples) / self.rate
+        pcm = (self.amplitude * 32767 * np.sin(2 * np.pi * self.frequency * t)).astype(np.int16)
+        frame = av.AudioFrame.from_ndarray(pcm.reshape(1, -1), format="s16", layout="mono")
+        frame.sample_rate = self.rate
+        frame.pts = self._sent
+        frame.time_base = fractions.Fraction(1, self.rate)
+        self._sent += self._samples
+        return frame

@@ -46,10 +46,14 @@ class RtcClient:
         self.location: str | None = None
         self._event_signal = asyncio.Event()
         self._reader: asyncio.Task[None] | None = None
+        self._slot_readers: list[asyncio.Task[None]] = []
         self.channel = None
         self.codec_preferences: list[Any] | None = None  # audio codecs to offer, in order
         # Called with (sequence number, payload) of every RTP packet received (benches).
         self.rtp_tap: Callable[[int, bytes], None] | None = None
+        # Rooms: audio of each speaker slot (receive-only transceivers after the first).
+        self.slot_audio: dict[int, ReceivedAudio] = {}
+        self.participant_id: str | None = None
 
     async def connect(
         self,
@@ -60,10 +64,25 @@ class RtcClient:
         rewrite_answer: Callable[[str], str] | None = None,
         token_in: str = "header",
         resume: str | None = None,
-    ) -> None:
+        mic: MediaStreamTrack | None = None,
+        slots: int = 0,
+        name: str | None = None,
+        expect_status: int | None = None,
+    ) -> dict[str, Any] | None:
         """``token_in``: where the offer carries the token: header, query or body (JSON).
-        ``resume``: a session token: take over that session instead of starting one."""
-        transceiver = self.pc.addTransceiver("audio", direction="recvonly")
+        ``resume``: a session token: take over that session instead of starting one.
+
+        Rooms: ``mic`` is sent on the first transceiver (a speaker); ``slots`` receive-only
+        transceivers follow it for the other speakers. With ``expect_status`` the server's
+        refusal is expected: its JSON error body is returned and nothing is connected.
+        """
+        if mic is not None:
+            transceiver = self.pc.addTransceiver(mic, direction="sendrecv")
+        else:
+            transceiver = self.pc.addTransceiver("audio", direction="recvonly")
+        slot_transceivers = [
+            self.pc.addTransceiver("audio", direction="recvonly") for _ in range(slots)
+        ]
         if self.rtp_tap is not None:
             tap = self.rtp_tap
             receiver = transceiver.receiver
@@ -84,6 +103,11 @@ class RtcClient:
 
         @self.pc.on("track")
         def on_track(track: MediaStreamTrack) -> None:
+            for slot, slot_transceiver in enumerate(slot_transceivers):
+                if slot_transceiver.receiver.track is track:
+                    audio = self.slot_audio.setdefault(slot, ReceivedAudio())
+                    self._slot_readers.append(asyncio.ensure_future(self._read(track, audio)))
+                    return
             self._reader = asyncio.ensure_future(self._read(track))
 
         await self.pc.setLocalDescription(await self.pc.createOffer())
@@ -119,6 +143,8 @@ class RtcClient:
             body: dict[str, Any] = {"sdp": sdp, "type": "offer"}
             if room:
                 body["room"] = room
+            if name:
+                body["name"] = name
             if self.token and token_in == "body":
                 body["token"] = self.token
             if resume is not None:
@@ -126,23 +152,30 @@ class RtcClient:
             async with self.http.post(
                 self.base_url + "/offer", json=body, headers=headers, params=params
             ) as resp:
+                if expect_status is not None:
+                    assert resp.status == expect_status, await resp.text()
+                    error: dict[str, Any] = await resp.json()
+                    return error
                 assert resp.status == 200, await resp.text()
                 data = await resp.json()
                 assert data["type"] == "answer"
                 self.session_id = data["session_id"]
                 self.session_token = data.get("session_token")
+                self.participant_id = data.get("participant_id")
                 answer = data["sdp"]
         if rewrite_answer is not None:
             answer = rewrite_answer(answer)
         await self.pc.setRemoteDescription(RTCSessionDescription(sdp=answer, type="answer"))
         if not whep:
             await asyncio.wait_for(opened.wait(), 10)
+        return None
 
     def _on_message(self, raw: str | bytes) -> None:
         self.events.append(json.loads(raw))
         self._event_signal.set()
 
-    async def _read(self, track: MediaStreamTrack) -> None:
+    async def _read(self, track: MediaStreamTrack, audio: ReceivedAudio | None = None) -> None:
+        into = self.audio if audio is None else audio
         try:
             while True:
                 frame = await track.recv()
@@ -150,9 +183,9 @@ class RtcClient:
                 pcm = frame.to_ndarray().astype(np.float32) / 32768.0
                 channels = len(frame.layout.channels)
                 mono = pcm.reshape(-1, channels).mean(axis=1) if channels > 1 else pcm.reshape(-1)
-                self.audio.frames.append(mono)
-                self.audio.arrivals.append(now)
-                self.audio.pts.append(frame.pts or 0)
+                into.frames.append(mono)
+                into.arrivals.append(now)
+                into.pts.append(frame.pts or 0)
         except MediaStreamError:
             pass
 
@@ -178,6 +211,8 @@ class RtcClient:
     async def close(self) -> None:
         if self._reader is not None:
             self._reader.cancel()
+        for reader in self._slot_readers:
+            reader.cancel()
         await self.pc.close()
 
 

@@ -1,0 +1,632 @@
+"""Voice rooms: several people and one agent, every voice encoded once and fanned out.
+
+A room owns one speech pipeline (the agent), its paced Opus track, and one ``FanoutSource``
+per voice: the agent's, and each speaking person's (their microphone, decoded once by
+aiortc, encoded once here). A participant's peer connection carries:
+- audio track 0: the agent (and, from a speaker, their microphone in the other direction);
+- audio tracks 1..K ("slots"): slot s carries the person who holds speaker slot s, except
+  on that person's own connection (nobody hears themselves). Clients offer the slots as
+  receive-only transceivers up front, so speakers joining later need no renegotiation
+  (aiortc only adds tracks through a new offer/answer, which the client would have to
+  start); an unused slot sends nothing.
+Room events (participant.joined/left, speaker.active, the agent's speech.*) go to everyone
+over their data channels. The room closes, agent and encoders with it, when its last
+participant leaves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import logging
+import math
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Executor
+from typing import Any
+
+import av
+import numpy as np
+from aiortc import RTCDataChannel, RTCPeerConnection, RTCRtpSender
+from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
+
+from agent.adaptation import ReceiverOpus
+from agent.bitrate import BitrateController, EncoderTarget
+from agent.config import Config
+from agent.direct import DirectSender
+from agent.engine import TTSEngine
+from agent.fanout import FanoutSource, FanoutTrack, SubscriberWish
+from agent.feedback import Applier, FeedbackTap
+from agent.hooks import SessionHooks
+from agent.opus import FRAME_SAMPLES, OpusEncoder
+from agent.protocol import (
+    Chat,
+    ConfigUpdate,
+    Interrupt,
+    Message,
+    ProtocolError,
+    Say,
+    TextDelta,
+    TextEnd,
+    parse_message,
+)
+from agent.speech import Event, SpeechError, SpeechPipeline
+from agent.track import OpusPacketTrack
+
+log = logging.getLogger(__name__)
+
+MAX_PENDING_EVENTS = 128
+AGENT_ID = "agent"  # the agent's participant id in room events
+ROOM_TICK_S = 1.0  # feedback hold-offs (FEC off after quiet, REMB expiry)
+
+
+class RoomError(Exception):
+    """A join the room refuses: ``code`` is ``room_full`` or ``speakers_full``."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+class Room:
+    def __init__(
+        self,
+        name: str,
+        engine: TTSEngine,
+        config: Config,
+        encode_executor: Executor | None = None,
+        on_closed: Callable[[Room], None] | None = None,
+    ) -> None:
+        self.name = name
+        self.config = config
+        self.settings = config.rooms
+        self.pipeline = SpeechPipeline(engine, config.speech, self.broadcast)
+        self.agent_track = OpusPacketTrack(
+            self.pipeline.buffer, config.opus, encode_executor=encode_executor
+        )
+        self.agent = FanoutSource(AGENT_ID, self._apply_agent_target)
+        self.members: dict[str, RoomMember] = {}  # by participant id
+        self.slots: list[SpeakerFeed | None] = [None] * self.settings.max_speakers
+        self.closed = False
+        self._on_closed = on_closed
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # --- lifecycle -----------------------------------------------------------------------
+    def start(self) -> None:
+        self.pipeline.start()
+        loop = asyncio.get_running_loop()
+        self._tasks.append(loop.create_task(self._pump_agent()))
+        self._tasks.append(loop.create_task(self._tick()))
+
+    async def _pump_agent(self) -> None:
+        """The agent's one encode per 20 ms (paced by its track), published to everyone."""
+        track = self.agent_track
+        try:
+            while True:
+                packet = await track.recv()
+                self.agent.publish(bytes(packet))
+        except MediaStreamError:
+            pass
+
+    async def _tick(self) -> None:
+        while True:
+            await asyncio.sleep(ROOM_TICK_S)
+            for member in list(self.members.values()):
+                try:
+                    member.tick()
+                except Exception:  # feedback bookkeeping must never end the room
+                    log.exception("room %s: tick failed", self.name)
+
+    async def close(self) -> None:
+        self.closed = True
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks.clear()
+        await self.pipeline.close()
+        self.agent_track.stop()
+        self.agent.close()
+        for feed in self.slots:
+            if feed is not None:
+                await feed.close()
+        log.info("room %s closed", self.name)
+
+    # --- membership ----------------------------------------------------------------------
+    def join(
+        self,
+        session_id: str,
+        *,
+        speaking: bool,
+        host: bool,
+        name: str | None = None,
+        hooks: SessionHooks | None = None,
+        expects_channel: bool = True,
+    ) -> RoomMember:
+        """Admit a participant now (no await: the count cannot race); RoomError when full."""
+        if self.closed:
+            raise RoomError("room_closed", f"room {self.name!r} is closing; join again")
+        if len(self.members) >= self.settings.max_participants:
+            raise RoomError(
+                "room_full",
+                f"room {self.name!r} holds its maximum of {self.settings.max_participants} "
+                "participants",
+            )
+        slot: int | None = None
+        if speaking:
+            # Slots are reserved at join (before the microphone's track exists).
+            reserved = {m.slot for m in self.members.values() if m.slot is not None}
+            slot = next((i for i in range(self.settings.max_speakers) if i not in reserved), None)
+            if slot is None:
+                raise RoomError(
+                    "speakers_full",
+                    f"room {self.name!r} has its maximum of {self.settings.max_speakers} "
+                    "speakers; join as a listener (receive-only)",
+                )
+        member = RoomMember(
+            self,
+            session_id,
+            slot=slot,
+            host=host,
+            name=name,
+            hooks=hooks,
+            expects_channel=expects_channel,
+        )
+        self.members[member.participant_id] = member
+        member.send_event({"type": "room.state", **self.describe(member)})
+        self.broadcast({"type": "participant.joined", **member.describe()}, skip=member)
+        log.info(
+            "room %s: %s joined (%d present)", self.name, member.participant_id, len(self.members)
+        )
+        return member
+
+    async def leave(self, member: RoomMember) -> None:
+        if self.members.pop(member.participant_id, None) is None:
+            return
+        if member.slot is not None:
+            feed = self.slots[member.slot]
+            self.slots[member.slot] = None
+            if feed is not None:
+                await feed.close()
+        member.release_media()
+        if not self.members:
+            # Out of the registry before any await: a new join makes a new room.
+            self.closed = True
+            if self._on_closed is not None:
+                self._on_closed(self)
+            await self.close()
+            return
+        self.broadcast({"type": "participant.left", "participant_id": member.participant_id})
+
+    def describe(self, member: RoomMember) -> dict[str, Any]:
+        return {
+            "room": self.name,
+            "participant_id": member.participant_id,
+            "participants": [m.describe() for m in self.members.values()],
+            "max_speakers": self.settings.max_speakers,
+            "instruct": self.settings.instruct,
+            "agent_speaking": bool(self.pipeline.busy),
+        }
+
+    # --- media ---------------------------------------------------------------------------
+    def start_speaker(self, member: RoomMember, mic: MediaStreamTrack) -> None:
+        assert member.slot is not None
+        feed = SpeakerFeed(self, member, mic)
+        self.slots[member.slot] = feed
+        for other in self.members.values():
+            if other is not member:
+                other.subscribe_slot(member.slot, feed.source)
+        feed.start()
+
+    def on_speaking(self, member: RoomMember, active: bool, level_dbfs: float) -> None:
+        self.broadcast(
+            {
+                "type": "speaker.active",
+                "participant_id": member.participant_id,
+                "slot": member.slot,
+                "active": active,
+                "level_dbfs": round(level_dbfs, 1),
+            }
+        )
+
+    def _apply_agent_target(self, target: EncoderTarget) -> None:
+        track = self.agent_track
+        track.set_bitrate(target.bitrate)
+        track.set_fec(target.fec)
+        track.set_expected_loss(target.expected_loss_pct)
+
+    # --- events --------------------------------------------------------------------------
+    def broadcast(self, event: Event, skip: RoomMember | None = None) -> None:
+        kind = event.get("type")
+        if kind in ("speech.started", "speech.ended"):
+            active = kind == "speech.started"
+            self._send_all(
+                {"type": "speaker.active", "participant_id": AGENT_ID, "active": active}, skip
+            )
+        self._send_all(event, skip)
+
+    def _send_all(self, event: Event, skip: RoomMember | None) -> None:
+        for member in list(self.members.values()):
+            if member is not skip:
+                member.send_event(event)
+
+
+class SpeakerFeed:
+    """One person's microphone: aiortc's decoded frames, encoded once, fanned out."""
+
+    def __init__(self, room: Room, member: RoomMember, mic: MediaStreamTrack) -> None:
+        self.room = room
+        self.member = member
+        self.mic = mic
+        opus = room.config.opus
+        self.encoder = OpusEncoder(
+            bitrate=opus.bitrate,
+            complexity=opus.complexity,
+            fec=opus.fec,
+            expected_loss_pct=opus.expected_loss_pct,
+        )
+        self.source = FanoutSource(f"speaker:{member.participant_id}", self._apply_target)
+        self._pending = np.zeros(0, dtype=np.int16)  # samples short of a whole 20 ms frame
+        self._task: asyncio.Task[None] | None = None
+        settings = room.settings
+        self._threshold = settings.speaking_threshold_dbfs
+        self._hold = settings.speaking_hold_s
+        self._level = -100.0  # smoothed dBFS
+        self.active = False
+        self._last_loud = -math.inf
+        self.frames = 0
+        self.encodes = 0
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    def _apply_target(self, target: EncoderTarget) -> None:
+        self.encoder.set_bitrate(target.bitrate)
+        self.encoder.set_fec(target.fec)
+        self.encoder.set_expected_loss(target.expected_loss_pct)
+
+    async def _run(self) -> None:
+        # Reading every frame matters even with no subscriber: aiortc's receiver queue behind
+        # this track is unbounded.
+        try:
+            while True:
+                frame = await self.mic.recv()
+                if not isinstance(frame, av.AudioFrame):
+                    continue
+                self._on_frame(
+                    _mono_int16(frame.to_ndarray(), len(frame.layout.channels)), frame.sample_rate
+                )
+        except MediaStreamError:
+            pass
+        except Exception:  # a bad frame must not take the room down
+            log.exception(
+                "room %s: speaker %s feed failed", self.room.name, self.member.participant_id
+            )
+
+    def _on_frame(self, pcm: np.ndarray[Any, np.dtype[np.int16]], rate: int) -> None:
+        if rate != 48_000:
+            return  # aiortc decodes Opus at 48 kHz; anything else is not ours to fan out
+        self.frames += 1
+        pcm = np.concatenate((self._pending, pcm)) if self._pending.size else pcm
+        whole = pcm.size // FRAME_SAMPLES * FRAME_SAMPLES
+        self._pending = pcm[whole:].copy()
+        for start in range(0, whole, FRAME_SAMPLES):
+            chunk = pcm[start : start + FRAME_SAMPLES]
+            self._measure(chunk)
+            if self.source.subscribers:
+                self.encodes += 1
+                self.source.publish(self.encoder.encode(np.ascontiguousarray(chunk)))
+
+    def _measure(self, chunk: np.ndarray[Any, np.dtype[np.int16]]) -> None:
+        rms = float(np.sqrt(np.mean(np.square(chunk, dtype=np.float64)))) / 32768.0
+        level = 20 * math.log10(max(rms, 1e-6))
+        # Fast attack, slow release: one loud frame counts, a short pause does not.
+        self._level = level if level > self._level else 0.8 * self._level + 0.2 * level
+        now = time.monotonic()
+        if self._level > self._threshold:
+            self._last_loud = now
+            if not self.active:
+                self.active = True
+                self.room.on_speaking(self.member, True, self._level)
+        elif self.active and now - self._last_loud > self._hold:
+            self.active = False
+            self.room.on_speaking(self.member, False, self._level)
+
+    async def close(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if self.active:
+            self.active = False
+            self.room.on_speaking(self.member, False, self._level)
+        self.source.close()
+        self.encoder.close()
+
+
+Int16Array = np.ndarray[Any, np.dtype[np.int16]]
+
+
+def _mono_int16(samples: np.ndarray[Any, Any], channels: int) -> Int16Array:
+    """aiortc's decoded frames are packed s16 (interleaved channels): average to mono."""
+    flat = samples.reshape(-1)
+    mono: Int16Array
+    if channels <= 1:
+        mono = flat.astype(np.int16, copy=False)
+    else:
+        mono = flat.reshape(-1, channels).mean(axis=1).astype(np.int16)
+    return mono
+
+
+@dataclasses.dataclass
+class _Subscription:
+    track: FanoutTrack
+    wish: SubscriberWish | None = None
+    tap: FeedbackTap | None = None
+
+
+class RoomMember:
+    """One participant: what the session registry holds in place of an AgentSession."""
+
+    def __init__(
+        self,
+        room: Room,
+        session_id: str,
+        *,
+        slot: int | None,
+        host: bool,
+        name: str | None,
+        hooks: SessionHooks | None,
+        expects_channel: bool,
+    ) -> None:
+        self.room = room
+        self.id = session_id
+        self.participant_id = uuid.uuid4().hex[:8]
+        self.slot = slot  # the speaker slot this participant's microphone fills
+        self.host = host
+        self.name = name
+        self.muted = False
+        self.hooks = hooks or SessionHooks()
+        self.pipeline = room.pipeline  # the room's agent: HTTP say speaks into the room
+        queue = room.settings.subscriber_queue_frames
+        self.track = FanoutTrack(queue)  # the agent, to this participant
+        self._subs: list[_Subscription] = []
+        self._slots: dict[int, _Subscription] = {}
+        self.channel: RTCDataChannel | None = None
+        self._expects_channel = expects_channel
+        self._pending: deque[Event] = deque(maxlen=MAX_PENDING_EVENTS)
+        self._receiver = ReceiverOpus()
+
+    @property
+    def role(self) -> str:
+        return "speaker" if self.slot is not None else "listener"
+
+    @property
+    def may_instruct(self) -> bool:
+        return self.room.settings.instruct == "everyone" or self.host
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "participant_id": self.participant_id,
+            "name": self.name,
+            "role": self.role,
+            "slot": self.slot,
+            "host": self.host,
+            "muted": self.muted,
+            "speaking": self.speaking,
+        }
+
+    @property
+    def speaking(self) -> bool:
+        """Talking now (speaker.active's last word for this participant)."""
+        feed = self.room.slots[self.slot] if self.slot is not None else None
+        return feed is not None and feed.active
+
+    # --- media ---------------------------------------------------------------------------
+    def attach_peer(self, pc: RTCPeerConnection, receiver: ReceiverOpus) -> None:
+        """Bind this participant's negotiated audio transceivers (after setRemoteDescription)."""
+        self._receiver = receiver
+        audio = [t for t in pc.getTransceivers() if t.kind == "audio"]
+        if not audio:
+            return
+        room = self.room
+        agent_sub = _Subscription(self.track)
+        room.agent.subscribe(self.track)
+        self._subs.append(agent_sub)
+        self._send_on(audio[0], agent_sub, room.agent)
+        for slot, transceiver in enumerate(audio[1 : 1 + room.settings.max_speakers]):
+            sub = _Subscription(FanoutTrack(room.settings.subscriber_queue_frames))
+            self._subs.append(sub)
+            self._slots[slot] = sub
+            feed = room.slots[slot]
+            self._send_on(transceiver, sub, feed.source if feed is not None else None)
+            if feed is not None and slot != self.slot:
+                feed.source.subscribe(sub.track)
+        mic = audio[0].receiver.track
+        if self.slot is not None and mic is not None:
+            room.start_speaker(self, mic)
+
+    def _send_on(self, transceiver: Any, sub: _Subscription, source: FanoutSource | None) -> None:
+        transceiver.sender.replaceTrack(sub.track)
+        transceiver.direction = "sendrecv"  # the answer intersects it with the offer's
+        if self.room.settings.direct_send:
+            sub.track.use_direct(DirectSender(transceiver))
+        self._watch(transceiver.sender, sub, source)
+
+    def _watch(self, sender: RTCRtpSender, sub: _Subscription, source: FanoutSource | None) -> None:
+        """This subscriber's own feedback loop; its wish joins its source's encoder policy."""
+        settings = self.room.config.adaptation
+        if not settings.enabled:
+            return
+        receiver = self._receiver
+        ceiling = self.room.config.opus.bitrate
+        if receiver.max_bitrate is not None:
+            ceiling = min(ceiling, receiver.max_bitrate)
+        controller = BitrateController(
+            settings, ceiling, fec_allowed=receiver.fec, now=time.monotonic()
+        )
+        control = (source or self.room.agent).control
+        wish = SubscriberWish(control, controller.target)
+        sub.wish = wish
+        track = sub.track
+        applier = Applier(wish.set_bitrate, wish.set_fec, wish.set_expected_loss)
+        sub.tap = FeedbackTap(sender, controller, applier, packet_size=lambda: track.last_size)
+        # The lean path stamps no transport-wide sequence numbers: receiver reports only.
+        sub.tap.install(transport_cc=receiver.transport_cc and not track.direct)
+        if source is None:
+            wish.withdraw()  # an empty slot has no encoder to steer yet
+
+    def subscribe_slot(self, slot: int, source: FanoutSource) -> None:
+        sub = self._slots.get(slot)
+        if sub is None:
+            return  # this client offered fewer slots: it does not hear that speaker
+        source.subscribe(sub.track)
+        if sub.wish is not None:
+            sub.wish.move_to(source.control)
+
+    def tick(self) -> None:
+        for sub in self._subs:
+            if sub.tap is not None:
+                sub.tap.tick()
+
+    def release_media(self) -> None:
+        for sub in self._subs:
+            if sub.wish is not None:
+                sub.wish.withdraw()
+            sub.track.stop()
+
+    # --- data channel --------------------------------------------------------------------
+    def attach_channel(self, channel: RTCDataChannel) -> None:
+        self.channel = channel
+
+        @channel.on("open")
+        def _on_open() -> None:
+            self._flush_pending()
+
+        @channel.on("message")
+        def _on_message(raw: str | bytes) -> None:
+            self.handle_message(raw)
+
+        if channel.readyState == "open":
+            self._flush_pending()
+
+    def handle_message(self, raw: str | bytes) -> None:
+        message: Message | None = None
+        try:
+            if self._room_message(raw):
+                return
+            message = parse_message(raw, self.room.config.speech.max_message_bytes)
+            if not self.may_instruct:
+                raise ProtocolError("forbidden", "only hosts may instruct the agent in this room")
+            self._admit(message)
+            self._apply(message)
+        except (ProtocolError, SpeechError) as exc:
+            self.send_error(exc.code, exc.message, getattr(message, "id", None))
+        except Exception:
+            log.exception("room %s: message handling failed", self.room.name)
+            self.send_error("internal", "the server could not handle this message")
+
+    def _room_message(self, raw: str | bytes) -> bool:
+        """Room-only messages (``mute``); False for everything the agent handles."""
+        if len(raw) > self.room.config.speech.max_message_bytes or '"mute"' not in str(raw):
+            return False
+        try:
+            obj = json.loads(raw)
+        except ValueError:
+            return False
+        if not isinstance(obj, dict) or obj.get("type") != "mute":
+            return False
+        muted = obj.get("muted")
+        if not isinstance(muted, bool):
+            raise ProtocolError("bad_message", "'muted' must be true or false")
+        if muted != self.muted:
+            self.muted = muted
+            self.room.broadcast({"type": "participant.updated", **self.describe()})
+        return True
+
+    def _admit(self, message: Message) -> None:
+        match message:
+            case Say() | Chat():
+                pass
+            case TextDelta(id=utt_id) if self.pipeline.opens_stream(utt_id):
+                pass
+            case _:
+                return
+        wait = self.hooks.admit_speech()
+        if wait > 0:
+            raise ProtocolError(
+                "rate_limited", f"too many speech requests; retry in {math.ceil(wait)} s"
+            )
+
+    def _apply(self, message: Message) -> None:
+        pipeline = self.pipeline
+        match message:
+            case Say(text=text, id=utt_id):
+                pipeline.say(text, utt_id)
+            case TextDelta(delta=delta, id=utt_id):
+                pipeline.text_delta(delta, utt_id)
+            case TextEnd():
+                pipeline.text_end()
+            case Interrupt():
+                pipeline.interrupt()
+            case Chat(text=text):
+                pipeline.say(text)  # the echo brain, as in a 1:1 session
+            case ConfigUpdate(fields=fields):
+                pipeline.voice = dataclasses.replace(pipeline.voice, **fields)
+
+    def send_event(self, event: Event) -> None:
+        channel = self.channel
+        if channel is None or channel.readyState != "open":
+            if self._expects_channel:
+                self._pending.append(event)
+            return
+        try:
+            channel.send(json.dumps(event))
+        except Exception as exc:  # noqa: BLE001 - a closing transport must not break the room
+            log.debug("room %s: event dropped (%s)", self.room.name, exc)
+
+    def send_error(self, code: str, message: str, request_id: str | None = None) -> None:
+        event: Event = {"type": "error", "code": code, "message": message}
+        if request_id is not None:
+            event["id"] = request_id
+        self.send_event(event)
+
+    def _flush_pending(self) -> None:
+        while self._pending and self.channel is not None and self.channel.readyState == "open":
+            self.send_event(self._pending.popleft())
+
+    # --- what the registry and metrics ask ----------------------------------------------
+    def start(self) -> None:
+        """Nothing per participant: the room's agent runs from the first join."""
+
+    def stats(self) -> dict[str, Any]:
+        encoder = self.room.agent_track.encoder
+        return {
+            "session_id": self.id,
+            "room": self.room.name,
+            "participant_id": self.participant_id,
+            "participant_role": self.role,
+            "slot": self.slot,
+            "participants": len(self.room.members),
+            "bitrate": encoder.bitrate,
+            "fec": encoder.fec,
+            "expected_loss_pct": encoder.expected_loss_pct,
+            "packets": self.track.stats.packets,
+            "bytes": self.track.stats.bytes,
+            "dropped": sum(sub.track.dropped_total for sub in self._subs),
+            "direct_send": self.track.direct,
+            "agent_encodes": self.room.agent_track.stats.encode_calls,
+            "agent_packets_published": self.room.agent.packets,
+            "buffered_ms": round(self.pipeline.buffer.buffered_seconds * 1000),
+            "underruns": self.pipeline.buffer.underruns,
+        }
+
+    async def close(self) -> None:
+        await self.room.leave(self)

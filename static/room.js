@@ -1,0 +1,265 @@
+// Browser client for voice rooms: join a room by name, hear the agent and every other
+// speaker, see who is in the room and who is talking, mute/unmute, instruct the agent.
+// Plain ES module, no build step. Wire contract: README "Rooms".
+//
+// Media layout (the server's): audio transceiver 0 carries the agent (and our microphone
+// the other way); transceivers 1..SLOTS are receive-only "slots", slot s carrying the
+// person who holds speaker slot s. They are offered up front, so later speakers need no
+// renegotiation.
+
+const TOKEN = new URLSearchParams(location.search).get("token");
+const SLOTS = Number(new URLSearchParams(location.search).get("slots") || 4);
+// ?processing=off: no echo cancellation / noise suppression / gain control on the microphone
+// (music, test tones; a steady tone is what noise suppression removes).
+const RAW_MIC = new URLSearchParams(location.search).get("processing") === "off";
+const ICE_GATHER_TIMEOUT_MS = 2000;
+const LEVEL_INTERVAL_MS = 100;
+
+const $ = (id) => document.getElementById(id);
+const ui = {
+  state: $("state"), me: $("me"), alert: $("alert"), joinForm: $("join-form"),
+  room: $("room-name"), name: $("display-name"), speak: $("speak"), join: $("join"),
+  leave: $("leave"), mute: $("mute"), people: $("people"), sayForm: $("say-form"),
+  text: $("text"), say: $("say"), interrupt: $("interrupt"), caption: $("caption"),
+  players: $("players"),
+};
+
+const call = { pc: null, channel: null, mic: null, sessionId: null, me: null, muted: false };
+const people = new Map(); // participant id -> participant (from room.state / events)
+const events = []; // every data-channel event, in order
+const tracks = []; // index (0 = agent, 1.. = slots) -> { analyser, freq, level }
+let audioContext = null;
+
+function headers(extra = {}) {
+  return TOKEN ? { ...extra, Authorization: `Bearer ${TOKEN}` } : extra;
+}
+
+function setState(name) {
+  ui.state.textContent = name;
+  ui.state.dataset.state = name;
+}
+
+function showAlert(text) {
+  ui.alert.textContent = text;
+  ui.alert.hidden = !text;
+}
+
+function setJoined(joined) {
+  ui.join.disabled = joined;
+  ui.leave.disabled = !joined;
+  ui.mute.disabled = !joined || !call.mic;
+  ui.text.disabled = !joined;
+  ui.say.disabled = !joined;
+  ui.interrupt.disabled = !joined;
+  ui.room.disabled = joined;
+  ui.speak.disabled = joined;
+}
+
+// --- who is here ---------------------------------------------------------------------
+function renderPeople() {
+  ui.people.replaceChildren();
+  const agent = people.get("agent");
+  const rows = [agent, ...[...people.values()].filter((p) => p.participant_id !== "agent")];
+  for (const p of rows) {
+    if (!p) continue;
+    const li = document.createElement("li");
+    li.dataset.id = p.participant_id;
+    li.dataset.speaking = p.speaking ? "true" : "false";
+    li.dataset.muted = p.muted ? "true" : "false";
+    const you = p.participant_id === call.me ? " (you)" : "";
+    const label = p.name || (p.participant_id === "agent" ? "Agent" : p.participant_id);
+    const role = p.role === "speaker" ? "🎤" : p.role === "agent" ? "🤖" : "🎧";
+    const state = p.muted ? " · muted" : p.speaking ? " · talking" : "";
+    li.textContent = `${role} ${label}${you}${state}`;
+    li.style.fontWeight = p.speaking ? "bold" : "normal";
+    ui.people.append(li);
+  }
+}
+
+function handleEvent(msg) {
+  events.push(msg);
+  switch (msg.type) {
+    case "room.state":
+      call.me = msg.participant_id;
+      ui.me.textContent = `${msg.room} · ${msg.participant_id}`;
+      people.clear();
+      people.set("agent", { participant_id: "agent", role: "agent", name: "Agent",
+                            speaking: Boolean(msg.agent_speaking) });
+      for (const p of msg.participants) people.set(p.participant_id, p);
+      break;
+    case "participant.joined":
+    case "participant.updated":
+      people.set(msg.participant_id, { ...people.get(msg.participant_id), ...msg });
+      break;
+    case "participant.left":
+      people.delete(msg.participant_id);
+      break;
+    case "speaker.active": {
+      const p = people.get(msg.participant_id);
+      if (p) p.speaking = msg.active;
+      break;
+    }
+    case "speech.segment":
+      ui.caption.textContent = msg.text;
+      break;
+    case "speech.ended":
+      ui.caption.textContent = "";
+      break;
+    case "error":
+      showAlert(`${msg.code}: ${msg.message}`);
+      break;
+    default:
+      break;
+  }
+  renderPeople();
+}
+
+// --- media ---------------------------------------------------------------------------
+function play(index, track) {
+  const stream = new MediaStream([track]);
+  // An element must play a remote stream for Chrome to deliver its audio to WebAudio too.
+  const audio = document.createElement("audio");
+  audio.autoplay = true;
+  audio.srcObject = stream;
+  audio.dataset.index = String(index);
+  ui.players.append(audio);
+  audio.play().catch(() => showAlert("Click anywhere on the page to hear the room."));
+  audioContext = audioContext || new AudioContext();
+  const analyser = audioContext.createAnalyser();
+  analyser.fftSize = 8192;
+  audioContext.createMediaStreamSource(stream).connect(analyser);
+  tracks[index] = { analyser, freq: 0, level: -Infinity };
+}
+
+// The loudest frequency and its level on each received track (what tests and meters read).
+function measure() {
+  for (const t of tracks) {
+    if (!t) continue;
+    const bins = new Float32Array(t.analyser.frequencyBinCount);
+    t.analyser.getFloatFrequencyData(bins);
+    let best = 0;
+    for (let i = 1; i < bins.length; i++) if (bins[i] > bins[best]) best = i;
+    t.level = bins[best];
+    t.freq = (best * audioContext.sampleRate) / t.analyser.fftSize;
+  }
+}
+setInterval(measure, LEVEL_INTERVAL_MS);
+
+function waitForIce(pc) {
+  if (pc.iceGatheringState === "complete") return Promise.resolve();
+  return new Promise((resolve) => {
+    const timer = setTimeout(resolve, ICE_GATHER_TIMEOUT_MS);
+    pc.addEventListener("icegatheringstatechange", () => {
+      if (pc.iceGatheringState === "complete") { clearTimeout(timer); resolve(); }
+    });
+  });
+}
+
+async function join(room, name, speak) {
+  showAlert("");
+  setState("connecting");
+  let servers = [];
+  try {
+    const resp = await fetch("/ice-servers", { headers: headers() });
+    if (resp.ok) servers = (await resp.json()).iceServers || [];
+  } catch (err) {
+    console.warn("no /ice-servers", err);
+  }
+  if (speak) {
+    const audio = RAW_MIC
+      ? { echoCancellation: false, noiseSuppression: false, autoGainControl: false }
+      : true;
+    call.mic = (await navigator.mediaDevices.getUserMedia({ audio })).getAudioTracks()[0];
+  }
+  const pc = new RTCPeerConnection({ iceServers: servers });
+  call.pc = pc;
+  const order = [];
+  order.push(call.mic ? pc.addTransceiver(call.mic, { direction: "sendrecv" })
+                      : pc.addTransceiver("audio", { direction: "recvonly" }));
+  for (let i = 0; i < SLOTS; i++) order.push(pc.addTransceiver("audio", { direction: "recvonly" }));
+  pc.addEventListener("track", (ev) => play(order.indexOf(ev.transceiver), ev.track));
+  pc.addEventListener("connectionstatechange", () => {
+    if (pc.connectionState === "connected") setState("connected");
+    if (["failed", "closed"].includes(pc.connectionState)) setState(pc.connectionState);
+  });
+  const channel = pc.createDataChannel("agent");
+  call.channel = channel;
+  channel.addEventListener("message", (ev) => handleEvent(JSON.parse(ev.data)));
+  await pc.setLocalDescription(await pc.createOffer());
+  await waitForIce(pc);
+  const body = { sdp: pc.localDescription.sdp, type: "offer", room };
+  if (name) body.name = name;
+  const res = await fetch("/offer", {
+    method: "POST",
+    headers: headers({ "Content-Type": "application/json" }),
+    body: JSON.stringify(body),
+  });
+  const data = await res.json().catch(() => null);
+  if (!res.ok) {
+    const err = (data && data.error) || { code: `http_${res.status}`, message: res.statusText };
+    throw new Error(`${err.code}: ${err.message}`);
+  }
+  call.sessionId = data.session_id;
+  call.me = data.participant_id;
+  await pc.setRemoteDescription({ type: "answer", sdp: data.sdp });
+  setJoined(true);
+}
+
+async function leave() {
+  const id = call.sessionId;
+  if (call.pc) call.pc.close();
+  if (call.mic) call.mic.stop();
+  Object.assign(call, { pc: null, channel: null, mic: null, sessionId: null, muted: false });
+  tracks.length = 0;
+  ui.players.replaceChildren();
+  people.clear();
+  renderPeople();
+  setJoined(false);
+  setState("idle");
+  if (id) {
+    await fetch(`/sessions/${encodeURIComponent(id)}`, { method: "DELETE", headers: headers() })
+      .catch(() => {});
+  }
+}
+
+function send(message) {
+  if (call.channel && call.channel.readyState === "open") call.channel.send(JSON.stringify(message));
+}
+
+function setMuted(muted) {
+  if (!call.mic) return;
+  call.muted = muted;
+  call.mic.enabled = !muted; // the browser then sends silence: others see us stop talking
+  ui.mute.textContent = muted ? "Unmute" : "Mute";
+  ui.mute.setAttribute("aria-pressed", String(muted));
+  send({ type: "mute", muted });
+}
+
+ui.joinForm.addEventListener("submit", (ev) => {
+  ev.preventDefault();
+  join(ui.room.value.trim(), ui.name.value.trim(), ui.speak.checked).catch((err) => {
+    showAlert(err.message || String(err));
+    leave();
+  });
+});
+ui.leave.addEventListener("click", leave);
+ui.mute.addEventListener("click", () => setMuted(!call.muted));
+ui.sayForm.addEventListener("submit", (ev) => {
+  ev.preventDefault();
+  const text = ui.text.value.trim();
+  if (text) send({ type: "say", text });
+  ui.text.value = "";
+});
+ui.interrupt.addEventListener("click", () => send({ type: "interrupt" }));
+window.addEventListener("pagehide", () => {
+  if (call.sessionId) {
+    fetch(`/sessions/${encodeURIComponent(call.sessionId)}`,
+          { method: "DELETE", headers: headers(), keepalive: true }).catch(() => {});
+  }
+});
+
+// For tests and the console.
+window.voiceRoom = { events, tracks, people, call, join, leave, send, setMuted };
+const params = new URLSearchParams(location.search);
+if (params.get("room")) ui.room.value = params.get("room");
+if (params.get("name")) ui.name.value = params.get("name");

@@ -1,0 +1,152 @@
+"""Three headless Chromium instances in one room, each with a fake microphone of its own tone.
+
+Each browser gets ``--use-file-for-fake-audio-capture`` with a WAV of a different sine tone
+(a browser instance has one fake microphone, hence three instances). They join the room
+through static/room.html; one asks the agent to speak (the ToneEngine speaks a tone too).
+Each page must receive the agent on its first track and the other two people's tones on
+its slot tracks, read with a WebAudio analyser (loudest frequency per received track), and
+never its own tone. Needs Chromium like tests/test_browser.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import wave
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tests.conftest import LiveServer
+from tests.doubles import tone_frequency
+from tests.test_browser import CHROMIUM, CHROMIUM_ARGS, HAVE_CHROMIUM, REQUIRE_BROWSER
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(150)]
+
+try:
+    from playwright.async_api import Browser, Page, async_playwright
+except ImportError:  # pragma: no cover - test_browser.py already skipped or failed
+    pytest.skip("the playwright Python package is not installed", allow_module_level=True)
+
+TONES = {"ann": 800.0, "ben": 1300.0, "cat": 2000.0}
+AGENT_TEXT = "one two three four five six seven eight nine ten eleven twelve"
+HEARD_DB = -70.0  # analyser level (dB) of the loudest bin that counts as sound
+TOLERANCE_HZ = 20.0
+
+TRACKS_JS = """
+() => window.voiceRoom.tracks.map((t) => t ? {freq: t.freq, level: t.level} : null)
+"""
+
+
+def write_tone(path: Path, frequency: float, seconds: float = 4.0, rate: int = 48_000) -> None:
+    # Whole cycles per file: Chromium loops it, and a seam would add a click.
+    samples = round(seconds * frequency) * rate // int(frequency)
+    t = np.arange(samples) / rate
+    pcm = (0.3 * 32767 * np.sin(2 * np.pi * frequency * t)).astype(np.int16)
+    with wave.open(str(path), "wb") as out:
+        out.setnchannels(1)
+        out.setsampwidth(2)
+        out.setframerate(rate)
+        out.writeframes(pcm.tobytes())
+
+
+@pytest.fixture
+async def browsers(tmp_path: Path) -> AsyncIterator[dict[str, Browser]]:
+    if not HAVE_CHROMIUM:
+        message = f"Chromium not found at {CHROMIUM}"
+        if REQUIRE_BROWSER:
+            pytest.fail(message)
+        pytest.skip(message)
+    async with async_playwright() as pw:
+        launched: dict[str, Browser] = {}
+        try:
+            for name, frequency in TONES.items():
+                wav = tmp_path / f"{name}.wav"
+                write_tone(wav, frequency)
+                launched[name] = await pw.chromium.launch(
+                    executable_path=CHROMIUM,
+                    headless=True,
+                    args=[*CHROMIUM_ARGS, f"--use-file-for-fake-audio-capture={wav}"],
+                )
+            yield launched
+        finally:
+            for browser in launched.values():
+                await browser.close()
+
+
+async def open_room(browser: Browser, server: LiveServer, name: str, log: list[str]) -> Page:
+    page = await (await browser.new_context()).new_page()
+    page.set_default_timeout(20_000)
+    page.on("console", lambda m: log.append(f"{name} console.{m.type}: {m.text}"))
+    page.on("pageerror", lambda e: log.append(f"{name} pageerror: {e}"))
+    await page.goto(f"{server.url}/room.html?room=trio&name={name}&processing=off")
+    await page.wait_for_function("() => window.voiceRoom !== undefined")
+    await page.click("#join")
+    await page.wait_for_selector('#state[data-state="connected"]')
+    return page
+
+
+def heard(tracks: list[dict[str, Any] | None], frequency: float) -> list[int]:
+    """Indexes of the received tracks whose loudest frequency is ``frequency``."""
+    return [
+        i
+        for i, t in enumerate(tracks)
+        if t is not None and t["level"] > HEARD_DB and abs(t["freq"] - frequency) < TOLERANCE_HZ
+    ]
+
+
+async def test_three_pages_hear_the_agent_and_each_other(
+    browsers: dict[str, Browser], live_server: LiveServer
+) -> None:
+    log: list[str] = []
+    pages = {}
+    for name, browser in browsers.items():
+        pages[name] = await open_room(browser, live_server, name, log)
+    # Everyone sees everyone (names from room.state / participant.joined).
+    for page in pages.values():
+        await page.wait_for_function(
+            "() => document.querySelectorAll('#people li').length === 4"  # 3 people + agent
+        )
+    await pages["ann"].fill("#text", AGENT_TEXT)
+    await pages["ann"].click("#say")
+    agent_hz = tone_frequency(AGENT_TEXT)
+    wanted = {name: {agent_hz} | {f for n, f in TONES.items() if n != name} for name in pages}
+    seen: dict[str, dict[float, list[int]]] = {name: {} for name in pages}
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        for name, page in pages.items():
+            tracks = await page.evaluate(TRACKS_JS)
+            for frequency in wanted[name] | {TONES[name]}:
+                where = heard(tracks, frequency)
+                if where:
+                    seen[name].setdefault(frequency, where)
+        if all(set(seen[name]) >= wanted[name] for name in pages):
+            break
+        await asyncio.sleep(0.2)
+    for name in pages:
+        assert set(seen[name]) >= wanted[name], (name, seen[name], log[-20:])
+        assert TONES[name] not in seen[name], f"{name} heard its own microphone"
+        assert seen[name][agent_hz] == [0], "the agent comes on the first track"
+        assert all(i >= 1 for f, where in seen[name].items() if f != agent_hz for i in where)
+    # Who is talking: every page marks the two other people (and itself) as talking.
+    talking = await pages["cat"].evaluate(
+        "() => [...document.querySelectorAll('#people li')]"
+        ".filter((li) => li.dataset.speaking === 'true').length"
+    )
+    assert talking >= 3, log[-20:]
+    # Mute: ann's tone stops for the others and her entry says so.
+    await pages["ann"].click("#mute")
+    await pages["ben"].wait_for_function(
+        "() => [...document.querySelectorAll('#people li')]"
+        ".some((li) => li.textContent.includes('ann') && li.dataset.muted === 'true')"
+    )
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        if not heard(await pages["ben"].evaluate(TRACKS_JS), TONES["ann"]):
+            break
+        await asyncio.sleep(0.2)
+    assert not heard(await pages["ben"].evaluate(TRACKS_JS), TONES["ann"])
+    assert not [line for line in log if "pageerror" in line], log

@@ -1,0 +1,125 @@
+"""Fan-out parts without a network: subscriber queues, timelines, the shared encoder policy."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from aiortc.mediastreams import MediaStreamError
+
+from agent.bitrate import EncoderTarget
+from agent.config import RoomSettings
+from agent.fanout import FanoutSource, FanoutTrack, SharedEncoderControl, SubscriberWish
+from signaling.rooms import offer_sends_audio
+
+
+async def test_a_full_subscriber_queue_drops_its_oldest_packets_only() -> None:
+    source = FanoutSource("s", lambda target: None)
+    slow, fast = FanoutTrack(queue_frames=3), FanoutTrack(queue_frames=3)
+    source.subscribe(slow)
+    source.subscribe(fast)
+    for i in range(5):
+        source.publish(bytes([i]))
+        assert bytes(await fast.recv()) == bytes([i])  # the fast one keeps up
+    # The slow one never read: it holds the newest three, and counted two drops.
+    assert [bytes(await slow.recv()) for _ in range(3)] == [b"\x02", b"\x03", b"\x04"]
+    assert slow.dropped == 2 and fast.dropped == 0
+    assert source.packets == 5
+
+
+async def test_pts_step_960_and_jump_forward_over_a_pause() -> None:
+    source = FanoutSource("s", lambda target: None)
+    track = FanoutTrack()
+    source.subscribe(track)
+    pts = []
+    for _ in range(3):
+        source.publish(b"x")
+        pts.append((await track.recv()).pts)
+    await asyncio.sleep(0.15)  # a stall (7 frames): timestamps stay continuous
+    source.publish(b"y")
+    pts.append((await track.recv()).pts)
+    source.publish(b"y")  # ... and the clock moved: the next packet follows on
+    pts.append((await track.recv()).pts)
+    await asyncio.sleep(0.8)  # the source paused (a speaker left the slot): 40 frames
+    source.publish(b"z")
+    pts.append((await track.recv()).pts)
+    assert pts[:5] == [0, 960, 1920, 2880, 3840], pts
+    assert pts[5] % 960 == 0 and 37 * 960 <= pts[5] <= 50 * 960, pts
+
+
+async def test_recv_waits_for_the_source_and_stop_ends_it() -> None:
+    source = FanoutSource("s", lambda target: None)
+    track = FanoutTrack()
+    source.subscribe(track)
+    pending = asyncio.ensure_future(track.recv())
+    await asyncio.sleep(0.05)
+    assert not pending.done()
+    source.publish(b"late")
+    assert bytes(await asyncio.wait_for(pending, 1)) == b"late"
+    track.stop()
+    assert source.subscribers == 0
+    source.publish(b"after")  # a stopped subscriber gets nothing and costs nothing
+    with pytest.raises(MediaStreamError):
+        await asyncio.wait_for(track.recv(), 1)
+
+
+def test_shared_encoder_follows_the_weakest_receiver() -> None:
+    applied: list[EncoderTarget] = []
+    control = SharedEncoderControl(applied.append)
+    good = SubscriberWish(control, EncoderTarget(32_000, False, 0))
+    good.set_bitrate(32_000)
+    weak = SubscriberWish(control, EncoderTarget(32_000, False, 0))
+    weak.set_bitrate(16_000)
+    weak.set_fec(True)
+    weak.set_expected_loss(9)
+    assert applied[-1] == EncoderTarget(16_000, True, 9)
+    weak.withdraw()  # the weak one left: the encoder climbs back
+    assert applied[-1] == EncoderTarget(32_000, False, 0)
+    other = SharedEncoderControl(applied.append)
+    good.move_to(other)  # its slot now carries another speaker
+    assert control.current == EncoderTarget(32_000, False, 0)
+    assert other.current == EncoderTarget(32_000, False, 0)
+
+
+def test_offer_direction_decides_speaker_or_listener() -> None:
+    head = "v=0\r\no=- 1 1 IN IP4 0.0.0.0\r\ns=-\r\nt=0 0\r\n"
+    audio = "m=audio 9 UDP/TLS/RTP/SAVPF 111\r\na=rtpmap:111 opus/48000/2\r\n"
+    assert offer_sends_audio(head + audio + "a=sendrecv\r\n")
+    assert offer_sends_audio(head + audio)  # no attribute: sendrecv
+    assert not offer_sends_audio(head + audio + "a=recvonly\r\n" + audio + "a=sendrecv\r\n")
+    assert not offer_sends_audio(head + "m=application 9 UDP/DTLS/SCTP webrtc-datachannel\r\n")
+
+
+def test_room_settings_are_checked() -> None:
+    with pytest.raises(ValueError, match="instruct"):
+        RoomSettings(instruct="anyone")
+    with pytest.raises(ValueError, match="max_participants"):
+        RoomSettings(max_participants=0)
+
+
+def test_room_settings_from_flags_and_environment() -> None:
+    from signaling.cli import build_parser, config_from_args
+
+    env = {"VOICE_AGENT_ROOM_MAX_SPEAKERS": "2", "VOICE_AGENT_ROOM_INSTRUCT": "hosts"}
+    argv = ["serve", "--room-max-participants", "8", "--room-send", "aiortc"]
+    rooms = config_from_args(build_parser(env).parse_args(argv), env).rooms
+    assert (rooms.max_participants, rooms.max_speakers, rooms.instruct) == (8, 2, "hosts")
+    assert rooms.direct_send is False
+    defaults = config_from_args(build_parser({}).parse_args(["serve"]), {}).rooms
+    assert defaults == RoomSettings()
+
+
+async def test_without_the_expected_internals_the_track_uses_aiortcs_path() -> None:
+    from agent.direct import DirectSender
+
+    class Bare:  # a transceiver whose sender lacks aiortc 1.16's private attributes
+        sender = object()
+
+    source = FanoutSource("s", lambda target: None)
+    track = FanoutTrack()
+    track.use_direct(DirectSender(Bare()))
+    source.subscribe(track)
+    assert track.direct
+    source.publish(b"one")  # resolve() finds nothing it knows: falls back, once and for all
+    assert not track.direct
+    assert bytes(await asyncio.wait_for(track.recv(), 1)) == b"one"
