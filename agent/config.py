@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from agent.conversation_config import ListenSettings, ServiceSettings
+
 STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
 
 
@@ -165,3 +167,5 @@ class Config:
     chattts: ChatTTSSettings = field(default_factory=ChatTTSSettings)
     security: SecuritySettings = field(default_factory=SecuritySettings)
     limits: LimitSettings = field(default_factory=LimitSettings)
+    listen: ListenSettings = field(default_factory=ListenSettings)
+    services: ServiceSettings = field(default_factory=ServiceSettings)

@@ -9,6 +9,7 @@ import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 from aioice.ice import get_host_addresses
 from aiortc import (
@@ -25,6 +26,7 @@ from agent.engine import TTSEngine
 from agent.hooks import SessionHooks
 from agent.logcontext import SESSION_ID
 from agent.session import AgentSession
+from agent.vad import VadPool
 from signaling.errors import ApiError
 from signaling.negotiation import OpusOffer, read_opus_offer, tune_answer
 from signaling.sdp import add_mdns_fallback, check_offer_sdp, opus_first
@@ -59,6 +61,8 @@ class SessionRegistry:
         self._creating = 0  # offers being answered: they count against max_sessions
         self._closing: set[asyncio.Task[bool]] = set()
         self.encode_executor = _encode_executor(config.opus.encode_threads)
+        # silero-vad for every session's microphone (loaded on first use, off the loop).
+        self.vad_pool = VadPool(config.listen.vad_threads)
 
     def __len__(self) -> int:
         return len(self._peers)
@@ -147,6 +151,8 @@ class SessionRegistry:
             hooks=hooks,
         )
         peer = Peer(pc, session, kind, room, role)
+        # Fired inside setRemoteDescription for an offer that sends audio (a microphone).
+        pc.on("track", lambda track: self._on_track(session, pc, track))
         try:
             try:
                 await pc.setRemoteDescription(RTCSessionDescription(sdp=offer_sdp, type="offer"))
@@ -175,6 +181,14 @@ class SessionRegistry:
             session.attach_channel(channel)
         else:
             log.info("session %s: ignoring data channel %r", session.id, channel.label[:40])
+
+    def _on_track(self, session: AgentSession, pc: RTCPeerConnection, track: Any) -> None:
+        if track.kind != "audio":
+            return
+        for transceiver in pc.getTransceivers():
+            if transceiver.receiver.track is track:
+                session.listen(track, transceiver.receiver, self.vad_pool)
+                return
 
     def _on_state(self, session_id: str, pc: RTCPeerConnection) -> None:
         if pc.connectionState in ("failed", "closed"):
@@ -209,6 +223,7 @@ class SessionRegistry:
             await asyncio.gather(*self._closing, return_exceptions=True)
         if self.encode_executor is not None:
             self.encode_executor.shutdown(wait=False, cancel_futures=True)
+        self.vad_pool.close()
 
 
 def _receiver_opus(offer: OpusOffer) -> ReceiverOpus:

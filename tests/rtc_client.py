@@ -49,6 +49,8 @@ class RtcClient:
         self.codec_preferences: list[Any] | None = None  # audio codecs to offer, in order
         # Called with (sequence number, payload) of every RTP packet received (benches).
         self.rtp_tap: Callable[[int, bytes], None] | None = None
+        # A microphone to send (sendrecv audio); None: listen only (recvonly).
+        self.mic: MediaStreamTrack | None = None
 
     async def connect(
         self,
@@ -60,7 +62,10 @@ class RtcClient:
         token_in: str = "header",
     ) -> None:
         """``token_in``: where the offer carries the token: header, query or body (JSON)."""
-        transceiver = self.pc.addTransceiver("audio", direction="recvonly")
+        if self.mic is not None:
+            transceiver = self.pc.addTransceiver(self.mic, direction="sendrecv")
+        else:
+            transceiver = self.pc.addTransceiver("audio", direction="recvonly")
         if self.rtp_tap is not None:
             tap = self.rtp_tap
             receiver = transceiver.receiver
