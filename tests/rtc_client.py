@@ -41,6 +41,7 @@ class RtcClient:
         self.pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
         self.audio = ReceivedAudio()
         self.events: list[dict[str, Any]] = []
+        self.event_times: list[float] = []  # time.monotonic() each event arrived
         self.session_id: str | None = None
         self.location: str | None = None
         self._event_signal = asyncio.Event()
@@ -134,6 +135,7 @@ class RtcClient:
 
     def _on_message(self, raw: str | bytes) -> None:
         self.events.append(json.loads(raw))
+        self.event_times.append(time.monotonic())
         self._event_signal.set()
 
     async def _read(self, track: MediaStreamTrack) -> None:

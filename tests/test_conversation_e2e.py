@@ -324,3 +324,46 @@ async def test_no_speech_to_text_configured_says_so(live_server: LiveServer) -> 
             await client.close()
     assert error["code"] == "stt_unavailable" and error["id"] == ended["id"]
     assert SPEECH_TEXT  # the clip's words (what a real STT would return)
+
+
+async def test_captions_arrive_with_the_first_packet_of_their_audio(
+    live_server: LiveServer,
+) -> None:
+    """Each speech.segment reaches the client within 60 ms of its audio's first packet."""
+    text = "One two three. Four five six seven. Eight nine. Ten eleven twelve thirteen."
+    async with aiohttp.ClientSession() as http:
+        client = RtcClient(live_server.url, http)
+        packets = Packets()
+        client.rtp_tap = packets.tap
+        await client.connect()
+        try:
+            await asyncio.sleep(0.5)
+            client.send({"type": "say", "text": text, "id": "cap"})
+            await client.wait_event(lambda e: e["type"] == "speech.ended", timeout=15)
+            await asyncio.sleep(0.3)
+        finally:
+            await client.close()
+    decoder = OpusDecoder()
+    loud = [
+        float(np.sqrt(np.mean((decoder.decode(p).astype(np.float32) / 32768) ** 2))) > SILENT_RMS
+        for p in packets.payloads
+    ]
+    first = loud.index(True)  # the utterance's first packet (silence before it)
+    segments = [
+        (e, at)
+        for e, at in zip(client.events, client.event_times, strict=True)
+        if e["type"] == "speech.segment"
+    ]
+    assert [e["text"] for e, _ in segments] == [
+        "One two three.",
+        "Four five six seven.",
+        "Eight nine.",
+        "Ten eleven twelve thirteen.",
+    ]
+    offsets = []
+    for event, arrived in segments:
+        packet = first + event["start_ms"] // 20  # the frame holding its first sample
+        assert loud[packet], event  # the segment's audio starts there
+        offsets.append((arrived - packets.arrivals[packet]) * 1000)
+    print(f"\ncaption arrival - first packet of its audio: {[round(o) for o in offsets]} ms")
+    assert all(abs(o) <= 60 for o in offsets), offsets
