@@ -56,9 +56,9 @@ class VadPool:
         model = await loop.run_in_executor(self.executor, self._new_model)
         return SileroVad(model, self)
 
-    def warm_up(self) -> None:
-        """Start loading the model in the background (the first session then waits less)."""
-        self.executor.submit(self._load_base)
+    async def load(self) -> None:
+        """Load the model now (otherwise the first session's microphone waits for it)."""
+        await asyncio.get_running_loop().run_in_executor(self.executor, self._load_base)
 
     def close(self) -> None:
         self.executor.shutdown(wait=False, cancel_futures=True)

@@ -61,7 +61,9 @@ class SessionRegistry:
         self._creating = 0  # offers being answered: they count against max_sessions
         self._closing: set[asyncio.Task[bool]] = set()
         self.encode_executor = _encode_executor(config.opus.encode_threads)
-        # silero-vad for every session's microphone (loaded on first use, off the loop).
+        # silero-vad for every session's microphone, loaded off the loop on first use (with
+        # ChatTTS torch is imported already and loading takes ~0.15 s; alone, ~3 s). Not
+        # loaded eagerly: importing torch holds the GIL long enough to stall audio pacing.
         self.vad_pool = VadPool(config.listen.vad_threads)
 
     def __len__(self) -> int:
