@@ -76,6 +76,7 @@ class AgentSession:
             self.pipeline, config.listen, config.services, self.send_event
         )
         self.inbound: InboundAudio | None = None
+        self._drain_tasks: list[asyncio.Task[None]] = []
 
     def attach_sender(self, sender: RTCRtpSender, receiver: ReceiverOpus) -> None:
         """The sender carrying our track and what its receiver allows: adaptation starts."""
@@ -104,6 +105,8 @@ class AgentSession:
         from agent.inbound import InboundAudio, shorten_jitter_buffer
 
         if self.inbound is not None or not self.config.listen.enabled:
+            # Not listened to: still read it, or aiortc queues its decoded frames unbounded.
+            self._drain_tasks.append(asyncio.get_running_loop().create_task(_drain(track)))
             return
         if not shorten_jitter_buffer(receiver, self.config.listen.receive_prefetch_frames):
             log.warning("session %s: aiortc's jitter buffer left as is (+80 ms)", self.id)
@@ -166,7 +169,7 @@ class AgentSession:
             case TextEnd():
                 return self.pipeline.text_end()
             case Interrupt():
-                self.pipeline.interrupt()
+                self.conversation.interrupt()  # the brain's reply too, not only the audio
                 return None
             case Chat(text=text):
                 # Ask the brain (echo unless an LLM is configured); its reply is spoken.
@@ -228,8 +231,18 @@ class AgentSession:
             self._stats_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._stats_task
+        for task in self._drain_tasks:
+            task.cancel()
         if self.inbound is not None:
             await self.inbound.close()
         await self.conversation.close()
         await self.pipeline.close()
         self.track.stop()
+
+
+async def _drain(track: MediaStreamTrack) -> None:
+    from aiortc.mediastreams import MediaStreamError
+
+    with contextlib.suppress(MediaStreamError):
+        while True:
+            await track.recv()

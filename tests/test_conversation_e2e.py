@@ -367,3 +367,53 @@ async def test_captions_arrive_with_the_first_packet_of_their_audio(
         offsets.append((arrived - packets.arrivals[packet]) * 1000)
     print(f"\ncaption arrival - first packet of its audio: {[round(o) for o in offsets]} ms")
     assert all(abs(o) <= 60 for o in offsets), offsets
+
+
+async def test_interrupt_message_also_stops_the_llm(
+    talk_server: LiveServer, services: tuple[FakeSTT, FakeLLM]
+) -> None:
+    _, llm = services
+    llm.replies.append(["First sentence here."] + [" More words."] * 30)
+    llm.replies.append(["Fine."])
+    llm.token_delay_s = 0.2
+    async with aiohttp.ClientSession() as http:
+        client = RtcClient(talk_server.url, http)
+        await client.connect()
+        try:
+            client.send({"type": "chat", "text": "talk a lot"})
+            await client.wait_event(lambda e: e["type"] == "speech.started", timeout=10)
+            client.send({"type": "interrupt"})
+            first = await client.wait_event(lambda e: e["type"] == "speech.ended", timeout=5)
+            assert first["interrupted"] is True
+            await asyncio.sleep(0.5)
+            assert llm.finished == 0  # the stream was dropped, not read to its end
+            client.send({"type": "chat", "text": "and now?"})
+            second = await client.wait_event(
+                lambda e: e["type"] == "speech.ended" and e["id"] != first["id"], timeout=10
+            )
+        finally:
+            await client.close()
+    assert second["interrupted"] is False
+    assert llm.requests[1]["messages"][2] == {
+        "role": "assistant",
+        "content": "First sentence here.",
+    }
+
+
+async def test_microphone_ignored_when_listening_is_off() -> None:
+    config = Config(host="127.0.0.1", listen=ListenSettings(enabled=False))
+    samples, rate, _ = speech_clip()
+    async with serve(config, ToneEngine()) as server, aiohttp.ClientSession() as http:
+        client = RtcClient(server.url, http)
+        client.mic = ClipMic()
+        await client.connect()
+        try:
+            client.mic.play(samples, rate)
+            await asyncio.wait_for(client.mic.done.wait(), 10)
+            await asyncio.sleep(0.8)
+            async with http.get(f"{server.url}/sessions/{client.session_id}") as resp:
+                stats = await resp.json()
+        finally:
+            await client.close()
+    assert stats["inbound"] is None
+    assert not [e for e in client.events if e["type"].startswith("user.")]
