@@ -22,7 +22,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -59,12 +59,14 @@ def shorten_jitter_buffer(receiver: RTCRtpReceiver, prefetch: int) -> bool:
     return True
 
 
-class Listener:
+class Listener(Protocol):
     """What the inbound audio reports to (the conversation)."""
 
-    def user_started(self, event: ActivityEvent) -> None: ...
+    def user_started(self, event: ActivityEvent) -> None:
+        """The user started talking (onset confirmed)."""
 
-    def user_ended(self, audio: npt.NDArray[np.float32], event: ActivityEvent) -> None: ...
+    def user_ended(self, audio: npt.NDArray[np.float32], event: ActivityEvent) -> None:
+        """The user's turn ended; ``audio`` is the turn at 16 kHz, with its pre-roll."""
 
 
 @dataclass
@@ -184,7 +186,11 @@ class InboundAudio:
 
     # --- scorer: windows -> VAD -> turns -------------------------------------------------
     async def _score(self) -> None:
-        vad: SileroVad = await self._pool.new_vad()
+        try:
+            vad: SileroVad = await self._pool.new_vad()
+        except Exception:  # the reader keeps draining (and dropping) windows: no growth
+            log.exception("the voice activity model could not load: not listening")
+            return
         self.ready.set()
         while True:
             window, arrived = await self._queue.get()

@@ -32,7 +32,6 @@ import numpy.typing as npt
 from agent.brain import Brain, EchoBrain, LLMBrain
 from agent.conversation_config import VAD_SAMPLE_RATE, ListenSettings, ServiceSettings
 from agent.httpservice import ServiceError
-from agent.inbound import Listener
 from agent.llm import ChatCompletions, Message
 from agent.speech import SpeechError, SpeechPipeline
 from agent.stt import Transcriber
@@ -61,7 +60,7 @@ class ConversationStats:
     service_errors: int = 0
 
 
-class Conversation(Listener):
+class Conversation:
     def __init__(
         self,
         pipeline: SpeechPipeline,
@@ -84,6 +83,7 @@ class Conversation(Listener):
         self._turn_tasks: set[asyncio.Task[None]] = set()
         self._turn_seq = 0
         self._turn_id: str | None = None
+        self._unanswered = False  # a user message in the history that no reply follows yet
         self._closed = False
 
     # --- services (created on first use: a session that never talks opens no connection) --
@@ -153,10 +153,11 @@ class Conversation(Listener):
             return
         self.stats.transcripts += 1
         self._emit({"type": "user.transcript", "id": turn_id, "text": text})
-        if not text:
-            return
-        self._add_user(text)
-        if seq == self._turn_seq and not self.user_speaking:
+        if text:
+            self._add_user(text)
+        # Only the latest turn is answered (the reply covers earlier unanswered ones); an
+        # empty transcript (a cough) still lets an earlier unanswered message be answered.
+        if self._unanswered and seq == self._turn_seq and not self.user_speaking:
             self._start_reply()
 
     # --- typed chat (data channel `chat`) ------------------------------------------------
@@ -181,6 +182,7 @@ class Conversation(Listener):
 
     # --- replies -------------------------------------------------------------------------
     def _add_user(self, text: str) -> None:
+        self._unanswered = True
         self.history.append({"role": "user", "content": text})
         self._trim_history()
 
@@ -190,6 +192,7 @@ class Conversation(Listener):
             del self.history[:excess]
 
     def _start_reply(self) -> str:
+        self._unanswered = False
         reply = Reply(f"reply-{uuid.uuid4().hex[:10]}", {"role": "assistant", "content": ""})
         self.history.append(reply.slot)
         self._reply_tasks = [t for t in self._reply_tasks if not t.done()]

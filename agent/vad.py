@@ -13,7 +13,6 @@ import asyncio
 import copy
 import math
 import threading
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from enum import Enum
@@ -144,6 +143,3 @@ class SpeechDetector:
             self._silence = 0
             return ActivityEvent(Activity.ENDED, self._last_speech)
         return None
-
-
-ActivitySink = Callable[[ActivityEvent], None]

@@ -7,10 +7,13 @@ plays recorded speech (tests/data/speech.wav, espeak-ng). Measured per trial:
             the last non-silent agent packet arriving at the client (packets tapped before
             the client's jitter buffer and decoded after the run): what the user hears of
             the agent after starting to talk. Target: p95 <= 150 ms.
-  uplink    -> the server's inbound reader getting the decoded frame of the first speech
-            window (network, aiortc's receive jitter buffer, its decoder thread)
-  detect    -> the onset confirmed (waiting for a full 32 ms window, silero-vad's reaction,
-            the minimum speech duration, the VAD thread hop)
+  to 1st speech window
+            -> the server's reader getting the frame that completed the first window
+            silero-vad scored as speech: the uplink (network, aiortc's receive jitter
+            buffer, its decoder thread), a 32 ms window filling, and silero's own reaction
+            (its probability crosses 0.5 only in the 2nd-3rd window of speech: ~60 ms)
+  detect    -> the onset confirmed: the VAD thread hop and inference, plus the rest of the
+            minimum speech duration
   the rest is the interrupt (synchronous) and the packets already on their way.
 
 Then false barge-ins: the agent speaks for ``--noise-seconds`` while the microphone plays
@@ -209,7 +212,7 @@ async def main_async(args: argparse.Namespace) -> None:
                 "total p50",
                 "total p95",
                 "total max",
-                "uplink p50",
+                "to 1st speech window p50",
                 "detect p50",
                 "detect p95",
                 "p95/ours",
