@@ -20,7 +20,7 @@ import pytest
 from agent.config import Config
 from agent.conversation_config import ListenSettings, ServiceSettings
 from agent.opus import OpusDecoder
-from tests.clips import SPEECH_TEXT, SPEECH_WAV, read_wav, speech_onset
+from tests.clips import SPEECH_WAV, noise_and_music, read_wav, speech_onset
 from tests.conftest import LiveServer, serve
 from tests.doubles import ToneEngine
 from tests.mic import ClipMic
@@ -323,7 +323,6 @@ async def test_no_speech_to_text_configured_says_so(live_server: LiveServer) -> 
         finally:
             await client.close()
     assert error["code"] == "stt_unavailable" and error["id"] == ended["id"]
-    assert SPEECH_TEXT  # the clip's words (what a real STT would return)
 
 
 async def test_captions_arrive_with_the_first_packet_of_their_audio(
@@ -417,3 +416,22 @@ async def test_microphone_ignored_when_listening_is_off() -> None:
             await client.close()
     assert stats["inbound"] is None
     assert not [e for e in client.events if e["type"].startswith("user.")]
+
+
+async def test_music_and_noise_do_not_barge_in(talk_server: LiveServer) -> None:
+    music = noise_and_music(6.0)
+    async with aiohttp.ClientSession() as http:
+        client = await connect_with_mic(talk_server, http)
+        try:
+            client.send({"type": "say", "text": " ".join(["word"] * 30), "id": "long"})
+            await client.wait_event(lambda e: e["type"] == "speech.started", timeout=10)
+            client.mic.play(music, 48_000)  # type: ignore[union-attr]
+            await asyncio.wait_for(client.mic.done.wait(), 15)  # type: ignore[union-attr]
+            await asyncio.sleep(0.3)
+            async with http.get(f"{talk_server.url}/sessions/{client.session_id}") as resp:
+                inbound = (await resp.json())["inbound"]
+        finally:
+            await client.close()
+    assert inbound["windows"] > 150 and inbound["onsets"] == 0, inbound
+    assert not [e for e in client.events if e["type"].startswith("user.")]
+    assert not [e for e in client.events if e["type"] == "speech.ended" and e["interrupted"]]
