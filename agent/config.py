@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from agent.conversation_config import ListenSettings, ServiceSettings
+
 STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
 
 
@@ -255,3 +257,5 @@ class Config:
     # can route every later request for a session to the process that holds it).
     worker_index: int | None = None
     rooms: RoomSettings = field(default_factory=RoomSettings)
+    listen: ListenSettings = field(default_factory=ListenSettings)
+    services: ServiceSettings = field(default_factory=ServiceSettings)

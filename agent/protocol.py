@@ -118,6 +118,10 @@ def _config_fields(obj: dict[str, Any]) -> dict[str, Any]:
             if not digits.isdigit() or int(digits) >= 2**63:
                 raise ProtocolError("bad_config", "'voice' seed:N needs an integer 0 <= N < 2^63")
         fields["voice"] = voice
+    if "barge_in" in obj:
+        if not isinstance(obj["barge_in"], bool):
+            raise ProtocolError("bad_config", "'barge_in' must be true or false")
+        fields["barge_in"] = obj["barge_in"]
     for name, (kind, low, high) in _CONFIG_FIELDS.items():
         if name not in obj:
             continue
@@ -131,7 +135,7 @@ def _config_fields(obj: dict[str, Any]) -> dict[str, Any]:
         if not ok_type or not math.isfinite(value) or not low <= value <= high:
             raise ProtocolError("bad_config", f"'{name}' must be a number in [{low}, {high}]")
         fields[name] = kind(value)
-    unknown = set(obj) - {"type", "voice", *_CONFIG_FIELDS}
+    unknown = set(obj) - {"type", "voice", "barge_in", *_CONFIG_FIELDS}
     if unknown:
         raise ProtocolError("bad_config", f"unknown config fields: {sorted(unknown)[:5]}")
     return fields

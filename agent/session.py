@@ -10,7 +10,7 @@ import logging
 import math
 from collections import deque
 from concurrent.futures import Executor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiortc import RTCDataChannel, RTCRtpSender
 
@@ -31,6 +31,14 @@ from agent.protocol import (
 )
 from agent.speech import Event, SpeechError, SpeechPipeline
 from agent.track import OpusPacketTrack
+from agent.turns import Conversation
+
+if TYPE_CHECKING:
+    from aiortc import RTCRtpReceiver
+    from aiortc.mediastreams import MediaStreamTrack
+
+    from agent.inbound import InboundAudio
+    from agent.vad import VadPool
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +72,12 @@ class AgentSession:
         self._pending: deque[Event] = deque(maxlen=MAX_PENDING_EVENTS)
         self.network = NetworkAdaptation(self.track, config.adaptation, ReceiverOpus())
         self._stats_task: asyncio.Task[None] | None = None
+        # The user's side: turns, the brain, barge-in (fed by the microphone, if any).
+        self.conversation = Conversation(
+            self.pipeline, config.listen, config.services, self.send_event
+        )
+        self.inbound: InboundAudio | None = None
+        self._drain_tasks: list[asyncio.Task[None]] = []
 
     def attach_sender(self, sender: RTCRtpSender, receiver: ReceiverOpus) -> None:
         """The sender carrying our track and what its receiver allows: adaptation starts."""
@@ -100,6 +114,19 @@ class AgentSession:
                     self.send_event({"type": "stats", **self.network_stats()})
             except Exception:  # stats must never end the session
                 log.exception("session %s: stats failed", self.id)
+
+    def listen(self, track: MediaStreamTrack, receiver: RTCRtpReceiver, pool: VadPool) -> None:
+        """The client's microphone: voice activity, turns and barge-in run on it."""
+        from agent.inbound import InboundAudio, shorten_jitter_buffer
+
+        if self.inbound is not None or not self.config.listen.enabled:
+            # Not listened to: still read it, or aiortc queues its decoded frames unbounded.
+            self._drain_tasks.append(asyncio.get_running_loop().create_task(_drain(track)))
+            return
+        if not shorten_jitter_buffer(receiver, self.config.listen.receive_prefetch_frames):
+            log.warning("session %s: aiortc's jitter buffer left as is (+80 ms)", self.id)
+        self.inbound = InboundAudio(track, pool, self.config.listen, self.conversation)
+        self.inbound.start()
 
     def attach_channel(self, channel: RTCDataChannel) -> None:
         self.channel = channel
@@ -157,18 +184,22 @@ class AgentSession:
             case TextEnd():
                 return self.pipeline.text_end()
             case Interrupt():
-                self.pipeline.interrupt()
+                self.conversation.interrupt()  # the brain's reply too, not only the audio
                 return None
             case Chat(text=text):
-                # The echo brain (the default when no LLM is configured): speak it back.
-                return self.pipeline.say(text)
+                # Ask the brain (echo unless an LLM is configured); its reply is spoken.
+                return self.conversation.ask(text)
             case ConfigUpdate(fields=fields):
+                fields = dict(fields)
+                if "barge_in" in fields:
+                    self.conversation.barge_in = bool(fields.pop("barge_in"))
                 self.pipeline.voice = dataclasses.replace(self.pipeline.voice, **fields)
                 return None
         raise ProtocolError("unknown_type", "unsupported message")
 
     # --- outbound ------------------------------------------------------------------------
     def send_event(self, event: Event) -> None:
+        self.conversation.observe(event)  # what was played becomes the history
         channel = self.channel
         if channel is None or channel.readyState != "open":
             if self._expects_channel:
@@ -206,6 +237,8 @@ class AgentSession:
             **self.network_stats(),
             "underruns": self.pipeline.buffer.underruns,
             "dtx": self.track.encoder.dtx,
+            "conversation": self.conversation.snapshot(),
+            "inbound": None if self.inbound is None else self.inbound.snapshot(),
         }
 
     async def close(self) -> None:
@@ -213,5 +246,18 @@ class AgentSession:
             self._stats_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._stats_task
+        for task in self._drain_tasks:
+            task.cancel()
+        if self.inbound is not None:
+            await self.inbound.close()
+        await self.conversation.close()
         await self.pipeline.close()
         self.track.stop()
+
+
+async def _drain(track: MediaStreamTrack) -> None:
+    from aiortc.mediastreams import MediaStreamError
+
+    with contextlib.suppress(MediaStreamError):
+        while True:
+            await track.recv()

@@ -23,7 +23,7 @@ from typing import Any
 from agent.audio import Framer, Int16Frame, StreamResampler
 from agent.config import SpeechSettings
 from agent.engine import EngineUnavailable, TTSEngine, VoiceOptions
-from agent.opus import SAMPLE_RATE
+from agent.opus import FRAME_SAMPLES, SAMPLE_RATE
 from agent.playout import PlayoutBuffer, PlayoutFrame
 from agent.protocol import MAX_ID_CHARS
 from agent.text.segment import Segmenter, split_text
@@ -266,14 +266,20 @@ class SpeechPipeline:
         resampler = StreamResampler(self.engine.sample_rate, SAMPLE_RATE)
         framer = Framer()
         engine_samples = 0
-        pending_marks: list[Callable[[], None]] = [partial(self._on_started, utt)]
+        # (index of the frame that carries it, mark): a caption fires with the frame holding
+        # its segment's first sample, not with the first frame produced after the segment
+        # began (that one is mostly the previous segment's tail, held by the framer).
+        pending_marks: list[tuple[int, Callable[[], None]]] = [(0, partial(self._on_started, utt))]
+        frames_out = 0
         self.buffer.producing = True
 
         async def put(frames: list[Int16Frame]) -> None:
+            nonlocal frames_out
             for pcm in frames:
-                frame = PlayoutFrame(pcm, pending_marks.copy())
-                pending_marks.clear()
-                await self.buffer.put(frame)
+                due = [mark for at, mark in pending_marks if at <= frames_out]
+                pending_marks[:] = [(at, mark) for at, mark in pending_marks if at > frames_out]
+                frames_out += 1
+                await self.buffer.put(PlayoutFrame(pcm, due))
 
         while True:
             segment = await utt.segments.get()
@@ -284,12 +290,14 @@ class SpeechPipeline:
             # The segment's place on the utterance's audio timeline, counted in engine samples
             # (the resampler's filter delay would skew a count of output samples).
             start_ms = round(engine_samples * 1000 / self.engine.sample_rate)
-            pending_marks.append(
-                partial(
-                    self._emit,
-                    {"type": "speech.segment", "id": utt.id, "text": segment, "start_ms": start_ms},
-                )
-            )
+            frame_index = engine_samples * SAMPLE_RATE // self.engine.sample_rate // FRAME_SAMPLES
+            caption = {
+                "type": "speech.segment",
+                "id": utt.id,
+                "text": segment,
+                "start_ms": start_ms,
+            }
+            pending_marks.append((frame_index, partial(self._emit, caption)))
             try:
                 async with aclosing(self.engine.synthesize(segment, utt.voice)) as chunks:
                     async for chunk in chunks:
@@ -325,9 +333,9 @@ class SpeechPipeline:
             }
         )
 
-    def _fire_now(self, marks: list[Callable[[], None]]) -> None:
+    def _fire_now(self, marks: list[tuple[int, Callable[[], None]]]) -> None:
         """Marks that never got a frame (no audio produced) fire in playout order."""
-        for mark in marks:
+        for _, mark in marks:
             self.buffer.at_playout_end(mark)
         marks.clear()
 

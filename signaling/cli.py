@@ -25,6 +25,7 @@ from agent.config import (
 )
 from agent.engines import ENGINE_NAMES
 from signaling.auth import mint_token
+from signaling.conversation_flags import add_conversation_flags, conversation_settings
 from signaling.logs import configure_logging
 
 ENV_PREFIX = "VOICE_AGENT_"
@@ -160,6 +161,8 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
 
     _add_lifecycle_flags(serve, env)
 
+    add_conversation_flags(serve, env)
+
     tiny = commands.add_parser(
         "tiny-model", help="build a tiny random-weight ChatTTS checkpoint for offline smoke tests"
     )
@@ -235,6 +238,7 @@ def config_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> Config
         ice = [u.strip() for u in (_env(env, "ICE_SERVERS") or "").split(",") if u.strip()]
     base = Config()
     origins = tuple(o.strip() for o in args.cors_origins.split(",") if o.strip())
+    listen, services = conversation_settings(args)
     return Config(
         host=args.host,
         port=args.port,
@@ -292,6 +296,8 @@ def config_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> Config
             instruct=args.room_instruct,
             direct_send=args.room_send == "direct",
         ),
+        listen=listen,
+        services=services,
     )
 
 

@@ -29,6 +29,7 @@ from agent.hooks import SessionHooks
 from agent.logcontext import SESSION_ID
 from agent.room import RoomMember
 from agent.session import AgentSession
+from agent.vad import VadPool
 from signaling.errors import ApiError
 from signaling.lifecycle import Liveness, Verdict, check_interval, tap_rtcp, verdict
 from signaling.negotiation import OpusOffer, read_opus_offer, tune_answer
@@ -77,6 +78,10 @@ class SessionRegistry:
         self.tokens = TokenBook()
         self._watchdog: asyncio.Task[None] | None = None
         self.rooms = RoomRegistry(config, engine, self.encode_executor)
+        # silero-vad for every session's microphone, loaded off the loop on first use (with
+        # ChatTTS torch is imported already and loading takes ~0.15 s; alone, ~3 s). Not
+        # loaded eagerly: importing torch holds the GIL long enough to stall audio pacing.
+        self.vad_pool = VadPool(config.listen.vad_threads)
 
     def __len__(self) -> int:
         return len(self._peers)
@@ -206,6 +211,9 @@ class SessionRegistry:
         session = peer.session
         pc = RTCPeerConnection(self._rtc_configuration())
         life = Liveness()
+        if isinstance(session, AgentSession):
+            # Fired inside setRemoteDescription for an offer that sends audio (a microphone).
+            pc.on("track", lambda track: self._on_track(session, pc, track))
         try:
             try:
                 await pc.setRemoteDescription(RTCSessionDescription(sdp=offer_sdp, type="offer"))
@@ -341,6 +349,14 @@ class SessionRegistry:
         else:
             log.info("session %s: ignoring data channel %r", session.id, channel.label[:40])
 
+    def _on_track(self, session: AgentSession, pc: RTCPeerConnection, track: Any) -> None:
+        if track.kind != "audio":
+            return
+        for transceiver in pc.getTransceivers():
+            if transceiver.receiver.track is track:
+                session.listen(track, transceiver.receiver, self.vad_pool)
+                return
+
     def _on_state(self, peer: Peer, pc: RTCPeerConnection, life: Liveness) -> None:
         state = pc.connectionState
         if state == "connected":
@@ -380,6 +396,7 @@ class SessionRegistry:
             await asyncio.gather(*self._closing, return_exceptions=True)
         if self.encode_executor is not None:
             self.encode_executor.shutdown(wait=False, cancel_futures=True)
+        self.vad_pool.close()
 
 
 def _read_offer(sdp: object, peer_ip: str | None) -> tuple[str, OpusOffer]:

@@ -32,6 +32,9 @@ const ui = {
   text: $("text"),
   say: $("say"),
   interrupt: $("interrupt"),
+  mic: $("mic"),
+  bargeIn: $("barge-in"),
+  listening: $("listening"),
   caption: $("caption"),
   audio: $("remote-audio"),
   transcript: $("transcript"),
@@ -55,6 +58,7 @@ const session = {
   hangingUp: false,
   token: null, // session token from the last answer: what a resume shows the server
   disconnectTimer: null,
+  micStream: null, // the microphone, while a call uses it
 };
 const texts = new Map(); // client id -> text we asked the agent to say
 const items = new Map(); // utterance id -> transcript <li>
@@ -122,6 +126,7 @@ function setState(name, detail = "") {
   const live = session.pc !== null;
   const open = name === "connected";
   ui.connect.disabled = live;
+  ui.mic.disabled = live; // the microphone is chosen per call
   ui.hangup.disabled = !live;
   ui.text.disabled = !open;
   ui.say.disabled = !open;
@@ -160,6 +165,29 @@ function refreshState() {
 // ---------------------------------------------------------------------------------------
 // Media: today the page only listens (recvonly). A microphone becomes
 // addAudio(pc, micTrack) -> a sendrecv transceiver carrying the track; nothing else changes.
+
+// The microphone, with the user's consent: echo cancellation keeps the agent's own voice
+// out of it (the server would otherwise hear itself and barge in on itself). Refused or
+// missing: the call goes on listen-only.
+async function openMic() {
+  if (!ui.mic.checked || !navigator.mediaDevices?.getUserMedia) return null;
+  try {
+    const stream = await navigator.mediaDevices.getUserMedia({
+      audio: { echoCancellation: true, noiseSuppression: true, autoGainControl: true },
+      video: false,
+    });
+    session.micStream = stream;
+    return stream.getAudioTracks()[0] ?? null;
+  } catch (err) {
+    showAlert(`Microphone unavailable (${err.name || err}): listening only; type to talk.`, "info");
+    return null;
+  }
+}
+
+function closeMic() {
+  if (session.micStream) for (const track of session.micStream.getTracks()) track.stop();
+  session.micStream = null;
+}
 
 function addAudio(pc, micTrack = null) {
   if (micTrack) {
@@ -292,7 +320,8 @@ async function doConnect(resume = null) {
   const stale = () => session.generation !== generation;
 
   try {
-    addAudio(pc);
+    addAudio(pc, await openMic());
+    if (stale()) return;
     const channel = pc.createDataChannel("agent");
     session.channel = channel;
     channel.binaryType = "arraybuffer";
@@ -323,6 +352,7 @@ async function doConnect(resume = null) {
     await withTimeout(waitForChannelOpen(channel, pc), CONNECT_TIMEOUT_MS, "waiting for the connection");
     if (stale()) return;
     refreshState();
+    if (!ui.bargeIn.checked) send({ type: "config", barge_in: false });
     ui.text.focus();
   } catch (err) {
     if (!stale()) {
@@ -344,6 +374,8 @@ function teardown(finalState, { notifyServer = false, keepToken = false } = {}) 
   session.channel = null;
   session.id = null;
   stopStats();
+  closeMic();
+  ui.listening.hidden = true;
   if (channel) {
     try { channel.close(); } catch { /* already closed */ }
   }
@@ -470,7 +502,11 @@ function handleEvent(msg) {
         const textEl = li.querySelector(".text");
         textEl.textContent = `${textEl.textContent} ${msg.text}`.trim();
       }
-      setCaption(msg.id, msg.text ?? "");
+      // The event leaves the server with the segment's first packet; the browser's jitter
+      // buffer holds that audio a little longer: show the caption when it is heard.
+      const delay = captionDelayMs();
+      if (delay > 0) setTimeout(() => setCaption(msg.id, msg.text ?? ""), delay);
+      else setCaption(msg.id, msg.text ?? "");
       break;
     }
     case "speech.ended": {
@@ -480,7 +516,27 @@ function handleEvent(msg) {
       if (session.captionFor === msg.id) setCaption(null, "");
       break;
     }
+    case "user.speech.started": {
+      ui.listening.hidden = false;
+      const li = ensureUserItem(msg.id);
+      setItemStatus(li, "listening", "speaking");
+      break;
+    }
+    case "user.speech.ended": {
+      ui.listening.hidden = true;
+      setItemStatus(ensureUserItem(msg.id), "transcribing", "transcribing");
+      break;
+    }
+    case "user.transcript": {
+      const li = ensureUserItem(msg.id);
+      li.querySelector(".text").textContent = msg.text ?? "";
+      if (msg.text) setItemStatus(li, "heard", "you");
+      else setItemStatus(li, "empty", "not understood");
+      break;
+    }
     case "error": {
+      const turn = msg.id && items.get(String(msg.id));
+      if (turn && turn.dataset.role === "user") setItemStatus(turn, "error", msg.code ?? "error");
       const code = msg.code ?? "error";
       const text = `${code}: ${msg.message ?? ""}`;
       showAlert(`The agent reported an error. ${text}`);
@@ -516,6 +572,21 @@ function ensureItem(id) {
   items.set(key, li);
   appendTranscript(li);
   return li;
+}
+
+// The user's own turn (what the server heard), shown beside the agent's replies.
+function ensureUserItem(id) {
+  const li = ensureItem(id);
+  li.dataset.role = "user";
+  return li;
+}
+
+function captionDelayMs() {
+  for (let i = stats.length - 1; i >= Math.max(0, stats.length - 3); i--) {
+    const ms = stats[i].jitterBufferMs;
+    if (typeof ms === "number" && Number.isFinite(ms)) return Math.min(Math.max(ms, 0), 300);
+  }
+  return 0;
 }
 
 function setItemStatus(li, status, label) {
@@ -801,6 +872,11 @@ ui.interrupt.addEventListener("click", () => {
     showAlert(describeError(err));
   }
 });
+ui.bargeIn.addEventListener("change", () => {
+  if (session.channel && session.channel.readyState === "open") {
+    send({ type: "config", barge_in: ui.bargeIn.checked });
+  }
+});
 window.addEventListener("resize", drawPlots);
 window.addEventListener("pagehide", hangupOnUnload);
 
@@ -814,6 +890,7 @@ window.voiceAgent = {
   get channel() { return session.channel; },
   get sessionId() { return session.id; },
   get state() { return ui.state.dataset.state; },
+  get micTrack() { return session.micStream ? session.micStream.getAudioTracks()[0] ?? null : null; },
   events,
   stats,
   serverStats,

@@ -41,6 +41,7 @@ class RtcClient:
         self.pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
         self.audio = ReceivedAudio()
         self.events: list[dict[str, Any]] = []
+        self.event_times: list[float] = []  # time.monotonic() each event arrived
         self.session_id: str | None = None
         self.session_token: str | None = None  # for resuming the session (signaling/resume.py)
         self.location: str | None = None
@@ -54,6 +55,8 @@ class RtcClient:
         # Rooms: audio of each speaker slot (receive-only transceivers after the first).
         self.slot_audio: dict[int, ReceivedAudio] = {}
         self.participant_id: str | None = None
+        # A microphone to send (sendrecv audio); None: listen only (recvonly).
+        self.mic: MediaStreamTrack | None = None
 
     async def connect(
         self,
@@ -76,6 +79,7 @@ class RtcClient:
         transceivers follow it for the other speakers. With ``expect_status`` the server's
         refusal is expected: its JSON error body is returned and nothing is connected.
         """
+        mic = mic if mic is not None else self.mic
         if mic is not None:
             transceiver = self.pc.addTransceiver(mic, direction="sendrecv")
         else:
@@ -172,6 +176,7 @@ class RtcClient:
 
     def _on_message(self, raw: str | bytes) -> None:
         self.events.append(json.loads(raw))
+        self.event_times.append(time.monotonic())
         self._event_signal.set()
 
     async def _read(self, track: MediaStreamTrack, audio: ReceivedAudio | None = None) -> None:

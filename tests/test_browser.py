@@ -219,8 +219,13 @@ async def wait_for_inbound(
     return result
 
 
-async def connect(ap: AgentPage) -> None:
-    """Click Connect; wait for the connected state and for audio packets to flow."""
+async def connect(ap: AgentPage, *, mic: bool = False) -> None:
+    """Click Connect; wait for the connected state and for audio packets to flow.
+
+    Without ``mic`` the call is listen-only: Chromium's fake microphone beeps, and the agent
+    would hear it.
+    """
+    await ap.page.set_checked("#mic", mic)
     await ap.page.click("#connect")
     try:
         await ap.page.wait_for_selector('#state[data-state="connected"]', timeout=20_000)

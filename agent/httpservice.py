@@ -1,0 +1,42 @@
+"""What the STT and LLM clients share: the error they raise and how they call a service."""
+
+from __future__ import annotations
+
+import json
+
+import aiohttp
+
+MAX_ERROR_BODY = 300  # characters of a service's error body repeated to the client
+
+
+class ServiceError(Exception):
+    """A service call failed; ``code`` becomes the ``error`` event's code (session goes on)."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def auth_headers(api_key: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+def endpoint(base_url: str, path: str) -> str:
+    return base_url.rstrip("/") + path
+
+
+async def describe_failure(response: aiohttp.ClientResponse) -> str:
+    """``HTTP 401: <the service's error message>`` (never the request, so never a key)."""
+    text = await response.text(errors="replace")
+    detail = text[:MAX_ERROR_BODY]
+    try:
+        body = json.loads(text)
+        error = body.get("error") if isinstance(body, dict) else None
+        if isinstance(error, dict) and isinstance(error.get("message"), str):
+            detail = error["message"][:MAX_ERROR_BODY]
+        elif isinstance(error, str):
+            detail = error[:MAX_ERROR_BODY]
+    except ValueError:
+        pass
+    return f"HTTP {response.status}: {detail}".strip()

@@ -1,0 +1,230 @@
+"""The client's microphone: decoded frames -> mono 16 kHz -> 32 ms windows -> VAD -> turns.
+
+Two tasks per session, joined by a bounded queue: a reader that takes aiortc's decoded
+frames, downmixes and resamples them (soxr, streaming) and cuts 512-sample windows; and a
+scorer that runs silero-vad on each window in the VAD pool's threads, feeds the speech
+detector and collects the turn's audio. If scoring falls behind, the oldest windows are
+dropped (counted) rather than letting memory or latency grow.
+
+Where the time goes between the user's first word and a barge-in (bench/bargein.py measures
+it): the uplink, aiortc's receive jitter buffer (which holds 4 frames = 80 ms for audio;
+``shorten_jitter_buffer`` makes it release each frame as soon as the next one arrives, so
+reordering is still handled), waiting for a full 32 ms window, silero-vad's own reaction
+(its probability rises over a window or two) and the minimum speech duration.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+import numpy.typing as npt
+import soxr
+from aiortc import RTCRtpReceiver
+from aiortc.jitterbuffer import JitterBuffer
+from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
+
+from agent.conversation_config import (
+    VAD_SAMPLE_RATE,
+    VAD_WINDOW_MS,
+    VAD_WINDOW_SAMPLES,
+    ListenSettings,
+)
+from agent.vad import Activity, ActivityEvent, SileroVad, SpeechDetector, VadPool, Window
+
+log = logging.getLogger(__name__)
+
+_JITTER_BUFFER_ATTR = "_RTCRtpReceiver__jitter_buffer"  # aiortc 1.16's private attribute
+_JITTER_BUFFER_CAPACITY = 16  # aiortc's own for audio
+
+
+def shorten_jitter_buffer(receiver: RTCRtpReceiver, prefetch: int) -> bool:
+    """Give an audio receiver a jitter buffer that holds ``prefetch`` frames (aiortc: 4).
+
+    aiortc has no setting for it. The agent only analyses the audio (nothing plays it),
+    so holding 80 ms for smooth playout is pure latency. Returns False (and changes nothing)
+    if aiortc's internals are not what this was written against.
+    """
+    current = getattr(receiver, _JITTER_BUFFER_ATTR, None)
+    if not isinstance(current, JitterBuffer) or current.capacity != _JITTER_BUFFER_CAPACITY:
+        return False
+    setattr(receiver, _JITTER_BUFFER_ATTR, JitterBuffer(_JITTER_BUFFER_CAPACITY, prefetch))
+    return True
+
+
+class Listener(Protocol):
+    """What the inbound audio reports to (the conversation)."""
+
+    def user_started(self, event: ActivityEvent) -> None:
+        """The user started talking (onset confirmed)."""
+
+    def user_ended(self, audio: npt.NDArray[np.float32], event: ActivityEvent) -> None:
+        """The user's turn ended; ``audio`` is the turn at 16 kHz, with its pre-roll."""
+
+
+@dataclass
+class InboundStats:
+    frames: int = 0
+    windows: int = 0
+    dropped_windows: int = 0
+    onsets: int = 0
+    turns: int = 0
+    vad_seconds: float = 0.0  # summed inference time (worker threads)
+    # Most recent onset: when the frame completing its first speech window arrived from
+    # aiortc, and when the onset was confirmed (time.monotonic()).
+    last_onset_frame_at: float | None = None
+    last_onset_detected_at: float | None = None
+
+
+def to_mono_float(frame: Any) -> npt.NDArray[np.float32]:
+    """An aiortc/PyAV audio frame (s16 or flt, packed or planar) as mono float32."""
+    data = frame.to_ndarray()
+    channels = len(frame.layout.channels)
+    if data.dtype == np.int16:
+        samples = data.astype(np.float32) / 32768.0
+    else:
+        samples = data.astype(np.float32)
+    if channels > 1:
+        if frame.format.is_planar:
+            return np.asarray(samples.mean(axis=0), dtype=np.float32)
+        return np.asarray(samples.reshape(-1, channels).mean(axis=1), dtype=np.float32)
+    return np.asarray(samples.reshape(-1), dtype=np.float32)
+
+
+class InboundAudio:
+    def __init__(
+        self,
+        track: MediaStreamTrack,
+        pool: VadPool,
+        settings: ListenSettings,
+        listener: Listener,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.track = track
+        self.settings = settings
+        self.stats = InboundStats()
+        self.detector = SpeechDetector(settings)
+        self.ready = asyncio.Event()  # the VAD model is loaded and scoring
+        self._pool = pool
+        self._listener = listener
+        self._clock = clock
+        self._queue: asyncio.Queue[tuple[Window, float]] = asyncio.Queue(
+            maxsize=settings.max_pending_windows
+        )
+        self._resampler: soxr.ResampleStream | None = None
+        self._rate = 0
+        self._pending = np.zeros(0, dtype=np.float32)
+        preroll = max(1, settings.preroll_ms // VAD_WINDOW_MS) + self.detector.onset_windows
+        self._recent: deque[tuple[Window, float]] = deque(maxlen=preroll)
+        self._turn: list[Window] = []
+        self._max_turn_windows = self.detector.max_turn_windows + preroll
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def snapshot(self) -> dict[str, Any]:
+        st = self.stats
+        return {
+            "ready": self.ready.is_set(),
+            "speaking": self.detector.speaking,
+            "frames": st.frames,
+            "windows": st.windows,
+            "dropped_windows": st.dropped_windows,
+            "onsets": st.onsets,
+            "turns": st.turns,
+            "vad_ms_per_window": round(st.vad_seconds * 1000 / st.windows, 3)
+            if st.windows
+            else None,
+        }
+
+    def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._tasks = [loop.create_task(self._read()), loop.create_task(self._score())]
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks = []
+
+    # --- reader: frames -> windows -----------------------------------------------------
+    async def _read(self) -> None:
+        try:
+            while True:
+                frame = await self.track.recv()
+                arrived = self._clock()
+                self.stats.frames += 1
+                for window in self._windows(frame):
+                    if self._queue.full():
+                        self._queue.get_nowait()  # the scorer is behind: drop the oldest
+                        self.stats.dropped_windows += 1
+                    self._queue.put_nowait((window, arrived))
+        except MediaStreamError:
+            log.debug("inbound audio ended")
+
+    def _windows(self, frame: Any) -> list[Window]:
+        rate = int(frame.sample_rate)
+        if self._resampler is None or rate != self._rate:
+            self._rate = rate
+            self._resampler = soxr.ResampleStream(rate, VAD_SAMPLE_RATE, 1, dtype="float32")
+        samples = self._resampler.resample_chunk(to_mono_float(frame))
+        data = np.concatenate((self._pending, samples)) if self._pending.size else samples
+        whole = data.size // VAD_WINDOW_SAMPLES * VAD_WINDOW_SAMPLES
+        windows = [
+            np.ascontiguousarray(data[i : i + VAD_WINDOW_SAMPLES], dtype=np.float32)
+            for i in range(0, whole, VAD_WINDOW_SAMPLES)
+        ]
+        self._pending = np.array(data[whole:], dtype=np.float32)
+        return windows
+
+    # --- scorer: windows -> VAD -> turns -------------------------------------------------
+    async def _score(self) -> None:
+        try:
+            vad: SileroVad = await self._pool.new_vad()
+        except Exception:  # the reader keeps draining (and dropping) windows: no growth
+            log.exception("the voice activity model could not load: not listening")
+            return
+        self.ready.set()
+        while True:
+            window, arrived = await self._queue.get()
+            started = time.perf_counter()
+            try:
+                probability = await vad.probability(window)
+            except Exception:  # a model failure must not end the session; skip the window
+                log.exception("voice activity detection failed")
+                continue
+            self.stats.vad_seconds += time.perf_counter() - started
+            self.stats.windows += 1
+            self._on_window(window, arrived, probability)
+
+    def _on_window(self, window: Window, arrived: float, probability: float) -> None:
+        detector = self.detector
+        was_speaking = detector.speaking
+        event = detector.push(probability)
+        if was_speaking:
+            if len(self._turn) < self._max_turn_windows:
+                self._turn.append(window)
+        else:
+            self._recent.append((window, arrived))
+        if event is None:
+            return
+        if event.kind is Activity.STARTED:
+            self.stats.onsets += 1
+            first = max(0, len(self._recent) - (detector.index - event.window + 1))
+            self.stats.last_onset_frame_at = self._recent[first][1]
+            self.stats.last_onset_detected_at = self._clock()
+            self._turn = [w for w, _ in self._recent]
+            self._recent.clear()
+            self._listener.user_started(event)
+        elif event.kind is Activity.ENDED:
+            self.stats.turns += 1
+            audio = np.concatenate(self._turn) if self._turn else np.zeros(0, np.float32)
+            self._turn = []
+            self._listener.user_ended(audio, event)

@@ -1,0 +1,294 @@
+"""The conversation: the user's turns in, the brain's replies out, barge-in, history.
+
+- The user starts talking (VAD onset): ``user.speech.started``; if the agent is speaking or
+  preparing a reply and barge-in is on, the reply is cancelled and the playout buffer
+  dropped (the pipeline's interrupt: ``speech.ended`` with ``interrupted: true``, silence
+  from the next frame).
+- The user's turn ends (enough silence): ``user.speech.ended``; the turn's audio goes to
+  speech-to-text; ``user.transcript``; the text joins the history and the brain answers. A
+  turn whose transcript arrives after a newer turn began is added to the history but not
+  answered on its own: the newer turn's reply answers both.
+- Replies stream into the pipeline as text deltas (one utterance per reply), so the first
+  sentence is spoken while the brain is still writing. Replies run one after another.
+- History: each reply keeps a slot in the history at the place it was asked; when its
+  utterance ends, the slot gets what was played (the captions whose audio went out), so an
+  interrupted reply is cut at the last segment played, and a reply nobody heard leaves none.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import numpy as np
+import numpy.typing as npt
+
+from agent.brain import Brain, EchoBrain, LLMBrain
+from agent.conversation_config import VAD_SAMPLE_RATE, ListenSettings, ServiceSettings
+from agent.httpservice import ServiceError
+from agent.llm import ChatCompletions, Message
+from agent.speech import SpeechError, SpeechPipeline
+from agent.stt import Transcriber
+from agent.vad import ActivityEvent
+
+log = logging.getLogger(__name__)
+
+Event = dict[str, Any]
+
+
+@dataclass
+class Reply:
+    id: str
+    slot: Message  # its place in the history; content filled when the utterance ends
+    heard: list[str] = field(default_factory=list)  # captions whose audio was played
+    opened: bool = False  # its text stream was opened in the pipeline
+    stream_open: bool = False  # ... and not ended yet
+
+
+@dataclass
+class ConversationStats:
+    turns: int = 0
+    transcripts: int = 0
+    replies: int = 0
+    barge_ins: int = 0
+    service_errors: int = 0
+
+
+class Conversation:
+    def __init__(
+        self,
+        pipeline: SpeechPipeline,
+        listen: ListenSettings,
+        services: ServiceSettings,
+        emit: Callable[[Event], None],
+    ) -> None:
+        self.pipeline = pipeline
+        self.services = services
+        self.barge_in = listen.barge_in  # per session (data channel `config`)
+        self.history: list[Message] = []
+        self.stats = ConversationStats()
+        self.user_speaking = False
+        self._emit = emit
+        self._http: aiohttp.ClientSession | None = None
+        self._brain: Brain | None = None
+        self._transcriber: Transcriber | None = None
+        self._replies: dict[str, Reply] = {}  # by utterance id, until it ends
+        self._reply_tasks: list[asyncio.Task[None]] = []  # in order; each waits for the last
+        self._turn_tasks: set[asyncio.Task[None]] = set()
+        self._turn_seq = 0
+        self._turn_id: str | None = None
+        self._unanswered = False  # a user message in the history that no reply follows yet
+        self._closed = False
+
+    # --- services (created on first use: a session that never talks opens no connection) --
+    def _client(self) -> aiohttp.ClientSession:
+        if self._http is None:
+            self._http = aiohttp.ClientSession()
+        return self._http
+
+    @property
+    def brain(self) -> Brain:
+        if self._brain is None:
+            s = self.services
+            self._brain = (
+                LLMBrain(ChatCompletions(s, self._client()), s) if s.llm_base_url else EchoBrain()
+            )
+        return self._brain
+
+    @property
+    def brain_name(self) -> str:
+        return "llm" if self.services.llm_base_url else "echo"
+
+    def _stt(self) -> Transcriber | None:
+        if self._transcriber is None and self.services.stt_base_url:
+            self._transcriber = Transcriber(self.services, self._client())
+        return self._transcriber
+
+    # --- the user's voice (called by the inbound audio) --------------------------------
+    @property
+    def agent_active(self) -> bool:
+        """Speaking, or preparing a reply that would be spoken."""
+        return self.pipeline.busy or any(not t.done() for t in self._reply_tasks)
+
+    def user_started(self, event: ActivityEvent) -> None:
+        self._turn_seq += 1
+        self._turn_id = f"turn-{uuid.uuid4().hex[:10]}"
+        self.user_speaking = True
+        self.stats.turns += 1
+        if self.barge_in and self.agent_active:
+            self.interrupt()
+            self.stats.barge_ins += 1
+        self._emit({"type": "user.speech.started", "id": self._turn_id})
+
+    def user_ended(self, audio: npt.NDArray[np.float32], event: ActivityEvent) -> None:
+        self.user_speaking = False
+        turn_id = self._turn_id or f"turn-{uuid.uuid4().hex[:10]}"
+        duration_ms = round(audio.size * 1000 / VAD_SAMPLE_RATE)
+        self._emit({"type": "user.speech.ended", "id": turn_id, "duration_ms": duration_ms})
+        if self._closed:
+            return
+        task = asyncio.get_running_loop().create_task(self._turn(turn_id, self._turn_seq, audio))
+        self._turn_tasks.add(task)
+        task.add_done_callback(self._turn_tasks.discard)
+
+    async def _turn(self, turn_id: str, seq: int, audio: npt.NDArray[np.float32]) -> None:
+        stt = self._stt()
+        if stt is None:
+            self._error(
+                "stt_unavailable",
+                "no speech-to-text service is configured (--stt-url): the turn was not heard",
+                turn_id,
+            )
+            return
+        try:
+            text = await stt.transcribe(audio)
+        except ServiceError as exc:
+            self._error(exc.code, exc.message, turn_id)
+            return
+        self.stats.transcripts += 1
+        self._emit({"type": "user.transcript", "id": turn_id, "text": text})
+        if text:
+            self._add_user(text)
+        # Only the latest turn is answered (the reply covers earlier unanswered ones); an
+        # empty transcript (a cough) still lets an earlier unanswered message be answered.
+        if self._unanswered and seq == self._turn_seq and not self.user_speaking:
+            self._start_reply()
+
+    # --- typed chat (data channel `chat`) ------------------------------------------------
+    def ask(self, text: str) -> str:
+        """Answer ``text`` as if the user had said it; returns the reply's utterance id."""
+        limit = self.pipeline.settings.max_text_chars
+        if not text.strip():
+            raise SpeechError("empty_text", "'text' is empty")
+        if len(text) > limit:
+            raise SpeechError("text_too_long", f"'text' is limited to {limit} characters")
+        if self._closed:
+            raise SpeechError("closed", "the session is closed")
+        self._add_user(text)
+        return self._start_reply()
+
+    # --- barge-in ------------------------------------------------------------------------
+    def interrupt(self) -> None:
+        """Cancel every reply being prepared and stop speaking from the next frame."""
+        for task in self._reply_tasks:
+            task.cancel()
+        self.pipeline.interrupt()  # ends each dropped utterance: observe() settles history
+
+    # --- replies -------------------------------------------------------------------------
+    def _add_user(self, text: str) -> None:
+        self._unanswered = True
+        self.history.append({"role": "user", "content": text})
+        self._trim_history()
+
+    def _trim_history(self) -> None:
+        excess = len(self.history) - self.services.max_history_messages
+        if excess > 0:
+            del self.history[:excess]
+
+    def _start_reply(self) -> str:
+        self._unanswered = False
+        reply = Reply(f"reply-{uuid.uuid4().hex[:10]}", {"role": "assistant", "content": ""})
+        self.history.append(reply.slot)
+        self._reply_tasks = [t for t in self._reply_tasks if not t.done()]
+        previous = self._reply_tasks[-1] if self._reply_tasks else None
+        task = asyncio.get_running_loop().create_task(self._run_reply(reply, previous))
+        self._reply_tasks.append(task)
+        self.stats.replies += 1
+        return reply.id
+
+    def _request_history(self, reply: Reply) -> list[Message]:
+        """What the brain sees: settled messages only (no pending or empty reply slots)."""
+        # A reply's slot stays empty until its utterance ends.
+        return [dict(m) for m in self.history if m is not reply.slot and m["content"]]
+
+    async def _run_reply(self, reply: Reply, previous: asyncio.Task[None] | None) -> None:
+        if previous is not None:
+            await asyncio.wait([previous])  # one reply at a time, in order
+        try:
+            async for delta in self.brain.reply(self._request_history(reply)):
+                self.pipeline.text_delta(delta, reply.id)
+                if not reply.opened:
+                    reply.opened = reply.stream_open = True
+                    self._replies[reply.id] = reply
+            self._close_stream(reply)
+        except asyncio.CancelledError:
+            # Barge-in: the pipeline dropped the stream and discards its further deltas
+            # until text.end; end it so the next stream starts clean.
+            self._close_stream(reply)
+            raise
+        except (ServiceError, SpeechError) as exc:
+            self.stats.service_errors += isinstance(exc, ServiceError)
+            self._error(exc.code, exc.message, reply.id)
+            self._close_stream(reply)  # what was already said plays to its end
+        except Exception:  # a bug must not end the session; it is logged and reported
+            log.exception("reply %s failed", reply.id)
+            self._error("internal", "the reply failed", reply.id)
+            self._close_stream(reply)
+        finally:
+            if not reply.opened:
+                self._drop_slot(reply)
+
+    def _close_stream(self, reply: Reply) -> None:
+        if reply.stream_open:
+            reply.stream_open = False
+            with contextlib.suppress(SpeechError):
+                self.pipeline.text_end()
+
+    def _drop_slot(self, reply: Reply) -> None:
+        for i, message in enumerate(self.history):
+            if message is reply.slot:
+                del self.history[i]
+                return
+
+    # --- what was played (every event the session sends passes here) ---------------------
+    def observe(self, event: Event) -> None:
+        kind = event.get("type")
+        if kind not in ("speech.segment", "speech.ended"):
+            return
+        reply = self._replies.get(event.get("id", ""))
+        if reply is None:
+            return
+        if kind == "speech.segment":
+            reply.heard.append(str(event.get("text", "")))
+            return
+        del self._replies[reply.id]
+        heard = " ".join(t.strip() for t in reply.heard if t.strip())
+        if heard:
+            reply.slot["content"] = heard
+        else:
+            self._drop_slot(reply)
+
+    # --- helpers -------------------------------------------------------------------------
+    def _error(self, code: str, message: str, request_id: str | None) -> None:
+        event: Event = {"type": "error", "code": code, "message": message}
+        if request_id is not None:
+            event["id"] = request_id
+        self._emit(event)
+
+    def snapshot(self) -> dict[str, Any]:
+        return {
+            "brain": self.brain_name,
+            "barge_in": self.barge_in,
+            "turns": self.stats.turns,
+            "transcripts": self.stats.transcripts,
+            "replies": self.stats.replies,
+            "barge_ins": self.stats.barge_ins,
+            "history_messages": len(self.history),
+        }
+
+    async def close(self) -> None:
+        self._closed = True
+        tasks = [*self._reply_tasks, *self._turn_tasks]
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if self._http is not None:
+            await self._http.close()

@@ -1,0 +1,128 @@
+"""Units of the conversation: the speech detector, settings from flags/env, the wire, clients."""
+
+from __future__ import annotations
+
+import aiohttp
+import numpy as np
+import pytest
+
+from agent.conversation_config import ListenSettings, ServiceSettings
+from agent.httpservice import ServiceError
+from agent.llm import ChatCompletions
+from agent.protocol import ConfigUpdate, ProtocolError, parse_message
+from agent.stt import Transcriber, wav_bytes
+from agent.vad import Activity, SpeechDetector
+from signaling.cli import build_parser, config_from_args
+from tests.services import FakeLLM, FakeSTT
+
+
+def run(detector: SpeechDetector, probabilities: list[float]) -> list[tuple[str, int, int]]:
+    """(event, at window, names window) for each event."""
+    out = []
+    for p in probabilities:
+        event = detector.push(p)
+        if event is not None:
+            out.append((event.kind.value, detector.index, event.window))
+    return out
+
+
+def test_onset_needs_the_minimum_speech_duration() -> None:
+    detector = SpeechDetector(ListenSettings(min_speech_ms=64, end_of_turn_silence_ms=96))
+    assert detector.onset_windows == 2 and detector.silence_windows == 3
+    # A single loud window (a click) is ignored; two in a row start the turn at the first.
+    events = run(detector, [0.1, 0.9, 0.1, 0.9, 0.95, 0.9, 0.1, 0.1, 0.1, 0.1])
+    assert events == [("started", 4, 3), ("ended", 8, 5)]
+
+
+def test_hysteresis_and_max_turn() -> None:
+    settings = ListenSettings(min_speech_ms=0, end_of_turn_silence_ms=64, max_turn_s=0.32)
+    detector = SpeechDetector(settings)
+    # Between the thresholds (0.35..0.5) neither starts speech nor counts as silence.
+    assert run(detector, [0.4, 0.45, 0.4]) == []
+    events = run(detector, [0.6, 0.4, 0.4, 0.2, 0.4, 0.2, 0.2])
+    assert events == [("started", 3, 3), ("ended", 8, 3)]  # 0.4 neither resets nor counts
+    # A turn that never pauses is cut at max_turn_s (10 windows).
+    assert run(detector, [0.9] * 12)[:2] == [("started", 10, 10), ("ended", 19, 19)]
+
+
+def test_settings_refuse_nonsense() -> None:
+    with pytest.raises(ValueError):
+        ListenSettings(vad_threshold=0.3, vad_neg_threshold=0.5)
+    with pytest.raises(ValueError):
+        ListenSettings(end_of_turn_silence_ms=10)
+    with pytest.raises(ValueError):
+        ServiceSettings(llm_timeout_s=0)
+    assert "secret" not in repr(ServiceSettings(llm_api_key="secret", stt_api_key="secret"))
+
+
+def test_flags_and_environment() -> None:
+    env = {
+        "VOICE_AGENT_LLM_URL": "http://llm:8000/v1",
+        "VOICE_AGENT_LLM_API_KEY": "k-env",
+        "VOICE_AGENT_MIN_SPEECH_MS": "96",
+        "VOICE_AGENT_NO_BARGE_IN": "1",
+    }
+    argv = ["serve", "--stt-url", "http://stt/v1", "--end-of-turn-ms", "800", "--llm-model", "m"]
+    config = config_from_args(build_parser(env).parse_args(argv), env)
+    assert config.services.llm_base_url == "http://llm:8000/v1"
+    assert config.services.llm_api_key == "k-env" and config.services.llm_model == "m"
+    assert config.services.stt_base_url == "http://stt/v1"
+    assert config.listen.min_speech_ms == 96 and config.listen.end_of_turn_silence_ms == 800
+    assert config.listen.barge_in is False and config.listen.enabled is True
+    defaults = config_from_args(build_parser({}).parse_args(["serve"]), {})
+    assert defaults.services.llm_base_url is None and defaults.services.stt_base_url is None
+    assert defaults.listen == ListenSettings()
+
+
+def test_config_message_turns_barge_in_on_and_off() -> None:
+    message = parse_message('{"type": "config", "barge_in": false}', 1000)
+    assert message == ConfigUpdate({"barge_in": False})
+    with pytest.raises(ProtocolError) as info:
+        parse_message('{"type": "config", "barge_in": "no"}', 1000)
+    assert info.value.code == "bad_config"
+
+
+async def test_llm_stream_yields_tokens_and_reports_errors() -> None:
+    async with FakeLLM() as llm, aiohttp.ClientSession() as http:
+        assert isinstance(llm, FakeLLM)
+        llm.replies.append(["a", "b", "c"])
+        client = ChatCompletions(ServiceSettings(llm_base_url=llm.url, llm_timeout_s=0.5), http)
+        tokens = [t async for t in client.stream([{"role": "user", "content": "x"}])]
+        assert tokens == ["a", "b", "c"]
+        llm.status = 429
+        with pytest.raises(ServiceError) as info:
+            [t async for t in client.stream([])]
+        assert info.value.code == "llm_failed" and "429" in info.value.message
+        llm.status = 200
+        llm.replies.append(["slow", "er"])
+        llm.token_delay_s = 2
+        with pytest.raises(ServiceError) as info:
+            [t async for t in client.stream([])]
+        assert info.value.code == "llm_timeout"
+    unreachable = ServiceSettings(llm_base_url=llm.url)  # the server is gone now
+    async with aiohttp.ClientSession() as http:
+        with pytest.raises(ServiceError) as info:
+            [t async for t in ChatCompletions(unreachable, http).stream([])]
+        assert info.value.code == "llm_failed"
+
+
+async def test_transcriber_uploads_a_wav_and_reads_the_text() -> None:
+    async with FakeSTT() as stt, aiohttp.ClientSession() as http:
+        assert isinstance(stt, FakeSTT)
+        stt.transcripts.append("  hello world ")
+        settings = ServiceSettings(stt_base_url=stt.url, stt_language="en", stt_timeout_s=0.5)
+        client = Transcriber(settings, http)
+        audio = np.zeros(16_000, dtype=np.float32)
+        assert await client.transcribe(audio) == "hello world"
+        upload = stt.uploads[0]
+        assert upload.wav == wav_bytes(audio) and upload.duration_s() == 1.0
+        assert upload.fields == {"model": "whisper-1", "response_format": "json", "language": "en"}
+        assert upload.authorization is None
+        stt.stall_s = 2
+        with pytest.raises(ServiceError) as info:
+            await client.transcribe(audio)
+        assert info.value.code == "stt_timeout"
+
+
+def test_detector_kinds_are_the_wire_names() -> None:
+    assert {a.value for a in Activity} == {"started", "ended"}
