@@ -17,6 +17,7 @@ from agent.config import (
     Config,
     LimitSettings,
     OpusSettings,
+    RaySettings,
     SecuritySettings,
 )
 from agent.engines import ENGINE_NAMES
@@ -107,6 +108,7 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         help="threads encoding speech one frame ahead, off the event loop "
         "(0: on the loop; -1: one per core but one)",
     )
+    _add_tts_plane(serve, env)
     serve.add_argument("--log-level", default=_env(env, "LOG_LEVEL", "INFO"))
     serve.add_argument(
         "--log-json",
@@ -155,6 +157,58 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     return parser
 
 
+def _add_tts_plane(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
+    """Where speech is generated: in this process (default) or on Ray Serve replicas."""
+    ray = RaySettings()
+    parser.add_argument(
+        "--tts",
+        default=_env(env, "TTS", "local"),
+        help="local: the engine runs in this process (default); ray: on Ray Serve, a new "
+        "local Ray instance (or RAY_ADDRESS); ray://HOST:PORT: a running Ray cluster",
+    )
+    for flag, kind, default, text in [
+        ("tts-replicas", int, ray.replicas, "Ray Serve replicas (the minimum when autoscaling)"),
+        ("tts-max-replicas", int, ray.max_replicas, "above --tts-replicas: Serve autoscales"),
+        ("tts-target-streams", float, ray.target_streams, "autoscaling: streams per replica"),
+        ("tts-gpus-per-replica", float, ray.gpus_per_replica, "0.5: two replicas per GPU"),
+        ("tts-cpus-per-replica", float, ray.cpus_per_replica, "CPUs Ray reserves per replica"),
+        ("tts-lead", float, ray.lead_s, "seconds a replica may run ahead of playout"),
+    ]:
+        env_name = flag.upper().replace("-", "_")
+        parser.add_argument(
+            "--" + flag, type=kind, default=kind(_env(env, env_name, str(default))), help=text
+        )
+    parser.add_argument(
+        "--ray-cpus",
+        type=int,
+        default=_env(env, "RAY_CPUS"),
+        help="CPUs a local Ray instance (--tts ray) offers (default: all)",
+    )
+
+
+def _tts_plane(args: argparse.Namespace) -> tuple[str, RaySettings]:
+    """``--tts`` and its settings: ("local" | "ray", RaySettings)."""
+    spec = args.tts.strip()
+    if spec == "local":
+        return "local", RaySettings()
+    if spec == "ray":
+        address = None
+    elif spec.startswith("ray://") and len(spec) > len("ray://"):
+        address = spec
+    else:
+        raise ValueError(f"--tts must be local, ray or ray://HOST:PORT, not {spec!r}")
+    return "ray", RaySettings(
+        address=address,
+        replicas=args.tts_replicas,
+        max_replicas=args.tts_max_replicas,
+        target_streams=args.tts_target_streams,
+        gpus_per_replica=args.tts_gpus_per_replica,
+        cpus_per_replica=args.tts_cpus_per_replica,
+        lead_s=args.tts_lead,
+        local_cpus=int(args.ray_cpus) if args.ray_cpus is not None else None,
+    )
+
+
 def _add_auth_secret(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
     parser.add_argument(
         "--auth-secret",
@@ -170,6 +224,7 @@ def config_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> Config
         ice = [u.strip() for u in (_env(env, "ICE_SERVERS") or "").split(",") if u.strip()]
     base = Config()
     origins = tuple(o.strip() for o in args.cors_origins.split(",") if o.strip())
+    tts, ray = _tts_plane(args)
     return Config(
         host=args.host,
         port=args.port,
@@ -177,6 +232,8 @@ def config_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> Config
         ice_username=args.ice_username,
         ice_credential=args.ice_credential,
         engine=args.engine,
+        tts=tts,
+        ray=ray,
         log_level=args.log_level.upper(),
         log_json=args.log_json,
         opus=replace(base.opus, bitrate=args.bitrate, encode_threads=args.encode_threads),
