@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from dataclasses import dataclass
@@ -40,6 +41,9 @@ class ReplicaCounts:
     failed: int = 0
     sent_samples: int = 0
     paced_s: float = 0.0  # time streams waited for the listener (pacing)
+    # The latest stream's request-to-first-chunk time inside the replica: what the engine
+    # takes, without Serve's routing and transport (benches subtract it).
+    last_first_audio_s: float | None = None
 
 
 class SpeechReplica:
@@ -64,11 +68,14 @@ class SpeechReplica:
         engine stream is closed with it and its row leaves the batch at the next step."""
         counts = self._counts
         pacer = Pacer(self._engine.sample_rate, self._lead_s)
+        started = time.perf_counter()
         counts.active += 1
         outcome = "failed"
         try:
             async with aclosing(self._engine.synthesize(text, voice)) as chunks:
                 async for chunk in chunks:
+                    if pacer.samples == 0:
+                        counts.last_first_audio_s = time.perf_counter() - started
                     yield chunk.tobytes()
                     counts.sent_samples += len(chunk)
                     wait = pacer.sent(len(chunk))
@@ -94,6 +101,7 @@ class SpeechReplica:
             "failed": self._counts.failed,
             "sent_samples": self._counts.sent_samples,
             "paced_s": self._counts.paced_s,
+            "last_first_audio_s": self._counts.last_first_audio_s,
             "rows": len(sched.gpt.rows) if sched is not None else 0,
             "steps": sched.stats.steps if sched is not None else 0,
             "row_steps": sched.stats.row_steps if sched is not None else 0,
