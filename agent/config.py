@@ -113,7 +113,8 @@ class RaySettings:
     """
 
     # None: ray.init() without an address (a new local instance, or RAY_ADDRESS if set);
-    # "ray://HOST:PORT": a running cluster through Ray Client.
+    # "ray://HOST:PORT": a running cluster's GCS address ("ray://auto": the cluster of this
+    # node), joined from a node of that cluster (README "Speech on a Ray cluster").
     address: str | None = None
     app_name: str = "voice-agent-tts"
     replicas: int = 1  # fixed replica count; the floor when autoscaling

@@ -164,7 +164,8 @@ def _add_tts_plane(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> N
         "--tts",
         default=_env(env, "TTS", "local"),
         help="local: the engine runs in this process (default); ray: on Ray Serve, a new "
-        "local Ray instance (or RAY_ADDRESS); ray://HOST:PORT: a running Ray cluster",
+        "local Ray instance (or RAY_ADDRESS); ray://HOST:PORT: a running Ray cluster's GCS "
+        "address (this machine must be a node of it: ray start --address HOST:PORT)",
     )
     for flag, kind, default, text in [
         ("tts-replicas", int, ray.replicas, "Ray Serve replicas (the minimum when autoscaling)"),

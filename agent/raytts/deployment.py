@@ -9,6 +9,7 @@ native on every Ray platform): no pickled numpy objects on the wire.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import os
 import time
@@ -50,18 +51,25 @@ class SpeechReplica:
     """A Serve replica: loads and warms ChatTTS in its constructor, then streams speech."""
 
     # Ray actors (and so Serve replicas) may have an async constructor.
-    async def __init__(self, settings: ChatTTSSettings, lead_s: float) -> None:  # type: ignore[misc]
+    async def __init__(  # type: ignore[misc]
+        self, settings: ChatTTSSettings, lead_s: float, fingerprint: str
+    ) -> None:
         # Imported here: the media process imports this module to build the application and
         # needs neither torch nor ChatTTS.
         from agent.chattts.engine import ChatTTSEngine
 
         self._engine: ChatTTSEngine = ChatTTSEngine(settings)
         self._lead_s = lead_s
+        self._fingerprint = fingerprint
         self._counts = ReplicaCounts()
         await self._engine.start()
 
     def info(self) -> dict[str, Any]:
-        return {"sample_rate": self._engine.sample_rate, "pid": os.getpid()}
+        return {
+            "sample_rate": self._engine.sample_rate,
+            "pid": os.getpid(),
+            "fingerprint": self._fingerprint,
+        }
 
     async def synthesize(self, text: str, voice: VoiceOptions) -> AsyncGenerator[bytes, None]:
         """Stream one utterance. Serve cancels this generator when the caller cancels: the
@@ -141,4 +149,12 @@ def speech_app(ray: RaySettings, chattts: ChatTTSSettings) -> Application:
     from ray import serve
 
     deployment = serve.deployment(**deployment_options(ray, chattts))(SpeechReplica)
-    return deployment.bind(chattts, ray.lead_s)
+    return deployment.bind(chattts, ray.lead_s, fingerprint(ray, chattts))
+
+
+def fingerprint(ray: RaySettings, chattts: ChatTTSSettings) -> str:
+    """Names what a deployment was built from. Deploying an app again, even unchanged, makes
+    Serve replace its replicas (measured: a new replica process, in-flight streams lost), so
+    a media process that finds the app running with the same fingerprint only attaches."""
+    options = deployment_options(ray, chattts)
+    return hashlib.sha256(repr((sorted(options.items()), chattts, ray.lead_s)).encode()).hexdigest()

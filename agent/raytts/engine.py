@@ -24,7 +24,7 @@ import numpy as np
 
 from agent.config import ChatTTSSettings, RaySettings
 from agent.engine import PCM, EngineError, EngineLoadError, VoiceOptions
-from agent.raytts.deployment import speech_app
+from agent.raytts.deployment import fingerprint, speech_app
 
 if TYPE_CHECKING:
     from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
@@ -174,7 +174,11 @@ class RayServeEngine:
         if not ray.is_initialized():
             kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False}
             if self.settings.address is not None:
-                kwargs["address"] = self.settings.address
+                # ray://HOST:PORT names the cluster's GCS (HOST:6379 by default), and this
+                # process joins as a driver on a node of the cluster. Not Ray Client (Ray's own
+                # ray:// scheme): Serve's streaming handles refuse to work through it
+                # ("Streaming DeploymentHandles are not currently supported ... Ray Client").
+                kwargs["address"] = self.settings.address.removeprefix("ray://")
             elif not os.environ.get("RAY_ADDRESS"):
                 # A new local instance: its workers import this checkout's code.
                 self._started_ray = True
@@ -189,6 +193,9 @@ class RayServeEngine:
         # Media processes call the deployment through handles: no HTTP proxy needed. On a
         # cluster where Serve already runs, this connects to it and changes nothing.
         serve.start(proxy_location="Disabled")
+        running = self._running_app(serve)
+        if running is not None:
+            return running
         try:
             return serve.run(
                 speech_app(self.settings, self.chattts),
@@ -197,6 +204,25 @@ class RayServeEngine:
             )
         except Exception as exc:
             raise EngineLoadError(f"the Ray Serve speech app did not start: {exc}") from exc
+
+    def _running_app(self, serve: Any) -> DeploymentHandle[Any] | None:
+        """The app another media process (or an earlier run) deployed with these very
+        settings, if it is up: attach to it rather than deploy again (which would replace
+        its replicas under the streams of the other media processes)."""
+        app = serve.status().applications.get(self.settings.app_name)
+        if app is None or str(getattr(app.status, "value", app.status)) != "RUNNING":
+            return None
+        handle: DeploymentHandle[Any] = serve.get_app_handle(self.settings.app_name)
+        try:
+            info = handle.info.remote().result(timeout_s=30)
+        except Exception:  # noqa: BLE001 - an older or broken app: deploy ours over it
+            log.warning("the running speech app did not answer; deploying it again")
+            return None
+        if info.get("fingerprint") != fingerprint(self.settings, self.chattts):
+            log.info("the running speech app has other settings; deploying ours over it")
+            return None
+        log.info("attached to the running Ray Serve speech app %r", self.settings.app_name)
+        return handle
 
     def _disconnect(self) -> None:
         import ray
