@@ -39,8 +39,10 @@ pytest_plugins = ["tests.conftest_chattts"]
 
 REPO = Path(__file__).resolve().parent.parent
 
-# The Ray tests share the module's engine and so its event loop.
+# The Ray tests share the module's engine and so its event loop. The first one also pays for
+# Ray's start-up (~30 s here, more on a loaded machine): a larger timeout than the default.
 on_module_loop = pytest.mark.asyncio(loop_scope="module")
+ray_timeout = pytest.mark.timeout(360)
 
 LEAD_S = 1.0
 TOKEN_S = 512 / 24_000
@@ -120,7 +122,7 @@ def test_tts_flag_selects_the_plane() -> None:
             [
                 "serve",
                 "--tts",
-                "ray://10.0.0.5:10001",
+                "ray://10.0.0.5:6379",
                 "--tts-replicas",
                 "2",
                 "--tts-max-replicas",
@@ -132,7 +134,7 @@ def test_tts_flag_selects_the_plane() -> None:
         {},
     )
     assert remote.tts == "ray"
-    assert remote.ray.address == "ray://10.0.0.5:10001"
+    assert remote.ray.address == "ray://10.0.0.5:6379"
     assert (remote.ray.replicas, remote.ray.max_replicas) == (2, 6)
     assert remote.ray.gpus_per_replica == 0.5
     env = {"VOICE_AGENT_TTS": "ray", "VOICE_AGENT_TTS_LEAD": "1.5"}
@@ -164,6 +166,7 @@ def test_serve_options_come_from_the_settings() -> None:
 
 
 @on_module_loop
+@ray_timeout
 async def test_a_stalled_listener_does_not_let_the_replica_run_ahead(
     ray_engine: tuple[RayServeEngine, Config],
 ) -> None:
@@ -201,6 +204,7 @@ async def test_a_stalled_listener_does_not_let_the_replica_run_ahead(
 
 
 @on_module_loop
+@ray_timeout
 async def test_a_dead_replica_fails_its_streams_and_serve_restarts_it(
     ray_engine: tuple[RayServeEngine, Config],
 ) -> None:
@@ -229,6 +233,7 @@ async def test_a_dead_replica_fails_its_streams_and_serve_restarts_it(
 
 
 @on_module_loop
+@ray_timeout
 async def test_another_media_process_joins_the_cluster_and_shares_the_replica(
     ray_engine: tuple[RayServeEngine, Config], tiny_model_dir: Path
 ) -> None:
@@ -284,6 +289,7 @@ async def test_another_media_process_joins_the_cluster_and_shares_the_replica(
 
 # Last: the server closes the engine when it shuts down (as in the product).
 @on_module_loop
+@ray_timeout
 async def test_speech_through_ray_serve_over_webrtc_and_cancelling_one_of_two(
     ray_engine: tuple[RayServeEngine, Config],
 ) -> None:
