@@ -103,6 +103,41 @@ class ChatTTSSettings:
     warmup_text: str = "Hello there."
 
 
+TTS_PLANES = ("local", "ray")
+
+
+@dataclass(frozen=True)
+class RaySettings:
+    """The speech plane on Ray Serve (``--tts ray`` or ``--tts ray://ADDRESS``).
+
+    Replicas, GPUs and autoscaling are Ray Serve's own deployment options, passed through;
+    README "Speech on a Ray cluster" explains each.
+    """
+
+    # None: ray.init() without an address (a new local instance, or RAY_ADDRESS if set);
+    # "ray://HOST:PORT": a running cluster's GCS address ("ray://auto": the cluster of this
+    # node), joined from a node of that cluster (README "Speech on a Ray cluster").
+    address: str | None = None
+    app_name: str = "voice-agent-tts"
+    replicas: int = 1  # fixed replica count; the floor when autoscaling
+    max_replicas: int = 0  # above ``replicas``: Serve autoscales between the two
+    # Autoscaling target: streams per replica (a replica generates up to max_batch at once).
+    target_streams: float = 4.0
+    gpus_per_replica: float = 0.0  # 0: CPU; 0.5: two replicas share a GPU
+    cpus_per_replica: float = 1.0
+    # A replica stops pulling audio from its engine once it is this far ahead of real-time
+    # playout of the stream (Ray Serve buffers streamed items without bound; README).
+    lead_s: float = 3.0
+    local_cpus: int | None = None  # CPUs a local instance offers (None: all)
+    health_interval_s: float = 2.0  # how often the media process reads the app's status
+
+    def __post_init__(self) -> None:
+        if self.replicas < 1 or self.max_replicas < 0 or self.lead_s <= 0:
+            raise ValueError("tts replicas must be >= 1, max replicas >= 0, lead > 0")
+        if self.gpus_per_replica < 0 or self.cpus_per_replica < 0:
+            raise ValueError("resources per replica must not be negative")
+
+
 # HS256 keys shorter than the hash output are brute-forceable (RFC 7518 section 3.2).
 MIN_SECRET_BYTES = 32
 ROLES = ("speaker", "listener", "host")
@@ -240,6 +275,7 @@ class Config:
     ice_username: str | None = None
     ice_credential: str | None = None
     engine: str = "chattts"
+    tts: str = "local"  # where the engine runs: in this process, or on Ray Serve (TTS_PLANES)
     static_dir: Path = STATIC_DIR
     log_level: str = "INFO"
     log_json: bool = False  # one JSON object per log line (for log collectors)
@@ -247,6 +283,7 @@ class Config:
     adaptation: AdaptationSettings = field(default_factory=AdaptationSettings)
     speech: SpeechSettings = field(default_factory=SpeechSettings)
     chattts: ChatTTSSettings = field(default_factory=ChatTTSSettings)
+    ray: RaySettings = field(default_factory=RaySettings)
     security: SecuritySettings = field(default_factory=SecuritySettings)
     limits: LimitSettings = field(default_factory=LimitSettings)
     lifecycle: LifecycleSettings = field(default_factory=LifecycleSettings)

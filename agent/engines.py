@@ -9,6 +9,11 @@ ENGINE_NAMES = ("chattts",)
 
 
 def create_engine(config: Config) -> TTSEngine:
+    if config.engine == "chattts" and config.tts == "ray":
+        # Ray is imported only once the engine connects (it is an optional extra).
+        from agent.raytts.engine import RayServeEngine
+
+        return RayServeEngine(config.ray, config.chattts)
     if config.engine == "chattts":
         # Imported here: torch and ChatTTS take seconds to import and are not needed by
         # the commands that don't speak (tiny-model, token, ...).

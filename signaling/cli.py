@@ -20,6 +20,7 @@ from agent.config import (
     LifecycleSettings,
     LimitSettings,
     OpusSettings,
+    RaySettings,
     RoomSettings,
     SecuritySettings,
 )
@@ -121,10 +122,12 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     serve.add_argument(
         "--workers",
         type=int,
-        default=int(_env(env, "WORKERS", str(_cores())) or 1),
-        help="media processes behind the one address (default: one per core); each holds "
-        "its own sessions and, with the in-process engine, its own copy of the model",
+        default=int(_env(env, "WORKERS", "0") or 0),
+        help="media processes behind the one address (default: one per core; one with a "
+        "local --tts ray); each holds its own sessions and, with the in-process engine, its "
+        "own copy of the model",
     )
+    _add_tts_plane(serve, env)
     serve.add_argument("--log-level", default=_env(env, "LOG_LEVEL", "INFO"))
     serve.add_argument(
         "--log-json",
@@ -194,6 +197,76 @@ def _add_lifecycle_flags(parser: argparse.ArgumentParser, env: Mapping[str, str]
         parser.add_argument(
             "--" + flag, type=kind, default=kind(_env(env, env_name, str(default))), help=text
         )
+
+
+def _add_tts_plane(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
+    """Where speech is generated: in this process (default) or on Ray Serve replicas."""
+    ray = RaySettings()
+    parser.add_argument(
+        "--tts",
+        default=_env(env, "TTS", "local"),
+        help="local: the engine runs in this process (default); ray: on Ray Serve, a new "
+        "local Ray instance (or RAY_ADDRESS); ray://HOST:PORT: a running Ray cluster's GCS "
+        "address (this machine must be a node of it: ray start --address HOST:PORT)",
+    )
+    for flag, kind, default, text in [
+        ("tts-replicas", int, ray.replicas, "Ray Serve replicas (the minimum when autoscaling)"),
+        ("tts-max-replicas", int, ray.max_replicas, "above --tts-replicas: Serve autoscales"),
+        ("tts-target-streams", float, ray.target_streams, "autoscaling: streams per replica"),
+        ("tts-gpus-per-replica", float, ray.gpus_per_replica, "0.5: two replicas per GPU"),
+        ("tts-cpus-per-replica", float, ray.cpus_per_replica, "CPUs Ray reserves per replica"),
+        ("tts-lead", float, ray.lead_s, "seconds a replica may run ahead of playout"),
+    ]:
+        env_name = flag.upper().replace("-", "_")
+        parser.add_argument(
+            "--" + flag, type=kind, default=kind(_env(env, env_name, str(default))), help=text
+        )
+    parser.add_argument(
+        "--ray-cpus",
+        type=int,
+        default=_env(env, "RAY_CPUS"),
+        help="CPUs a local Ray instance (--tts ray) offers (default: all)",
+    )
+
+
+def _workers(asked: int, tts: str, ray: RaySettings) -> int:
+    """``--workers``; 0 (the default): one per core, but one when this process starts its
+    own local Ray (each worker would start another; start Ray once and pass
+    ``--tts ray://auto`` to run several)."""
+    local_ray = tts == "ray" and ray.address is None and not os.environ.get("RAY_ADDRESS")
+    if asked > 1 and local_ray:
+        raise ValueError(
+            "--workers above 1 with --tts ray would start one Ray instance per worker: start "
+            "Ray once (ray start --head) and pass --tts ray://auto"
+        )
+    if asked > 0:
+        return asked
+    return 1 if local_ray else _cores()
+
+
+def _tts_plane(args: argparse.Namespace) -> tuple[str, RaySettings]:
+    """``--tts`` and its settings: ("local" | "ray", RaySettings)."""
+    spec = args.tts.strip()
+    if spec == "local":
+        return "local", RaySettings()
+    if spec == "ray":
+        address = None
+    elif spec.startswith("ray://") and len(spec) > len("ray://"):
+        address = spec
+    else:
+        raise ValueError(f"--tts must be local, ray or ray://HOST:PORT, not {spec!r}")
+    return "ray", RaySettings(
+        address=address,
+        replicas=args.tts_replicas,
+        max_replicas=args.tts_max_replicas,
+        target_streams=args.tts_target_streams,
+        gpus_per_replica=args.tts_gpus_per_replica,
+        cpus_per_replica=args.tts_cpus_per_replica,
+        lead_s=args.tts_lead,
+        local_cpus=int(args.ray_cpus) if args.ray_cpus is not None else None,
+    )
+
+
 def _add_room_flags(serve: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
     rooms = RoomSettings()
     serve.add_argument(
@@ -239,6 +312,7 @@ def config_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> Config
     base = Config()
     origins = tuple(o.strip() for o in args.cors_origins.split(",") if o.strip())
     listen, services = conversation_settings(args)
+    tts, ray = _tts_plane(args)
     return Config(
         host=args.host,
         port=args.port,
@@ -246,9 +320,11 @@ def config_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> Config
         ice_username=args.ice_username,
         ice_credential=args.ice_credential,
         engine=args.engine,
+        tts=tts,
+        ray=ray,
         log_level=args.log_level.upper(),
         log_json=args.log_json,
-        workers=args.workers,
+        workers=_workers(args.workers, tts, ray),
         opus=replace(base.opus, bitrate=args.bitrate, encode_threads=args.encode_threads),
         adaptation=replace(
             base.adaptation,

@@ -115,3 +115,17 @@ def test_lifecycle_and_breaker_settings() -> None:
         build(["serve", "--idle-timeout", "-1"])
     with pytest.raises(ValueError, match="at least 1"):
         build(["serve", "--breaker-failures", "0"])
+
+
+def test_workers_default_to_the_cores_but_one_process_starts_local_ray(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from signaling.workers import cores
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    assert build(["serve"]).workers == cores()
+    assert build(["serve", "--workers", "3"]).workers == 3
+    assert build(["serve", "--tts", "ray"]).workers == 1
+    assert build(["serve", "--tts", "ray://auto", "--workers", "2"]).workers == 2
+    with pytest.raises(ValueError, match="ray://auto"):
+        build(["serve", "--tts", "ray", "--workers", "2"])

@@ -1,0 +1,287 @@
+"""``RayServeEngine``: the TTSEngine of a media process whose speech runs on Ray Serve.
+
+The media process keeps sessions, pacing and encoding; the model and generation live in the
+``SpeechReplica`` deployment. ``synthesize`` calls it through a DeploymentHandle with
+``stream=True``: chunks arrive as an async stream; closing or cancelling the consumer calls
+``response.cancel()``, which cancels the replica's generator and with it the engine stream
+(its row leaves the batch at the next step). A replica that dies mid-stream raises here as
+``EngineError`` (the session reports ``tts_failed`` and lives on); Serve restarts the replica.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import queue
+import threading
+from collections.abc import AsyncGenerator, Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar, cast
+
+import numpy as np
+
+from agent.config import ChatTTSSettings, RaySettings
+from agent.engine import PCM, EngineError, EngineLoadError, VoiceOptions
+from agent.raytts.deployment import fingerprint, speech_app
+
+if TYPE_CHECKING:
+    from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+# The directory holding the ``agent`` package: a local Ray instance's workers import it from
+# here (not from wherever an installed copy points), so replicas run this very code.
+SOURCE_ROOT = Path(__file__).resolve().parent.parent.parent
+
+# Serve application states in which no replica can take a stream.
+FAILED_STATES = ("DEPLOY_FAILED", "UNHEALTHY", "DELETING")
+
+
+class RayServeEngine:
+    name = "chattts-ray"
+
+    def __init__(self, settings: RaySettings, chattts: ChatTTSSettings) -> None:
+        self.settings = settings
+        self.chattts = chattts
+        self.sample_rate = 24_000  # replaced by the replica's own at start
+        self._handle: DeploymentHandle[Any] | None = None
+        self._inited_ray = False  # True: this engine connected this process to Ray
+        self._started_ray = False  # True: ... and started the (local) instance it uses
+        self._warm = False
+        self._status: str | None = None  # the Serve application's latest status
+        self._failure: str | None = None
+        self._watch: asyncio.Task[None] | None = None
+        self._start_lock = asyncio.Lock()
+        self._driver = _DriverThread()
+
+    @property
+    def ready(self) -> bool:
+        return self._warm and self._failure is None and self._status == "RUNNING"
+
+    @property
+    def failure(self) -> str | None:
+        return self._failure
+
+    @property
+    def handle(self) -> DeploymentHandle[Any]:
+        """The deployment's handle (tests and benches read replica ``stats`` through it)."""
+        if self._handle is None:
+            raise EngineError("the Ray Serve engine is not started")
+        return self._handle
+
+    async def start(self) -> None:
+        """Connect to Ray, deploy (or find) the app, warm the stream path up; idempotent."""
+        async with self._start_lock:
+            if self._warm:
+                return
+            if self._handle is None:
+                self._handle = await self._driver.call(self._connect_and_deploy)
+                self._status = "RUNNING"  # serve.run returns once the app is running
+            info = await self._handle.info.remote()
+            self.sample_rate = int(info["sample_rate"])
+            samples = 0
+            async for chunk in self._stream(self.chattts.warmup_text, VoiceOptions()):
+                samples += len(chunk)
+            log.info(
+                "Ray Serve speech app %r ready: warm-up %.2f s of audio",
+                self.settings.app_name,
+                samples / self.sample_rate,
+            )
+            self._warm = True
+            self._watch = asyncio.get_running_loop().create_task(self._watch_status())
+
+    async def close(self) -> None:
+        self._warm = False
+        if self._watch is not None:
+            self._watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watch
+            self._watch = None
+        self._handle = None
+        if self._inited_ray:
+            await self._driver.call(self._disconnect)
+        self._driver.stop()
+
+    async def synthesize(self, text: str, voice: VoiceOptions) -> AsyncGenerator[PCM, None]:
+        if not self._warm:
+            raise EngineError("the Ray Serve engine is not started")
+        inner = self._stream(text, voice)
+        try:
+            async for chunk in inner:
+                yield chunk
+        finally:
+            await inner.aclose()  # closing the outer generator does not close the inner one
+
+    async def _stream(self, text: str, voice: VoiceOptions) -> AsyncGenerator[PCM, None]:
+        response = cast(
+            "DeploymentResponseGenerator[bytes]",
+            self.handle.options(stream=True).synthesize.remote(text, voice),
+        )
+        finished = False
+        try:
+            async for data in response:
+                # A copy: frombuffer views the immutable bytes read-only.
+                yield np.frombuffer(data, dtype=np.float32).copy()
+            finished = True
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a replica died, Ray lost its node, the app was deleted...
+            finished = True
+            raise EngineError(f"the speech replica failed: {exc}") from exc
+        finally:
+            if not finished:
+                # aclose() (barge-in, hang-up) or task cancellation: the replica's generator
+                # is cancelled and its engine stream stops using compute.
+                response.cancel()
+
+    async def _watch_status(self) -> None:
+        """Follow the Serve application: readiness drops while no replica can speak."""
+        from ray import serve
+
+        while True:
+            await asyncio.sleep(self.settings.health_interval_s)
+            try:
+                status = await asyncio.to_thread(serve.status)
+            except Exception as exc:  # noqa: BLE001 - the cluster or our link to it is gone
+                self._failure = f"Ray Serve unreachable: {exc}"
+                continue
+            app = status.applications.get(self.settings.app_name)
+            if app is None:
+                self._status, self._failure = None, "the Ray Serve speech app was deleted"
+                continue
+            was = self._failure
+            self._status = str(getattr(app.status, "value", app.status))  # a str enum
+            if self._status in FAILED_STATES:
+                self._failure = f"Ray Serve speech app {self._status}: {app.message or ''}".strip()
+            else:
+                self._failure = None
+            if self._failure != was:
+                log.warning("Ray Serve speech app: %s", self._failure or self._status)
+
+    # -- blocking parts (worker threads) -----------------------------------------------------
+    def _connect_and_deploy(self) -> DeploymentHandle[Any]:
+        try:
+            import ray
+            from ray import serve
+        except ImportError as exc:
+            raise EngineLoadError(
+                "--tts ray needs Ray Serve: pip install 'rtc-voice-agent[ray]'"
+            ) from exc
+        if not ray.is_initialized():
+            kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False}
+            if self.settings.address is not None:
+                # ray://HOST:PORT names the cluster's GCS (HOST:6379 by default), and this
+                # process joins as a driver on a node of the cluster. Not Ray Client (Ray's own
+                # ray:// scheme): Serve's streaming handles refuse to work through it
+                # ("Streaming DeploymentHandles are not currently supported ... Ray Client").
+                kwargs["address"] = self.settings.address.removeprefix("ray://")
+            elif not os.environ.get("RAY_ADDRESS"):
+                # A new local instance: its workers import this checkout's code.
+                self._started_ray = True
+                kwargs["num_cpus"] = self.settings.local_cpus
+                kwargs["runtime_env"] = {"env_vars": {"PYTHONPATH": str(SOURCE_ROOT)}}
+            try:
+                ray.init(**kwargs)
+            except Exception as exc:
+                self._started_ray = False
+                raise EngineLoadError(f"could not connect to Ray: {exc}") from exc
+            self._inited_ray = True
+        # Media processes call the deployment through handles: no HTTP proxy needed. On a
+        # cluster where Serve already runs, this connects to it and changes nothing.
+        serve.start(proxy_location="Disabled")
+        running = self._running_app(serve)
+        if running is not None:
+            return running
+        try:
+            return serve.run(
+                speech_app(self.settings, self.chattts),
+                name=self.settings.app_name,
+                route_prefix=None,
+            )
+        except Exception as exc:
+            raise EngineLoadError(f"the Ray Serve speech app did not start: {exc}") from exc
+
+    def _running_app(self, serve: Any) -> DeploymentHandle[Any] | None:
+        """The app another media process (or an earlier run) deployed with these very
+        settings, if it is up: attach to it rather than deploy again (which would replace
+        its replicas under the streams of the other media processes)."""
+        app = serve.status().applications.get(self.settings.app_name)
+        if app is None or str(getattr(app.status, "value", app.status)) != "RUNNING":
+            return None
+        handle: DeploymentHandle[Any] = serve.get_app_handle(self.settings.app_name)
+        try:
+            info = handle.info.remote().result(timeout_s=30)
+        except Exception:  # noqa: BLE001 - an older or broken app: deploy ours over it
+            log.warning("the running speech app did not answer; deploying it again")
+            return None
+        if info.get("fingerprint") != fingerprint(self.settings, self.chattts):
+            log.info("the running speech app has other settings; deploying ours over it")
+            return None
+        log.info("attached to the running Ray Serve speech app %r", self.settings.app_name)
+        return handle
+
+    def _disconnect(self) -> None:
+        import ray
+        from ray import serve
+
+        if self._started_ray:
+            # Our own instance: take the app down with it. On a shared cluster the app stays
+            # for the other media processes.
+            with contextlib.suppress(Exception):
+                serve.shutdown()
+            self._started_ray = False
+        ray.shutdown()
+        self._inited_ray = False
+
+
+class _DriverThread:
+    """One long-lived daemon thread for everything that starts or stops Ray in this process.
+
+    Not a short-lived thread per call: Ray starts its local processes (GCS, raylet) with a
+    parent-death signal, which Linux sends when the *thread* that spawned them exits (seen:
+    the GCS was killed the moment a one-shot connect thread ended). Not the default executor
+    either: it is joined at shutdown, so Ctrl-C would wait for a slow deployment.
+    """
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+
+    async def call(self, fn: Callable[[], T]) -> T:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[T] = loop.create_future()
+
+        def deliver(result: T | None, error: BaseException | None) -> None:
+            if future.done():
+                return  # the waiter was cancelled (shutdown)
+            if error is not None:
+                future.set_exception(error)
+            else:
+                future.set_result(result)  # type: ignore[arg-type]
+
+        def job() -> None:
+            try:
+                result, error = fn(), None
+            except BaseException as exc:  # noqa: BLE001 - handed to the awaiting coroutine
+                result, error = None, exc
+            with contextlib.suppress(RuntimeError):  # the loop is gone: nobody is waiting
+                loop.call_soon_threadsafe(deliver, result, error)
+
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="ray-driver", daemon=True)
+            self._thread.start()
+        self._jobs.put(job)
+        return await future
+
+    def stop(self) -> None:
+        if self._thread is not None:
+            self._jobs.put(None)
+            self._thread = None
+
+    def _run(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            job()

@@ -1,0 +1,340 @@
+"""The speech plane on Ray Serve: a local Ray instance (CPU), the tiny ChatTTS checkpoint, the
+real deployment and the real server, driven through WebRTC. No mocks.
+
+Ray's start-up is slow on a busy 2-core machine (~30 s: a local instance, the Serve
+controller, one replica importing torch and loading the model), so one engine serves the
+whole module, on one event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import numpy as np
+import pytest
+import pytest_asyncio
+
+from agent.config import Config, RaySettings
+from agent.engine import EngineError, VoiceOptions
+from agent.engines import create_engine
+from agent.raytts.engine import RayServeEngine
+from agent.raytts.pacing import Pacer
+from signaling.cli import build_parser, config_from_args
+from tests.conftest import serve
+from tests.rtc_client import RtcClient
+
+pytest_plugins = ["tests.conftest_chattts"]
+
+REPO = Path(__file__).resolve().parent.parent
+
+# The Ray tests share the module's engine and so its event loop. The first one also pays for
+# Ray's start-up (~30 s here, more on a loaded machine): a larger timeout than the default.
+on_module_loop = pytest.mark.asyncio(loop_scope="module")
+ray_timeout = pytest.mark.timeout(360)
+
+LEAD_S = 1.0
+TOKEN_S = 512 / 24_000
+# Long enough that generation is still running when the tests look (tiny model: its speech
+# length follows the text, ~0.4 s per word).
+LONG_TEXT = " ".join(["one two three four five six seven eight nine ten"] * 6)
+
+
+def ray_config(model_dir: Path, *extra: str) -> Config:
+    args = [
+        "serve",
+        "--tts",
+        "ray",
+        "--model-dir",
+        str(model_dir),
+        "--device",
+        "cpu",
+        "--threads",
+        "1",
+        "--ray-cpus",
+        "2",
+        "--tts-lead",
+        str(LEAD_S),
+        *extra,
+    ]
+    config = config_from_args(build_parser({}).parse_args(args), {})
+    return dataclasses.replace(
+        config, host="127.0.0.1", port=0, ray=dataclasses.replace(config.ray, health_interval_s=0.5)
+    )
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def ray_engine(tiny_model_dir: Path) -> AsyncIterator[tuple[RayServeEngine, Config]]:
+    config = ray_config(tiny_model_dir)
+    engine = create_engine(config)
+    assert isinstance(engine, RayServeEngine)
+    assert not engine.ready
+    await engine.start()
+    try:
+        yield engine, config
+    finally:
+        await engine.close()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def replica_stats(engine: RayServeEngine) -> dict[str, Any]:
+    stats: dict[str, Any] = await engine.handle.stats.remote()
+    return stats
+
+
+# -- no Ray needed -------------------------------------------------------------------------
+
+
+def test_pacer_holds_a_stream_within_lead_of_real_time() -> None:
+    now = [100.0]
+    pacer = Pacer(24_000, lead_s=2.0, clock=lambda: now[0])
+    assert pacer.sent(24_000) == 0.0  # 1 s sent at t=0: within the lead
+    assert pacer.sent(24_000) == 0.0  # 2 s
+    assert pacer.sent(12_000) == pytest.approx(0.5)  # 2.5 s sent, 0 s played: wait 0.5 s
+    now[0] += 0.5
+    assert pacer.sent(0) == 0.0
+    now[0] += 10.0  # a slow producer never waits
+    assert pacer.sent(24_000) == 0.0
+
+
+def test_tts_flag_selects_the_plane() -> None:
+    parse = build_parser({}).parse_args
+    local = config_from_args(parse(["serve"]), {})
+    assert local.tts == "local" and local.ray == RaySettings()
+    remote = config_from_args(
+        parse(
+            [
+                "serve",
+                "--tts",
+                "ray://10.0.0.5:6379",
+                "--tts-replicas",
+                "2",
+                "--tts-max-replicas",
+                "6",
+                "--tts-gpus-per-replica",
+                "0.5",
+            ]
+        ),
+        {},
+    )
+    assert remote.tts == "ray"
+    assert remote.ray.address == "ray://10.0.0.5:6379"
+    assert (remote.ray.replicas, remote.ray.max_replicas) == (2, 6)
+    assert remote.ray.gpus_per_replica == 0.5
+    env = {"VOICE_AGENT_TTS": "ray", "VOICE_AGENT_TTS_LEAD": "1.5"}
+    from_env = config_from_args(build_parser(env).parse_args(["serve"]), env)
+    assert (from_env.tts, from_env.ray.address, from_env.ray.lead_s) == ("ray", None, 1.5)
+    for bad in ("ray:/x", "gpu", "ray://"):
+        with pytest.raises(ValueError, match="--tts"):
+            config_from_args(parse(["serve", "--tts", bad]), {})
+
+
+def test_serve_options_come_from_the_settings() -> None:
+    from agent.config import ChatTTSSettings
+    from agent.raytts.deployment import deployment_options
+
+    fixed = deployment_options(RaySettings(replicas=3, gpus_per_replica=0.25), ChatTTSSettings())
+    assert fixed["num_replicas"] == 3 and "autoscaling_config" not in fixed
+    assert fixed["ray_actor_options"] == {"num_cpus": 1.0, "num_gpus": 0.25}
+    assert fixed["max_ongoing_requests"] == ChatTTSSettings().max_batch
+    scaled = deployment_options(RaySettings(replicas=1, max_replicas=4), ChatTTSSettings())
+    assert "num_replicas" not in scaled
+    assert scaled["autoscaling_config"] == {
+        "min_replicas": 1,
+        "max_replicas": 4,
+        "target_ongoing_requests": 4.0,
+    }
+
+
+# -- on a local Ray instance ---------------------------------------------------------------
+
+
+@on_module_loop
+@ray_timeout
+async def test_a_stalled_listener_does_not_let_the_replica_run_ahead(
+    ray_engine: tuple[RayServeEngine, Config],
+) -> None:
+    engine, config = ray_engine
+    max_buffered_s = config.chattts.max_buffered_s
+    before = await replica_stats(engine)
+    stream = engine.synthesize(LONG_TEXT, VoiceOptions())
+    try:
+        first = await anext(stream)
+        t0 = time.monotonic()
+        seen: list[tuple[float, float, float, int]] = []
+        while (elapsed := time.monotonic() - t0) < 4.0:  # the listener reads nothing
+            await asyncio.sleep(0.25)
+            s = await replica_stats(engine)
+            generated = (s["row_steps"] - before["row_steps"]) * TOKEN_S
+            sent = (s["sent_samples"] - before["sent_samples"]) / 24_000
+            seen.append((elapsed, generated, sent, s["rows"]))
+        assert s["active"] == 1 and s["paced_s"] > before["paced_s"]
+        # The listener reads again: the stream carries on to its end.
+        rest = [c async for c in stream]
+    finally:
+        await stream.aclose()
+    end = await replica_stats(engine)
+    assert end["completed"] == before["completed"] + 1 and end["active"] == 0
+    total_s = (end["sent_samples"] - before["sent_samples"]) / 24_000
+    chunk_s = max(len(c) for c in [first, *rest]) / 24_000  # chunks grow; the largest bounds
+    for elapsed, generated, sent, _rows in seen:
+        # Sent over Ray: at most the lead ahead of real time (plus the chunk that crossed it);
+        # generated: at most the engine's parked buffer (plus a chunk) beyond that.
+        assert sent <= elapsed + LEAD_S + chunk_s + 0.3, (seen, chunk_s)
+        assert generated <= sent + max_buffered_s + chunk_s + 0.3, (seen, chunk_s)
+    # ... while without pacing it would all have been generated by now (the tiny model makes
+    # audio many times faster than real time).
+    assert seen[-1][1] < total_s - 2.0, (seen, total_s)
+
+
+@on_module_loop
+@ray_timeout
+async def test_a_dead_replica_fails_its_streams_and_serve_restarts_it(
+    ray_engine: tuple[RayServeEngine, Config],
+) -> None:
+    engine, _config = ray_engine
+    before = await replica_stats(engine)
+    stream = engine.synthesize(LONG_TEXT, VoiceOptions())
+    try:
+        assert len(await anext(stream)) > 0
+        os.kill(before["pid"], signal.SIGKILL)  # the replica's process dies mid-stream
+        with pytest.raises(EngineError, match="speech replica failed"):
+            async for _ in stream:
+                pass
+    finally:
+        await stream.aclose()
+    # Serve notices, readiness drops, a new replica is started and readiness comes back.
+    deadline = time.monotonic() + 90
+    saw_not_ready = False
+    while not (saw_not_ready and engine.ready):
+        saw_not_ready = saw_not_ready or not engine.ready
+        assert time.monotonic() < deadline, (engine.ready, engine.failure)
+        await asyncio.sleep(0.2)
+    after = await replica_stats(engine)
+    assert after["pid"] != before["pid"]
+    chunks = [c async for c in engine.synthesize("hello there", VoiceOptions())]
+    assert sum(len(c) for c in chunks) > 0
+
+
+@on_module_loop
+@ray_timeout
+async def test_another_media_process_joins_the_cluster_and_shares_the_replica(
+    ray_engine: tuple[RayServeEngine, Config], tiny_model_dir: Path
+) -> None:
+    """`voice-agent serve --tts ray://GCS` in a subprocess, as a second media process: it
+    joins the running cluster, finds the app deployed with the same settings and attaches
+    (no redeploy: the replica keeps its process), and speaks through it over WebRTC."""
+    import ray
+
+    engine, _config = ray_engine
+    before = await replica_stats(engine)
+    gcs = ray.get_runtime_context().gcs_address
+    port = free_port()
+    args = [
+        *("--host", "127.0.0.1", "--port", str(port), "--model-dir", str(tiny_model_dir)),
+        *("--device", "cpu", "--threads", "1", "--tts-lead", str(LEAD_S), "--tts", f"ray://{gcs}"),
+    ]
+    # A local instance started by ray.init() uses token authentication; a process joining it
+    # must ask for it (Ray's own setting).
+    env = {**os.environ, "VOICE_AGENT_LOG_LEVEL": "WARNING", "RAY_AUTH_MODE": "token"}
+    proc = subprocess.Popen([sys.executable, "-m", "signaling", "serve", *args], cwd=REPO, env=env)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        async with aiohttp.ClientSession() as http:
+            deadline = time.monotonic() + 60
+            while True:
+                assert proc.poll() is None, "server exited"
+                assert time.monotonic() < deadline, "server not ready"
+                with contextlib.suppress(aiohttp.ClientConnectionError):
+                    async with http.get(url + "/readyz") as resp:
+                        if resp.status == 200:
+                            assert (await resp.json())["engine"] == "chattts-ray"
+                            break
+                await asyncio.sleep(0.1)
+            client = RtcClient(url, http)
+            await client.connect()
+            try:
+                client.send({"type": "say", "text": "hello there", "id": "h"})
+                ended = await client.wait_event(lambda e: e["type"] == "speech.ended", timeout=30)
+            finally:
+                await client.close()
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    assert ended["interrupted"] is False
+    assert not any(e["type"] == "error" for e in client.events)
+    after = await replica_stats(engine)
+    assert after["pid"] == before["pid"]  # attached, not redeployed
+    assert after["completed"] >= before["completed"] + 2  # its warm-up and its utterance
+
+
+# Last: the server closes the engine when it shuts down (as in the product).
+@on_module_loop
+@ray_timeout
+async def test_speech_through_ray_serve_over_webrtc_and_cancelling_one_of_two(
+    ray_engine: tuple[RayServeEngine, Config],
+) -> None:
+    engine, config = ray_engine
+    assert engine.ready and engine.failure is None and engine.sample_rate == 24_000
+    before = await replica_stats(engine)
+    async with serve(config, engine) as server, aiohttp.ClientSession() as http:  # type: ignore[arg-type]
+        async with http.get(server.url + "/readyz") as resp:
+            assert resp.status == 200 and (await resp.json())["engine"] == "chattts-ray"
+        a, b = RtcClient(server.url, http), RtcClient(server.url, http)
+        await asyncio.gather(a.connect(), b.connect())
+        try:
+            start_b = len(b.audio.frames)
+            a.send({"type": "say", "text": LONG_TEXT, "id": "a"})
+            b.send({"type": "say", "text": "one two three four five six seven", "id": "b"})
+            await a.wait_event(lambda e: e["type"] == "speech.started", timeout=30)
+            await b.wait_event(lambda e: e["type"] == "speech.started", timeout=30)
+            both = await replica_stats(engine)
+            assert both["active"] == 2  # two streams on the replica
+            a.send({"type": "interrupt"})
+            t0 = time.monotonic()
+            ended_a = await a.wait_event(lambda e: e["type"] == "speech.ended", timeout=10)
+            # The cancellation reaches the replica: its generator is cancelled, the ChatTTS
+            # stream's row leaves the batch at the worker's next step, the other goes on.
+            while True:
+                after = await replica_stats(engine)
+                if after["cancelled"] > before["cancelled"] and after["rows"] <= 1:
+                    break
+                assert time.monotonic() - t0 < 3.0, after
+                await asyncio.sleep(0.05)
+            cancel_s = time.monotonic() - t0
+            assert after["cancelled"] == before["cancelled"] + 1 and after["active"] <= 1
+            ended_b = await b.wait_event(lambda e: e["type"] == "speech.ended", timeout=60)
+            await asyncio.sleep(0.3)
+            audio_b = np.concatenate(b.audio.frames[start_b:])
+        finally:
+            await asyncio.gather(a.close(), b.close())
+        end = await replica_stats(engine)  # before the server's shutdown closes the engine
+    assert ended_a["interrupted"] is True
+    assert ended_b["interrupted"] is False
+    assert not any(e["type"] == "error" for e in a.events + b.events)
+    assert end["completed"] >= before["completed"] + 1 and end["failed"] == before["failed"]
+    assert end["active"] == 0
+    # b's speech arrived whole: a random-weight model babbles about as long as the text.
+    frame_rms = np.sqrt((audio_b[: len(audio_b) // 960 * 960].reshape(-1, 960) ** 2).mean(1))
+    voiced_s = float((frame_rms > 1e-3).sum()) * 0.02
+    assert 1.0 < voiced_s < 8.0, voiced_s
+    print(f"interrupt -> replica cancelled in {cancel_s * 1000:.0f} ms")
