@@ -211,7 +211,11 @@ async def readyz(request: web.Request) -> web.Response:
         for w in pool.workers
     ]
     ready = sum(1 for w in pool.workers if w.alive and w.ready)
-    engine = request.app[CONFIG].engine
+    # The engine's own name, as a worker reports it ("chattts", "chattts-ray", ...).
+    engine = next(
+        (w.status["engine"] for w in pool.workers if w.status.get("engine")),
+        request.app[CONFIG].engine,
+    )
     body: dict[str, Any] = {
         "ready": ready > 0,
         "engine": engine,
