@@ -43,6 +43,7 @@ class RtcClient:
         self.events: list[dict[str, Any]] = []
         self.session_id: str | None = None
         self.session_token: str | None = None  # for resuming the session (signaling/resume.py)
+        self.refusal: tuple[int, Any, dict[str, str]] | None = None  # see connect()
         self.location: str | None = None
         self._event_signal = asyncio.Event()
         self._reader: asyncio.Task[None] | None = None
@@ -60,9 +61,12 @@ class RtcClient:
         rewrite_answer: Callable[[str], str] | None = None,
         token_in: str = "header",
         resume: str | None = None,
+        allow_refusal: bool = False,
     ) -> None:
         """``token_in``: where the offer carries the token: header, query or body (JSON).
-        ``resume``: a session token: take over that session instead of starting one."""
+        ``resume``: a session token: take over that session instead of starting one.
+        ``allow_refusal``: an error answer to the offer is kept in ``refusal`` (status,
+        error body) instead of failing the call."""
         transceiver = self.pc.addTransceiver("audio", direction="recvonly")
         if self.rtp_tap is not None:
             tap = self.rtp_tap
@@ -126,6 +130,9 @@ class RtcClient:
             async with self.http.post(
                 self.base_url + "/offer", json=body, headers=headers, params=params
             ) as resp:
+                if allow_refusal and resp.status != 200:
+                    self.refusal = (resp.status, await resp.json(), dict(resp.headers))
+                    return
                 assert resp.status == 200, await resp.text()
                 data = await resp.json()
                 assert data["type"] == "answer"
