@@ -44,6 +44,7 @@ class RtcClient:
         self.session_id: str | None = None
         self.session_token: str | None = None  # for resuming the session (signaling/resume.py)
         self.refusal: tuple[int, Any, dict[str, str]] | None = None  # see connect()
+        self.offer_seconds: float | None = None  # POST /offer -> its response
         self.location: str | None = None
         self._event_signal = asyncio.Event()
         self._reader: asyncio.Task[None] | None = None
@@ -127,9 +128,11 @@ class RtcClient:
                 body["token"] = self.token
             if resume is not None:
                 body["resume"] = resume
+            posted = time.monotonic()
             async with self.http.post(
                 self.base_url + "/offer", json=body, headers=headers, params=params
             ) as resp:
+                self.offer_seconds = time.monotonic() - posted
                 if allow_refusal and resp.status != 200:
                     self.refusal = (resp.status, await resp.json(), dict(resp.headers))
                     return
