@@ -189,7 +189,12 @@ class SessionRegistry:
             await pc.setLocalDescription(answer)
             session.attach_sender(sender, _receiver_opus(opus_offer))
         except BaseException:
-            await pc.close()
+            try:
+                await pc.close()
+            except Exception as exc:  # noqa: BLE001 - reported below, then the real error
+                # aiortc may fail to close a half-made pc (found by fuzzing: an m-line of an
+                # unknown kind); the error that got us here is the one the client must see.
+                log.warning("closing a half-negotiated peer connection failed: %r", exc)
             raise
         peer.life = life
         return pc, pc.localDescription.sdp
