@@ -51,16 +51,17 @@ class NetworkAdaptation:
         self.applier = Applier(track.set_bitrate, track.set_fec, track.set_expected_loss)
         self.tap: FeedbackTap | None = None
         self._clock = clock
-        if receiver.max_playback_rate is not None:
-            track.encoder.set_max_playback_rate(receiver.max_playback_rate)
-        if not settings.enabled:
-            # Fixed settings, within what the receiver allows.
-            track.set_bitrate(ceiling)
-            track.set_fec(track.encoder.fec and receiver.fec)
 
     def attach(self, sender: RTCRtpSender) -> None:
-        """Start following the receiver's feedback on this sender (before it sends)."""
+        """Apply what the receiver allows and start following its feedback on this sender
+        (before it sends). Until then the track keeps the configured settings."""
+        track = self.track
+        if self.receiver.max_playback_rate is not None:
+            track.encoder.set_max_playback_rate(self.receiver.max_playback_rate)
         if not self.settings.enabled:
+            # Fixed settings, within what the receiver allows.
+            track.set_bitrate(self.ceiling)
+            track.set_fec(track.encoder.fec and self.receiver.fec)
             return
         stats = self.track.stats
         last = [0]

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from agent.config import AdaptationSettings
 
@@ -44,6 +44,7 @@ LOSS_SMOOTHING = 0.5  # weight of the newest report in the fast loss estimate
 SLOW_LOSS_SMOOTHING = 0.2  # ... in the slow one (about the last five reports)
 EXPECTED_LOSS_STEP = 3  # percentage points
 MIN_STEP = 0.08  # smallest relative bitrate change passed to the encoder
+MAX_CLIMB_STEP_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -58,7 +59,7 @@ class LossReport:
     """Loss over the interval since the previous report, and what else the report said."""
 
     time: float
-    fraction_lost: float  # 0..1
+    fraction_lost: float | None  # 0..1; None: the report says nothing new about loss
     rtt_s: float | None = None
     jitter_s: float | None = None
     source: str = "rr"  # "rr" (RTCP receiver report) or "twcc" (transport-cc window)
@@ -83,8 +84,15 @@ class BitrateController:
         fec_allowed: bool = True,
         now: float = 0.0,
     ) -> None:
+        # A receiver's maxaveragebitrate below our floors wins: the floors come down to it
+        # (libopus itself goes no lower than 6 kbps).
+        self.ceiling = max(6_000, ceiling)
+        settings = replace(
+            settings,
+            min_bitrate=min(settings.min_bitrate, self.ceiling),
+            fec_min_bitrate=min(settings.fec_min_bitrate, self.ceiling),
+        )
         self.settings = settings
-        self.ceiling = max(settings.min_bitrate, ceiling)
         self.fec_allowed = fec_allowed
         self._bitrate = float(self.ceiling)
         self._applied = self._bitrate  # what the encoder was last told
@@ -132,16 +140,18 @@ class BitrateController:
     def on_loss_report(self, report: LossReport) -> EncoderTarget:
         s = self.settings
         now = report.time
-        loss = min(1.0, max(0.0, report.fraction_lost))
         self.reports += 1
-        self.last_loss = loss
-        # Smoothed from a clean start: one lossy report counts half in the fast estimate.
-        self.loss = LOSS_SMOOTHING * loss + (1 - LOSS_SMOOTHING) * (self.loss or 0.0)
-        self._slow_loss = SLOW_LOSS_SMOOTHING * loss + (1 - SLOW_LOSS_SMOOTHING) * self._slow_loss
         if report.jitter_s is not None:
             self.jitter_s = report.jitter_s
         if report.rtt_s is not None and report.rtt_s >= 0:
             self._on_rtt(now, report.rtt_s)
+        if report.fraction_lost is None:
+            return self.tick(now)
+        loss = min(1.0, max(0.0, report.fraction_lost))
+        self.last_loss = loss
+        # Smoothed from a clean start: one lossy report counts half in the fast estimate.
+        self.loss = LOSS_SMOOTHING * loss + (1 - LOSS_SMOOTHING) * (self.loss or 0.0)
+        self._slow_loss = SLOW_LOSS_SMOOTHING * loss + (1 - SLOW_LOSS_SMOOTHING) * self._slow_loss
 
         # FEC and the loss libopus should expect.
         if loss >= s.fec_on_loss:
@@ -243,7 +253,9 @@ class BitrateController:
 
     def _increase(self, now: float) -> None:
         s = self.settings
-        elapsed = max(0.0, now - self._last_update)
+        # Capped: after a long quiet spell (a call on hold) one report must not compound a
+        # huge exponent (it would overflow), nor jump further than a few seconds' climb.
+        elapsed = min(MAX_CLIMB_STEP_S, max(0.0, now - self._last_update))
         self._last_update = now
         if now - self._last_decrease < s.increase_hold_s or self._bitrate >= self.ceiling:
             return

@@ -215,3 +215,8 @@ class Config:
     limits: LimitSettings = field(default_factory=LimitSettings)
     lifecycle: LifecycleSettings = field(default_factory=LifecycleSettings)
     breaker: BreakerSettings = field(default_factory=BreakerSettings)
+    # Media processes behind one address (signaling/workers.py); 1 = this process alone.
+    workers: int = 1
+    # Set inside a worker process: its index (session ids carry it, so the front process
+    # can route every later request for a session to the process that holds it).
+    worker_index: int | None = None

@@ -46,6 +46,7 @@ log = logging.getLogger(__name__)
 OPUS_CLOCK_RATE = 48_000
 TWCC_LOSS_WINDOW_S = 0.5  # transport-cc loss is summed over this long before it is judged
 TWCC_LOSS_MIN_PACKETS = 10
+MAX_LOGGED_ERRORS = 5  # per session: a peer sending junk must not flood the log
 
 
 class Applier:
@@ -115,6 +116,7 @@ class FeedbackTap:
         self.receiver_reports = 0
         self.transport_feedbacks = 0
         self.remb_reports = 0
+        self.errors = 0
         self.transport_cc = False
         self._history = SendHistory()
         self._estimator = FeedbackEstimator()
@@ -128,7 +130,7 @@ class FeedbackTap:
 
         async def handle_rtcp_packet(packet: Any) -> None:
             await original(packet)
-            self._on_rtcp_packet(packet)
+            self._guarded(self._on_rtcp_packet, packet)
 
         self.sender._handle_rtcp_packet = handle_rtcp_packet  # type: ignore[method-assign]
         if transport_cc:
@@ -142,10 +144,20 @@ class FeedbackTap:
 
             async def handle_rtcp_data(data: bytes) -> None:
                 await original_data(data)
-                self._on_rtcp_data(data)
+                self._guarded(self._on_rtcp_data, data)
 
             transport._handle_rtcp_data = handle_rtcp_data  # type: ignore[method-assign]
         self._apply(self.controller.target)
+
+    def _guarded(self, handler: Callable[[Any], None], arg: Any) -> None:
+        """An exception escaping into aiortc's transport loop would close the connection:
+        a bad report (or a bug here) must cost at most that report."""
+        try:
+            handler(arg)
+        except Exception:
+            self.errors += 1
+            if self.errors <= MAX_LOGGED_ERRORS:
+                log.exception("ignoring RTCP feedback that could not be handled")
 
     def tick(self) -> None:
         """Time passing without feedback (FEC hold-off, REMB expiry); called about once a second."""
@@ -168,24 +180,39 @@ class FeedbackTap:
 
     def _on_receiver_report(self, report: Any) -> None:
         self.receiver_reports += 1
-        rtt: float | None = None
-        if report.lsr:
-            # RFC 3550 6.4.1: RTT = arrival - LSR - DLSR, in the middle 32 bits of NTP time.
-            arrival = (current_ntp_time() >> 16) & 0xFFFFFFFF
-            rtt = ((arrival - report.lsr - report.dlsr) & 0xFFFFFFFF) / 65536
-            if rtt > 60:  # wrapped: a report that left before our SR did, meaningless
-                rtt = None
+        # Where transport-cc feedback flows it already reported this loss, per packet and
+        # sooner: counting the receiver report's summary of the same packets again would
+        # make one loss episode lower the bitrate twice.
+        loss = None if self.transport_feedbacks else report.fraction_lost / 256
         self._apply(
             self.controller.on_loss_report(
                 LossReport(
                     time=self._clock(),
-                    fraction_lost=report.fraction_lost / 256,
-                    rtt_s=rtt,
+                    fraction_lost=loss,
+                    rtt_s=self._rtt(report),
                     jitter_s=report.jitter / OPUS_CLOCK_RATE,
                     source="rr",
                 )
             )
         )
+
+    def _rtt(self, report: Any) -> float | None:
+        """RFC 3550 6.4.1: now - (when our SR left) - DLSR.
+
+        aiortc stamps its SR with the NTP time of the last RTP packet, not of the SR itself,
+        so LSR read as a time is early by up to a packet interval; aiortc keeps the wall time
+        it sent the SR with that LSR, which is exact.
+        """
+        if not report.lsr:
+            return None
+        sent_lsr = getattr(self.sender, "_RTCRtpSender__lsr", None)
+        sent_at = getattr(self.sender, "_RTCRtpSender__lsr_time", None)
+        if sent_lsr == report.lsr and isinstance(sent_at, float):
+            rtt = time.time() - sent_at - report.dlsr / 65536
+        else:  # an older SR: only the RFC arithmetic on NTP middle bits is left
+            arrival = (current_ntp_time() >> 16) & 0xFFFFFFFF
+            rtt = ((arrival - report.lsr - report.dlsr) & 0xFFFFFFFF) / 65536
+        return rtt if 0 <= rtt < 60 else None  # else wrapped or from a confused peer
 
     def _on_rtcp_data(self, data: bytes) -> None:
         for _sender_ssrc, _media_ssrc, fci in iter_transport_feedback(data):

@@ -85,17 +85,18 @@ class AgentSession:
 
     def start(self) -> None:
         self.pipeline.start()
-        if self.config.adaptation.stats_interval_s > 0:
-            self._stats_task = asyncio.get_running_loop().create_task(self._stats_loop())
+        self._stats_task = asyncio.get_running_loop().create_task(self._stats_loop())
 
     async def _stats_loop(self) -> None:
-        """About once a second: FEC hold-off and REMB expiry, and a ``stats`` event."""
+        """About once a second: FEC hold-off and REMB expiry (even with no feedback coming),
+        and a ``stats`` event unless those are turned off (interval 0)."""
         interval = self.config.adaptation.stats_interval_s
+        send_stats = interval > 0
         while True:
-            await asyncio.sleep(interval)
+            await asyncio.sleep(interval if send_stats else 1.0)
             try:
                 self.network.tick()
-                if self.channel is not None and self.channel.readyState == "open":
+                if send_stats and self.channel is not None and self.channel.readyState == "open":
                     self.send_event({"type": "stats", **self.network_stats()})
             except Exception:  # stats must never end the session
                 log.exception("session %s: stats failed", self.id)

@@ -20,6 +20,12 @@ TWCC_FMT = 15
 _TICK_US = 250  # receive deltas count 250 µs ticks
 _REF_UNIT_US = 64_000  # the reference time counts 64 ms units
 _MAX_RUN = 0x1FFF  # 13-bit run length of a run-length chunk
+# Most packets one feedback may report. Chrome reports ~100 ms of packets per feedback (a
+# handful for audio); 16 bytes of run-length chunks could claim 65535 and cost tens of ms to
+# expand and look up: a peer must not be able to stall the event loop with a small packet.
+MAX_REPORTED_PACKETS = 1024
+# Transport feedbacks handled per compound RTCP packet (the rest are ignored).
+MAX_FEEDBACKS_PER_COMPOUND = 8
 # Packet status symbols (draft section 3.1.1).
 NOT_RECEIVED, SMALL_DELTA, LARGE_DELTA, _RESERVED = 0, 1, 2, 3
 
@@ -31,7 +37,8 @@ def iter_transport_feedback(compound: bytes) -> Iterator[tuple[int, int, bytes]]
     its length field cannot be trusted, so nothing after it can be located.
     """
     offset = 0
-    while offset + 4 <= len(compound):
+    found = 0
+    while offset + 4 <= len(compound) and found < MAX_FEEDBACKS_PER_COMPOUND:
         first, packet_type, words = struct.unpack_from("!BBH", compound, offset)
         end = offset + (words + 1) * 4  # length is in 32-bit words minus one
         if first >> 6 != 2 or end > len(compound):
@@ -46,6 +53,7 @@ def iter_transport_feedback(compound: bytes) -> Iterator[tuple[int, int, bytes]]
             if body_end - offset < 12:  # header + sender SSRC + media SSRC
                 return
             sender, media = struct.unpack_from("!II", compound, offset + 4)
+            found += 1
             yield sender, media, bytes(compound[offset + 12 : body_end])
         offset = end
 
@@ -90,6 +98,8 @@ def parse_transport_feedback(fci: bytes) -> TransportFeedback:
     if len(fci) < 8:
         raise ValueError(f"transport feedback FCI is {len(fci)} bytes, needs at least 8")
     base_seq, count, ref_and_count = struct.unpack_from("!HHI", fci)
+    if count > MAX_REPORTED_PACKETS:
+        raise ValueError(f"packet status count {count} is over {MAX_REPORTED_PACKETS}")
     reference = ref_and_count >> 8
     if reference & 0x800000:  # 24-bit signed
         reference -= 1 << 24

@@ -263,7 +263,7 @@ async def _drive(peer: Any, index: int, opts: argparse.Namespace, state: dict[st
         raise SystemExit(f"unknown mode {opts.mode!r}")
 
 
-def serve(argv: Sequence[str]) -> None:
+def _server_options(argv: Sequence[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="bench server")
     p.add_argument("--variant", default="ours", choices=("ours", "norephase", "default"))
     p.add_argument(
@@ -281,8 +281,29 @@ def serve(argv: Sequence[str]) -> None:
     p.add_argument("--gap-min", type=float, default=0.3)
     p.add_argument("--gap-max", type=float, default=0.7)
     p.add_argument("--seed", type=int, default=1)
-    opts = p.parse_args(argv)
+    p.add_argument("--workers", type=int, default=1, help="media processes (signaling/workers.py)")
+    return p.parse_args(argv)
 
+
+def _bench_config(opts: argparse.Namespace) -> Any:
+    from agent.config import Config, OpusSettings
+
+    return Config(
+        host="127.0.0.1",
+        port=0,
+        log_level="WARNING",
+        workers=opts.workers,
+        opus=OpusSettings(
+            bitrate=opts.bitrate, complexity=opts.complexity, encode_threads=opts.encode_threads
+        ),
+    )
+
+
+def bench_app(opts: argparse.Namespace, config: Any) -> Any:
+    """The product app with the bench engine, the session drivers and ``/bench/stats``.
+
+    Module level so that ``--workers`` can build it in each spawned worker process.
+    """
     import logging
 
     logging.basicConfig(level=logging.WARNING)
@@ -292,7 +313,6 @@ def serve(argv: Sequence[str]) -> None:
 
     from aiohttp import web
 
-    from agent.config import Config, OpusSettings
     from signaling.app import build_app
     from signaling.keys import SESSIONS
 
@@ -301,20 +321,12 @@ def serve(argv: Sequence[str]) -> None:
         chunk_delay_s=opts.chunk_delay,
         seconds_per_word=opts.seconds_per_word,
     )
-    config = Config(
-        host="127.0.0.1",
-        port=0,
-        log_level="WARNING",
-        opus=OpusSettings(
-            bitrate=opts.bitrate, complexity=opts.complexity, encode_threads=opts.encode_threads
-        ),
-    )
     app = build_app(config, engine)
     state: dict[str, Any] = {"done": set(), "drivers": {}}
 
     async def watcher(app: web.Application) -> AsyncIterator[None]:
         async def loop() -> None:
-            index = 0
+            index = (config.worker_index or 0) * 100_000  # distinct seeds across workers
             while True:
                 for peer in app[SESSIONS].peers():
                     if peer.session.id not in state["drivers"]:
@@ -346,19 +358,72 @@ def serve(argv: Sequence[str]) -> None:
                 "buffered_at": s.track.bench_buffered_at,
                 "done": s.id in state["done"],
             }
-        return web.json_response({"sessions": sessions, "first_chunk_at": engine.first_chunk_at})
+        return web.json_response(
+            {"sessions": sessions, "first_chunk_at": engine.first_chunk_at, "pid": os.getpid()}
+        )
 
     app.cleanup_ctx.append(watcher)
     app.router.add_get("/bench/stats", stats)
+    return app
+
+
+def _front_with_bench_stats(config: Any, pool: Any) -> Any:
+    """The product's front for ``--workers``, plus ``/bench/stats`` merged over workers."""
+    from aiohttp import web
+
+    from signaling.front import build_front_app
+
+    front = build_front_app(config, pool)
+
+    async def stats(request: web.Request) -> web.Response:
+        merged: dict[str, Any] = {"sessions": {}, "first_chunk_at": {}, "pids": []}
+        for worker in pool.workers:
+            async with worker.http.get("http://worker/bench/stats") as resp:
+                part = await resp.json()
+            merged["sessions"].update(part["sessions"])
+            merged["first_chunk_at"].update(part["first_chunk_at"])
+            merged["pids"].append(part["pid"])
+        return web.json_response(merged)
+
+    front.router.add_get("/bench/stats", stats)
+    return front
+
+
+def serve(argv: Sequence[str]) -> None:
+    opts = _server_options(argv)
+    config = _bench_config(opts)
+
+    from aiohttp import web
+
+    if opts.workers > 1:
+        import functools
+        import tempfile
+
+        from signaling.workers import WorkerPool
+
+        sockets = tempfile.mkdtemp(prefix="bench-workers-")
+        pool = WorkerPool(config, functools.partial(bench_app, opts), Path(sockets))
+        app = _front_with_bench_stats(config, pool)
+        ready = pool_ready(pool)
+    else:
+        app = bench_app(opts, config)
+        from signaling.keys import ENGINE
+
+        engine = app[ENGINE]
+
+        async def ready() -> None:
+            while not engine.ready:
+                await asyncio.sleep(0.01)
 
     async def main() -> None:
         runner = web.AppRunner(app)
         await runner.setup()
+        if opts.workers > 1:
+            await pool.start()
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()
         port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        while not engine.ready:
-            await asyncio.sleep(0.01)
+        await ready()
         print(f"READY {port}", flush=True)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
@@ -366,9 +431,21 @@ def serve(argv: Sequence[str]) -> None:
         # Exit when the orchestrator closes our stdin.
         loop.run_in_executor(None, _wait_stdin_eof, loop, stop)
         await stop.wait()
+        if opts.workers > 1:
+            for worker in pool.workers:
+                if worker.process is not None:
+                    worker.process.kill()
         os._exit(0)  # tearing down hundreds of peers is not what we measure
 
     asyncio.run(main())
+
+
+def pool_ready(pool: Any) -> Any:
+    async def ready() -> None:
+        while not all(w.ready for w in pool.workers):
+            await asyncio.sleep(0.05)
+
+    return ready
 
 
 def _wait_stdin_eof(loop: asyncio.AbstractEventLoop, stop: asyncio.Event) -> None:
@@ -629,19 +706,29 @@ class Server:
 
         self.ps = psutil.Process(self.proc.pid)
 
+    def _tree(self) -> list[Any]:
+        """The server and, with ``--workers``, its worker processes."""
+        return [self.ps, *self.ps.children(recursive=True)]
+
     def cpu(self) -> float:
-        t = self.ps.cpu_times()
-        return t.user + t.system
+        total = 0.0
+        for proc in self._tree():
+            t = proc.cpu_times()
+            total += t.user + t.system
+        return total
 
     def rss(self) -> int:
-        return int(self.ps.memory_info().rss)
+        return sum(int(proc.memory_info().rss) for proc in self._tree())
 
     def runqueue_wait(self) -> float:
-        """Seconds the event-loop thread has been runnable but waiting for a CPU."""
-        return runqueue_wait(self.proc.pid)
+        """Seconds the event-loop threads (one per media process) were runnable but waiting
+        for a CPU, summed."""
+        procs = self._tree()
+        workers = procs[1:] or procs  # with workers, the front's loop carries no media
+        return sum(runqueue_wait(proc.pid) for proc in workers)
 
     def threads(self) -> int:
-        return int(self.ps.num_threads())
+        return sum(int(proc.num_threads()) for proc in self._tree())
 
     def stats(self) -> dict[str, Any]:
         import urllib.request

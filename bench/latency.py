@@ -61,8 +61,10 @@ def run_one(n: int, variant: str, args: argparse.Namespace, workdir: Path) -> di
         str(args.chunk_delay),
         "--seed",
         str(args.seed),
+        "--workers",
+        str(args.workers),
     ]
-    tag = f"{variant}-{n}"
+    tag = f"{variant}-{n}-w{args.workers}"
     server = Server(server_args, workdir / f"server-{tag}.log", [0] if args.pin else None)
     client = None
     busy0, wall0, cpu0, wait0 = (
@@ -197,6 +199,9 @@ def main() -> int:
     p.add_argument("--gap-max", type=float, default=0.7)
     p.add_argument("--complexity", type=int, default=9)
     p.add_argument("--variants", default=",".join(VARIANTS))
+    p.add_argument(
+        "--workers", type=int, default=1, help="media processes (serve --workers) per server"
+    )
     _common.add_run_arguments(
         p, max_wait=2.0, retries=1, quick_help="N=1,10 with 6 utterances each"
     )
@@ -210,6 +215,7 @@ def main() -> int:
     print(
         f"# bench/latency.py  N={ns}  utterances/session={args.utterances}  gaps "
         f"{args.gap_min}-{args.gap_max}s  complexity={args.complexity}  pin={args.pin}  "
+        f"workers={args.workers}  "
         f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
         flush=True,
     )

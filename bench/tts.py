@@ -15,7 +15,8 @@ Measured, each as a ratio against a baseline measured in this run:
 3. seams: our streamed waveform vs the full decode of the same tokens (SNR around seams);
 4. 4 sessions at once vs 1: aggregate tokens/s and spread of per-session token rates.
 
-    .venv/bin/python bench/tts.py [--model-dir DIR] [--tokens 469] [--quick]
+    .venv/bin/python bench/tts.py [--model-dir DIR] [--tokens 469] [--quick] [--device cuda]
+                                  [--compile]
 """
 
 from __future__ import annotations
@@ -151,6 +152,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--device", default="cpu")
     ap.add_argument(
+        "--compile", action="store_true", help="torch.compile the GPT (ChatTTS: CUDA only)"
+    )
+    ap.add_argument(
         "--quick", action="store_true", help="--tokens 160 --session-tokens 48 --reps 1"
     )
     args = ap.parse_args()
@@ -167,7 +171,9 @@ def main() -> None:
 
 
 def run(args: argparse.Namespace, model_dir: Path) -> None:
-    settings = ChatTTSSettings(model_dir=model_dir, device=args.device, threads=args.threads)
+    settings = ChatTTSSettings(
+        model_dir=model_dir, device=args.device, threads=args.threads, compile=args.compile
+    )
     model = load_chat(settings)
     chat = model.chat
     n_params = sum(
@@ -175,7 +181,8 @@ def run(args: argparse.Namespace, model_dir: Path) -> None:
     )
     params = StreamParams(first_chunk_tokens=settings.first_chunk_tokens)
     print(
-        f"device={model.device} threads={torch.get_num_threads()} torch={torch.__version__} "
+        f"device={model.device} compile={settings.compile} threads={torch.get_num_threads()} "
+        f"torch={torch.__version__} "
         f"params(gpt+embed+decoder+vocos)={n_params / 1e6:.0f}M stream={params}"
     )
 

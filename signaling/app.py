@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+import os
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
@@ -26,6 +27,10 @@ from signaling.shutdown import Drain
 
 log = logging.getLogger(__name__)
 
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+FORWARDED_FOR_HEADER = "X-Forwarded-For"
+STATUS_PATH = "/_worker/status"  # served by workers only, on their private socket
+
 MAX_REQUEST_BYTES = 256 * 1024
 
 
@@ -40,6 +45,7 @@ def build_app(config: Config, engine: TTSEngine) -> web.Application:
         # Outermost first: CORS headers go on every answer, errors included; offer outcomes
         # are counted whichever layer refuses (auth too); auth runs before any handler.
         middlewares=[
+            *([forwarded_client_middleware] if config.worker_index is not None else []),
             make_cors_middleware(config.security.cors_origins),
             error_middleware,
             metrics.offer_outcome_middleware(
@@ -58,9 +64,45 @@ def build_app(config: Config, engine: TTSEngine) -> web.Application:
     app[DRAIN] = Drain()
     app[BREAKER] = breaker
     routes.add_routes(app)
+    if config.worker_index is not None:
+        _add_worker_parts(app)
     app.cleanup_ctx.append(_engine_lifecycle)
     app.on_shutdown.append(_close_sessions)
     return app
+
+
+@web.middleware
+async def forwarded_client_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """In a worker (reachable only through the front's Unix socket): the client's address is
+    the one the front saw, for rate limits, logs and mDNS candidates."""
+    client = request.headers.get(FORWARDED_FOR_HEADER)
+    if client:
+        request = request.clone(remote=client)
+    return await handler(request)
+
+
+def _add_worker_parts(app: web.Application) -> None:
+    async def status(request: web.Request) -> web.Response:
+        engine = request.app[ENGINE]
+        load_errors: list[str] = request.app[ENGINE_ERROR]
+        return web.json_response(
+            {
+                "index": request.app[CONFIG].worker_index,
+                "pid": os.getpid(),
+                "ready": engine.ready,
+                "engine_error": load_errors[0] if load_errors else engine.failure,
+                "sessions": request.app[SESSIONS].load,
+            }
+        )
+
+    app.router.add_get(STATUS_PATH, status)
+
+
+def product_app(config: Config) -> web.Application:
+    """The server as shipped: the configured engine (a worker process builds it this way)."""
+    from agent.engines import create_engine
+
+    return build_app(config, create_engine(config))
 
 
 def runner_options() -> dict[str, Any]:

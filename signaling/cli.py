@@ -36,6 +36,12 @@ def _env_bool(env: Mapping[str, str], name: str) -> bool:
     return (_env(env, name) or "").strip().lower() in ("1", "true", "yes", "on")
 
 
+def _cores() -> int:
+    from signaling.workers import cores
+
+    return cores()
+
+
 def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     defaults = Config()
     parser = argparse.ArgumentParser(
@@ -108,6 +114,13 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         default=int(_env(env, "ENCODE_THREADS", "0") or 0),
         help="threads encoding speech one frame ahead, off the event loop "
         "(0: on the loop; -1: one per core but one)",
+    )
+    serve.add_argument(
+        "--workers",
+        type=int,
+        default=int(_env(env, "WORKERS", str(_cores())) or 1),
+        help="media processes behind the one address (default: one per core); each holds "
+        "its own sessions and, with the in-process engine, its own copy of the model",
     )
     serve.add_argument("--log-level", default=_env(env, "LOG_LEVEL", "INFO"))
     serve.add_argument(
@@ -201,6 +214,7 @@ def config_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> Config
         engine=args.engine,
         log_level=args.log_level.upper(),
         log_json=args.log_json,
+        workers=args.workers,
         opus=replace(base.opus, bitrate=args.bitrate, encode_threads=args.encode_threads),
         adaptation=replace(
             base.adaptation,
@@ -247,18 +261,35 @@ def config_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> Config
 def serve(config: Config) -> None:
     import asyncio
 
-    from agent.engines import create_engine
-    from signaling.app import build_app, runner_options
+    from signaling.app import product_app, runner_options
     from signaling.keys import DRAIN, SESSIONS
     from signaling.shutdown import serve as serve_app
 
-    engine = create_engine(config)
-    app = build_app(config, engine)
     logging.getLogger(__name__).info(
-        "serving the browser client on http://%s:%d",
+        "serving the browser client on http://%s:%d (%d media %s)",
         "localhost" if config.host in ("0.0.0.0", "::") else config.host,
         config.port,
+        config.workers,
+        "process" if config.workers == 1 else "processes",
     )
+    if config.workers > 1:
+        import tempfile
+
+        from signaling.front import run_front
+        from signaling.workers import WorkerPool
+
+        if config.engine == "chattts":
+            from agent.chattts.loader import ModelLoadError, ensure_downloaded
+
+            try:
+                ensure_downloaded(config.chattts)
+            except ModelLoadError as exc:
+                # The workers try themselves and report it on /readyz (engine_failed).
+                logging.getLogger(__name__).error("%s", exc)
+        with tempfile.TemporaryDirectory(prefix="voice-agent-") as sockets:
+            run_front(config, WorkerPool(config, product_app, Path(sockets)))
+        return
+    app = product_app(config)
     # Until SIGTERM/SIGINT; then drain (signaling/shutdown.py) and return: exit status 0.
     asyncio.run(serve_app(app, config, app[SESSIONS], app[DRAIN], **runner_options()))
 

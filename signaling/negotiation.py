@@ -8,6 +8,7 @@ what the agent really does (mono, 20 ms) and transport-cc is on when the browser
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from aiortc import RTCPeerConnection
@@ -18,6 +19,7 @@ from signaling.errors import ApiError
 
 TWCC_URI = "http://www.ietf.org/id/draft-holmer-rmcat-transport-wide-cc-extensions-01"
 FRAME_MS = FRAME_SAMPLES * 1000 // SAMPLE_RATE
+_NUMBER = re.compile(r"[0-9]{1,9}")  # ASCII digits only: str.isdigit() also accepts "²"
 
 
 @dataclass(frozen=True)
@@ -46,7 +48,7 @@ def read_opus_offer(sdp: str) -> OpusOffer:
     for line in section:
         if line.startswith("a=rtpmap:"):
             pt, _, encoding = line[len("a=rtpmap:") :].partition(" ")
-            if encoding.lower().startswith("opus/48000") and pt.isdigit():
+            if encoding.lower().startswith("opus/48000") and _NUMBER.fullmatch(pt):
                 opus_pt = int(pt)
                 break
     params: dict[str, str] = {}
@@ -57,12 +59,12 @@ def read_opus_offer(sdp: str) -> OpusOffer:
             for item in line.split(" ", 1)[1].split(";"):
                 key, _, value = item.strip().partition("=")
                 params[key.strip().lower()] = value.strip()
-        elif opus_pt is not None and line.startswith(f"a=rtcp-fb:{opus_pt} "):
+        elif opus_pt is not None and line.startswith((f"a=rtcp-fb:{opus_pt} ", "a=rtcp-fb:* ")):
             feedback = feedback or line.split(" ", 1)[1].strip() == "transport-cc"
         elif line.startswith("a=extmap:"):
             head, _, rest = line[len("a=extmap:") :].partition(" ")
             ident = head.split("/")[0]
-            if rest.split(" ")[0] == TWCC_URI and ident.isdigit():
+            if rest.split(" ")[0] == TWCC_URI and _NUMBER.fullmatch(ident):
                 ext_id = int(ident)
     offer = OpusOffer(
         payload_type=opus_pt,
@@ -113,19 +115,23 @@ def tune_answer(pc: RTCPeerConnection, offer: OpusOffer) -> None:
 
 
 def _first_audio_section(sdp: str) -> list[str]:
-    lines = [line.strip() for line in sdp.splitlines()]
-    section: list[str] = []
-    inside = False
-    for line in lines:
+    """The first audio section that receives: the one aiortc will send our track on."""
+    sections: list[list[str]] = []
+    for raw in sdp.splitlines():
+        line = raw.strip()
         if line.startswith("m="):
-            if inside:
-                break
-            inside = line.startswith("m=audio")
-        if inside:
-            section.append(line)
-    return section
+            sections.append([])
+        if sections:
+            sections[-1].append(line)
+    audio = [sec for sec in sections if sec[0].startswith("m=audio")]
+    for section in audio:
+        port = section[0].split()[1] if len(section[0].split()) > 1 else "0"
+        inactive = any(line in ("a=sendonly", "a=inactive") for line in section)
+        if port != "0" and not inactive:
+            return section
+    return audio[0] if audio else []
 
 
 def _positive_int(params: dict[str, str], key: str) -> int | None:
     value = params.get(key, "")
-    return int(value) if value.isdigit() and int(value) > 0 else None
+    return int(value) if _NUMBER.fullmatch(value) and int(value) > 0 else None

@@ -89,13 +89,17 @@ async def serve(
     config: Config,
     sessions: SessionRegistry,
     drain_state: Drain,
+    path: str | None = None,
     **runner_kw: object,
 ) -> None:
-    """Serve ``app`` until SIGTERM/SIGINT, then drain and stop."""
+    """Serve ``app`` until SIGTERM/SIGINT, then drain and stop (on ``path``, a Unix socket,
+    when given: a worker process behind the front)."""
     runner = web.AppRunner(app, handle_signals=False, **runner_kw)  # type: ignore[arg-type]
     await runner.setup()
     try:
-        site = web.TCPSite(runner, config.host, config.port)
+        site: web.BaseSite = (
+            web.UnixSite(runner, path) if path else web.TCPSite(runner, config.host, config.port)
+        )
         await site.start()
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()

@@ -158,3 +158,29 @@ def test_ceiling_and_floors_hold() -> None:
         now += 0.5
         congested.on_delay_report(DelayReport(now, 200.0, 10.0, receive_rate_bps=1_000))
     assert congested.target.bitrate == SETTINGS.min_bitrate
+
+
+def test_receiver_ceiling_below_the_floors_wins() -> None:
+    """maxaveragebitrate=8000: the target never exceeds it, whatever the floors say."""
+    controller = BitrateController(SETTINGS, 8_000)
+    targets = run(controller, [0.2] * 5 + [0.0] * 10)
+    assert all(t.bitrate <= 8_000 for t in targets)
+    assert controller.target.bitrate == 8_000
+
+
+def test_a_report_after_hours_of_silence_does_not_overflow() -> None:
+    controller = BitrateController(SETTINGS, CEILING)
+    controller.on_loss_report(LossReport(1.0, 0.0))
+    controller.on_delay_report(DelayReport(1.1, 120.0, 50.0, receive_rate_bps=20_000))
+    controller.on_delay_report(DelayReport(1.2, 1.0, -1.0))
+    target = controller.on_loss_report(LossReport(6_000.0, 0.0))  # 100 minutes later
+    assert target.bitrate <= CEILING
+
+
+def test_a_report_without_loss_figures_updates_rtt_only() -> None:
+    controller = BitrateController(SETTINGS, CEILING)
+    run(controller, [0.1] * 3)
+    before = controller.last_loss
+    controller.on_loss_report(LossReport(10.0, None, rtt_s=0.07, jitter_s=0.002))
+    assert controller.last_loss == before
+    assert controller.rtt_s == 0.07 and controller.jitter_s == 0.002

@@ -4,12 +4,7 @@ driven end to end through WebRTC by a Python client. Real ChatTTS code path, no 
 from __future__ import annotations
 
 import asyncio
-import os
-import socket
-import subprocess
-import sys
-import time
-from collections.abc import AsyncIterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import aiohttp
@@ -17,70 +12,16 @@ import numpy as np
 import pytest
 
 from tests.rtc_client import RtcClient
+from tests.served import Served, serve_subprocess
 
 pytest_plugins = ["tests.conftest_chattts"]
 
-REPO = Path(__file__).resolve().parent.parent
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class Served:
-    def __init__(self, url: str, readiness: list[int]) -> None:
-        self.url = url
-        self.readiness = readiness  # /readyz status codes seen while starting
-
-
-@pytest.fixture
-async def served(tiny_model_dir: Path) -> AsyncIterator[Served]:
-    port = free_port()
-    env = {**os.environ, "VOICE_AGENT_LOG_LEVEL": "WARNING"}
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "signaling",
-            "serve",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--model-dir",
-            str(tiny_model_dir),
-            "--device",
-            "cpu",
-        ],
-        cwd=REPO,
-        env=env,
-    )
-    url = f"http://127.0.0.1:{port}"
-    seen: list[int] = []
-    try:
-        async with aiohttp.ClientSession() as http:
-            deadline = time.monotonic() + 90
-            while time.monotonic() < deadline:
-                assert proc.poll() is None, "server exited"
-                try:
-                    async with http.get(url + "/readyz") as resp:
-                        seen.append(resp.status)
-                        if resp.status == 200:
-                            break
-                except aiohttp.ClientConnectionError:
-                    pass
-                await asyncio.sleep(0.05)
-            else:
-                raise TimeoutError(f"server not ready: {seen[-5:]}")
-        yield Served(url, seen)
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+@pytest.fixture(scope="module")
+def served(tiny_model_dir: Path) -> Iterator[Served]:
+    # The product's defaults: as many media workers as cores, behind one front process.
+    with serve_subprocess(tiny_model_dir) as server:
+        yield server
 
 
 async def test_chattts_speech_reaches_a_webrtc_client(served: Served) -> None:

@@ -165,3 +165,25 @@ def test_applier_only_touches_what_changed() -> None:
     apply(EncoderTarget(32_000, True, 10))
     assert encoder.calls[3:] == [("fec", True), ("loss", 10)]
     assert apply.changes == 1
+
+
+async def test_junk_rtcp_through_the_installed_hooks_never_raises() -> None:
+    """Exceptions escaping into aiortc's transport loop would close the connection."""
+    tap, controller, _ = make_tap()
+
+    class Sender:
+        _ssrc = SSRC
+
+        async def _handle_rtcp_packet(self, packet: Any) -> None:
+            return None
+
+    sender = Sender()
+    tap.sender = sender  # type: ignore[assignment]
+    tap.install(transport_cc=False)
+    # A report block the tap cannot read (no loss fields): through the installed wrapper.
+    broken = RtcpRrPacket(ssrc=1, reports=[SimpleNamespace(ssrc=SSRC)])  # type: ignore[list-item]
+    await sender._handle_rtcp_packet(broken)
+    assert tap.errors == 1
+    # Junk bytes where transport feedback is expected: parsed, refused, counted, no raise.
+    tap._guarded(tap._on_rtcp_data, b"\x8f\xcd\x00\x04" + b"\xff" * 16)
+    assert controller.reports == 0

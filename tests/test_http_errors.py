@@ -182,3 +182,23 @@ async def test_ice_servers_for_the_browser(live_server: LiveServer) -> None:
     async with aiohttp.ClientSession() as http, http.get(live_server.url + "/ice-servers") as resp:
         assert resp.status == 200
         assert await resp.json() == {"iceServers": []}
+
+
+async def test_an_offer_aiortc_cannot_answer_is_a_400_not_a_500(live_server: LiveServer) -> None:
+    """Found by tests/test_fuzz.py: a BUNDLE offer whose audio section lost its a=mid makes
+    aiortc fail to answer, and then fail again inside close(); the client gets the first."""
+    from aiortc import RTCConfiguration, RTCPeerConnection
+
+    pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+    pc.addTransceiver("audio", direction="recvonly")
+    pc.createDataChannel("agent")
+    await pc.setLocalDescription(await pc.createOffer())
+    sdp = "\r\n".join(line for line in pc.localDescription.sdp.split("\r\n") if line != "a=mid:0")
+    await pc.close()
+    body = {"type": "offer", "sdp": sdp}
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(live_server.url + "/offer", json=body) as r,
+    ):
+        assert r.status == 400, await r.text()
+        assert (await r.json())["error"]["code"] == "bad_sdp"

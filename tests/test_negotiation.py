@@ -159,3 +159,19 @@ async def test_stats_event_about_once_a_second(live_server: LiveServer) -> None:
             assert report["bitrate"] == live_server.config.opus.bitrate  # clean: the top
         finally:
             await client.close()
+
+
+@pytest.mark.parametrize("value", ["\u00b2", "9" * 5000, "-5", "12kbps"])
+def test_malformed_numbers_are_ignored_not_a_crash(value: str) -> None:
+    offer = read_opus_offer(
+        CHROME_AUDIO.replace("maxaveragebitrate=24000", f"maxaveragebitrate={value}")
+    )
+    assert offer.maxaveragebitrate is None
+
+
+def test_the_receiving_audio_section_is_the_one_read() -> None:
+    rejected = (
+        "m=audio 0 UDP/TLS/RTP/SAVPF 111\na=rtpmap:111 opus/48000/2\na=fmtp:111 useinbandfec=0\n"
+    )
+    sdp = CHROME_AUDIO.replace("m=audio 9", rejected + "m=audio 9", 1)
+    assert read_opus_offer(sdp).useinbandfec

@@ -10,6 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agent.twcc import (
+    MAX_FEEDBACKS_PER_COMPOUND,
+    MAX_REPORTED_PACKETS,
     FeedbackEstimator,
     FeedbackSummary,
     SendHistory,
@@ -137,8 +139,8 @@ def test_builder_chooses_each_chunk_kind() -> None:
     assert "two-bit" in _chunk_kinds(build_transport_feedback(0, 0, 0, mixed))
 
 
-def test_runs_longer_than_13_bits_and_wrap() -> None:
-    arrivals: list[int | None] = [None] * 9000 + [5000, 6000]
+def test_long_runs_and_wrap() -> None:
+    arrivals: list[int | None] = [None] * 1000 + [5000, 6000]
     _round_trip(65530, 0, 1, arrivals)
     _round_trip(65530, 128_000, 2, [128_000 + 1000 * i for i in range(10)])
 
@@ -331,3 +333,18 @@ def test_unknown_packets_give_none_and_state_is_bounded() -> None:
     assert len(estimator._outcomes) <= 64
     assert len(estimator._minima) <= 1024
     assert len(estimator._rate) <= 4096
+
+
+def test_a_feedback_claiming_too_many_packets_is_refused_before_expanding() -> None:
+    """16 bytes of run-length chunks could claim 65535 statuses: refused at the header."""
+    fci = struct.pack("!HHI", 0, 65535, 0) + struct.pack("!H", 0x1FFF) * 8
+    with pytest.raises(ValueError, match="over"):
+        parse_transport_feedback(fci)
+    # Within the cap a full run still parses.
+    ok = struct.pack("!HHI", 0, MAX_REPORTED_PACKETS, 0) + struct.pack("!H", MAX_REPORTED_PACKETS)
+    assert len(parse_transport_feedback(ok).packets) == MAX_REPORTED_PACKETS
+
+
+def test_only_so_many_feedbacks_per_compound_packet() -> None:
+    one = build_transport_feedback(0, 0, 0, [1000])
+    assert len(list(iter_transport_feedback(one * 50))) == MAX_FEEDBACKS_PER_COMPOUND

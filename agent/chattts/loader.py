@@ -44,6 +44,28 @@ def resolve_device(name: str) -> torch.device:
     return dev
 
 
+def ensure_downloaded(settings: ChatTTSSettings) -> None:
+    """Download ChatTTS from Hugging Face now, if it will be downloaded at all.
+
+    For ``serve --workers N``: N processes loading at once would each start the download,
+    and ChatTTS picks "the latest snapshot directory" of the cache, which may be another
+    worker's half-written one. The front process fetches it once, first; the workers then
+    load the finished snapshot. A local copy (``model_dir`` with ``asset/``) needs nothing.
+    """
+    if settings.model_dir is not None and (Path(settings.model_dir) / "asset").is_dir():
+        return
+    import ChatTTS
+
+    custom = str(Path(settings.model_dir).expanduser()) if settings.model_dir else None
+    log.info("fetching ChatTTS from Hugging Face (2Noise/ChatTTS) once for all workers")
+    chat = ChatTTS.Chat(logging.getLogger("agent.chattts.ChatTTS"))
+    if chat.download_models(source="huggingface", custom_path=custom) is None:
+        raise ModelLoadError(
+            "could not download ChatTTS from Hugging Face (2Noise/ChatTTS): check the "
+            "network, or pass --model-dir DIR with a local copy of the model"
+        )
+
+
 def load_chat(settings: ChatTTSSettings) -> LoadedModel:
     """Load ChatTTS as ``settings`` says. Raises ``ModelLoadError`` when ChatTTS reports failure.
 

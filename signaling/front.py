@@ -1,0 +1,314 @@
+"""The front process of ``serve --workers N``: one public address, HTTP routed to workers.
+
+What it routes where:
+- ``POST /offer`` and ``POST /whep``: a room goes to the worker that holds it (its name's
+  hash), anything else to the least-loaded ready worker;
+- ``/sessions/{id}...`` and ``DELETE /whep/{id}``: to the worker named in the id;
+- ``GET /ice-servers`` and CORS preflights: to any ready worker;
+- ``/``, the client's files, ``/healthz``: served here; ``/readyz`` and ``/metrics``: one
+  answer for the whole server, from every worker's.
+
+The worker does every check (auth, limits, SDP) itself: the front forwards the request as
+it came, plus ``X-Forwarded-For``. It never touches media.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import signal
+from collections.abc import Iterable
+from typing import Any
+
+import aiohttp
+import jwt
+from aiohttp import web
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import Metric
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.parser import text_string_to_metric_families
+
+from agent.config import Config
+from signaling import routes
+from signaling.app import FORWARDED_FOR_HEADER, MAX_REQUEST_BYTES, runner_options
+from signaling.errors import ApiError, error_middleware
+from signaling.keys import CONFIG, DRAIN
+from signaling.routes import SESSION_TOKEN_HEADER
+from signaling.shutdown import Drain
+from signaling.workers import Worker, WorkerPool
+
+log = logging.getLogger(__name__)
+
+POOL: web.AppKey[WorkerPool] = web.AppKey("pool", WorkerPool)
+# Hop-by-hop headers (RFC 9110 7.6.1) and those aiohttp recomputes: never forwarded.
+_HOP_HEADERS = frozenset(
+    h.lower()
+    for h in (
+        "Connection",
+        "Keep-Alive",
+        "Proxy-Authenticate",
+        "Proxy-Authorization",
+        "TE",
+        "Trailer",
+        "Transfer-Encoding",
+        "Upgrade",
+        "Host",
+        "Content-Length",
+    )
+)
+
+
+def build_front_app(config: Config, pool: WorkerPool) -> web.Application:
+    app = web.Application(middlewares=[error_middleware], client_max_size=MAX_REQUEST_BYTES)
+    app[CONFIG] = config
+    app[POOL] = pool
+    app[DRAIN] = Drain()
+    app.router.add_post("/offer", post_offer)
+    app.router.add_post("/whep", post_whep)
+    app.router.add_route("*", "/whep/{session_id}", to_session_worker)
+    app.router.add_route("*", "/sessions/{session_id}", to_session_worker)
+    app.router.add_route("*", "/sessions/{session_id}/{rest:.*}", to_session_worker)
+    app.router.add_get("/ice-servers", to_any_worker)
+    app.router.add_get("/healthz", routes.healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/", routes.index)
+    name = r"{name:[A-Za-z0-9_-]+\.[A-Za-z0-9]+}"
+    app.router.add_get("/" + name, routes.static_file)
+    app.router.add_get("/static/" + name, routes.static_file)
+    app.router.add_route("OPTIONS", "/{tail:.*}", to_any_worker)  # CORS preflights
+    return app
+
+
+# --- routing -------------------------------------------------------------------------------
+async def post_offer(request: web.Request) -> web.StreamResponse:
+    body = await request.read()
+    try:
+        parsed = json.loads(body)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        parsed = None  # the worker answers it with bad_json
+    fields = parsed if isinstance(parsed, dict) else {}
+
+    def text(key: str) -> str | None:
+        value = fields.get(key)
+        return value if isinstance(value, str) else None
+
+    resume = text("resume")
+    if resume is not None:
+        # A session token names its worker like a session id does.
+        return await _forward(request, _session_worker(request, resume), body)
+    room = text("room") or _token_room(request, text("token"))
+    return await _forward(request, _new_session_worker(request, room), body)
+
+
+async def post_whep(request: web.Request) -> web.StreamResponse:
+    resume = request.headers.get(SESSION_TOKEN_HEADER)
+    if resume is not None:
+        return await _forward(request, _session_worker(request, resume))
+    room = request.query.get("room") or _token_room(request, None)
+    return await _forward(request, _new_session_worker(request, room))
+
+
+def _token_room(request: web.Request, body_token: str | None) -> str | None:
+    """The room a token binds its holder to, for routing only: the worker verifies the
+    token; here an invalid one just routes like any other offer (and is refused there)."""
+    scheme, _, bearer = request.headers.get("Authorization", "").partition(" ")
+    token = bearer.strip() if scheme.lower() == "bearer" else None
+    token = token or request.query.get("token") or body_token
+    if not token:
+        return None
+    try:
+        claims = jwt.decode(token, options={"verify_signature": False})
+    except jwt.PyJWTError:
+        return None
+    room = claims.get("room") if isinstance(claims, dict) else None
+    return room if isinstance(room, str) and room else None
+
+
+def _new_session_worker(request: web.Request, room: str | None) -> Worker:
+    request.app[DRAIN].check()
+    pool = request.app[POOL]
+    worker = pool.for_new_session(room)
+    if worker is None:
+        what = f"the worker for room {room[:64]!r} is" if room is not None else "no worker is"
+        raise ApiError(503, "not_ready", f"{what} ready yet", {"Retry-After": "2"})
+    worker.sessions += 1  # until the next status poll: a burst of offers spreads out
+    return worker
+
+
+async def to_session_worker(request: web.Request) -> web.StreamResponse:
+    return await _forward(request, _session_worker(request, request.match_info["session_id"]))
+
+
+def _session_worker(request: web.Request, session_id_or_token: str) -> Worker:
+    worker = request.app[POOL].for_session(session_id_or_token)
+    if worker is None or not worker.alive:
+        raise ApiError(404, "unknown_session", "no session has this id or token")
+    return worker
+
+
+async def to_any_worker(request: web.Request) -> web.StreamResponse:
+    worker = request.app[POOL].any_ready()
+    if worker is None:
+        raise ApiError(503, "not_ready", "no worker is ready yet", {"Retry-After": "2"})
+    return await _forward(request, worker)
+
+
+async def _forward(
+    request: web.Request, worker: Worker, body: bytes | None = None
+) -> web.StreamResponse:
+    if body is None:
+        body = await request.read()
+    headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_HEADERS}
+    headers[FORWARDED_FOR_HEADER] = request.remote or ""
+    assert worker.http is not None
+    try:
+        async with worker.http.request(
+            request.method,
+            "http://worker" + request.rel_url.path_qs,
+            headers=headers,
+            data=body,
+            allow_redirects=False,
+        ) as resp:
+            payload = await resp.read()
+            out_headers = {k: v for k, v in resp.headers.items() if k.lower() not in _HOP_HEADERS}
+            return web.Response(status=resp.status, body=payload, headers=out_headers)
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        # The worker died (or is restarting) mid-request: its sessions are gone.
+        log.warning(
+            "worker %d did not answer %s %s: %r",
+            worker.index,
+            request.method,
+            request.rel_url.path,
+            exc,
+        )
+        raise ApiError(
+            503,
+            "worker_unavailable",
+            "the media worker for this request is restarting",
+            {"Retry-After": "2"},
+        ) from None
+
+
+# --- one readiness and one metrics page for the whole server ---------------------------------
+async def readyz(request: web.Request) -> web.Response:
+    if request.app[DRAIN].draining:
+        return web.json_response(
+            {"ready": False, "error": {"code": "shutting_down", "message": "shutting down"}},
+            status=503,
+        )
+    pool = request.app[POOL]
+    workers = [
+        {
+            "index": w.index,
+            "pid": w.pid,
+            "alive": w.alive,
+            "ready": w.ready,
+            "sessions": w.sessions,
+            "restarts": w.restarts,
+        }
+        for w in pool.workers
+    ]
+    ready = sum(1 for w in pool.workers if w.alive and w.ready)
+    engine = request.app[CONFIG].engine
+    body: dict[str, Any] = {
+        "ready": ready > 0,
+        "engine": engine,
+        "workers": workers,
+        "ready_workers": ready,
+    }
+    if ready:
+        return web.json_response(body)
+    body["error"] = {"code": "not_ready", "message": "no media worker is ready yet"}
+    return web.json_response(body, status=503)
+
+
+async def metrics(request: web.Request) -> web.Response:
+    """Every worker's metrics with a ``worker`` label, plus the front's own."""
+    pool = request.app[POOL]
+    texts = await asyncio.gather(*(_scrape(request, w) for w in pool.workers))
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_MergedCollector(pool, list(zip(pool.workers, texts, strict=True))))
+    return web.Response(
+        body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
+    )
+
+
+async def _scrape(request: web.Request, worker: Worker) -> str:
+    if not worker.alive or worker.http is None:
+        return ""
+    headers = {}
+    if "Authorization" in request.headers:
+        headers["Authorization"] = request.headers["Authorization"]
+    try:
+        async with worker.http.get(
+            "http://worker/metrics", headers=headers, timeout=aiohttp.ClientTimeout(total=5)
+        ) as resp:
+            if resp.status == 401:
+                raise ApiError(
+                    401, "unauthorized", "/metrics needs 'Authorization: Bearer <metrics token>'"
+                )
+            return await resp.text() if resp.status == 200 else ""
+    except (aiohttp.ClientError, TimeoutError):
+        return ""
+
+
+class _MergedCollector:
+    def __init__(self, pool: WorkerPool, scraped: list[tuple[Worker, str]]) -> None:
+        self._pool = pool
+        self._scraped = scraped
+
+    def collect(self) -> Iterable[Metric]:
+        merged: dict[str, Metric] = {}
+        for worker, text in self._scraped:
+            for family in text_string_to_metric_families(text):
+                target = merged.get(family.name)
+                if target is None:
+                    target = Metric(family.name, family.documentation, family.type, family.unit)
+                    merged[family.name] = target
+                for sample in family.samples:
+                    labels = {**sample.labels, "worker": str(worker.index)}
+                    target.add_sample(sample.name, labels, sample.value, sample.timestamp)
+        yield from merged.values()
+        alive = Metric("voice_agent_workers_alive", "Media worker processes running", "gauge")
+        alive.add_sample("voice_agent_workers_alive", {}, sum(w.alive for w in self._pool.workers))
+        yield alive
+        restarts = Metric(
+            "voice_agent_worker_restarts", "Media workers started again after dying", "counter"
+        )
+        restarts.add_sample(
+            "voice_agent_worker_restarts_total", {}, sum(w.restarts for w in self._pool.workers)
+        )
+        yield restarts
+
+
+# --- running ---------------------------------------------------------------------------------
+def run_front(config: Config, pool: WorkerPool) -> None:
+    """Serve the front on the public address until SIGTERM/SIGINT, then shut down like a
+    single process does (signaling/shutdown.py): keep listening but refuse new sessions
+    (503 ``shutting_down``), let every worker drain its speech, and exit 0."""
+    asyncio.run(_serve_front(config, pool))
+
+
+async def _serve_front(config: Config, pool: WorkerPool) -> None:
+    app = build_front_app(config, pool)
+    runner = web.AppRunner(app, handle_signals=False, **runner_options())
+    await runner.setup()
+    await pool.start()
+    try:
+        site = web.TCPSite(runner, config.host, config.port)
+        await site.start()
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+        log.info("stop signal received: draining the workers")
+        app[DRAIN].draining = True
+        # Workers get SIGTERM and drain their own sessions; the front waits for them.
+        await pool.close()
+    finally:
+        await pool.close()
+        await runner.cleanup()
+    log.info("stopped")

@@ -1,0 +1,186 @@
+"""``serve --workers 2``: sessions spread over two media processes behind one address.
+
+The product in a subprocess (tiny random-weight ChatTTS), Python WebRTC clients, real
+processes killed with SIGKILL. Session ids name their worker (``w<index>-...``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from tests.rtc_client import RtcClient
+from tests.served import Served, serve_subprocess
+
+pytest_plugins = ["tests.conftest_chattts"]
+pytestmark = pytest.mark.timeout(240)
+
+
+def _both_ready(server: Served) -> Served:
+    deadline = time.monotonic() + 120
+    while True:
+        with urllib.request.urlopen(server.url + "/readyz", timeout=5) as resp:
+            if json.loads(resp.read())["ready_workers"] == 2:
+                return server
+        assert time.monotonic() < deadline, "second worker never became ready"
+        time.sleep(0.2)
+
+
+@pytest.fixture(scope="module")
+def two_workers(tiny_model_dir: Path) -> Iterator[Served]:
+    """Shared by the tests that leave both workers alive."""
+    with serve_subprocess(tiny_model_dir, "--workers", "2") as server:
+        yield _both_ready(server)
+
+
+@pytest.fixture
+def two_workers_to_kill(tiny_model_dir: Path) -> Iterator[Served]:
+    with serve_subprocess(tiny_model_dir, "--workers", "2") as server:
+        yield _both_ready(server)
+
+
+async def readyz(http: aiohttp.ClientSession, url: str) -> dict[str, Any]:
+    async with http.get(url + "/readyz") as resp:
+        body: dict[str, Any] = await resp.json()
+        return body
+
+
+def worker_of(client: RtcClient) -> int:
+    assert client.session_id is not None and client.session_id.startswith("w")
+    return int(client.session_id[1 : client.session_id.index("-")])
+
+
+async def speaks(client: RtcClient, text: str, utterance: str, timeout: float = 60) -> None:
+    client.send({"type": "say", "text": text, "id": utterance})
+    ended = await client.wait_event(
+        lambda e: e.get("type") == "speech.ended" and e.get("id") == utterance, timeout
+    )
+    assert ended["interrupted"] is False
+
+
+async def test_sessions_spread_requests_reach_their_worker_rooms_share_one(
+    two_workers: Served,
+) -> None:
+    url = two_workers.url
+    async with aiohttp.ClientSession() as http:
+        clients = [RtcClient(url, http) for _ in range(4)]
+        try:
+            for client in clients:  # one after another: each sees the previous one's load
+                await client.connect()
+            workers = [worker_of(c) for c in clients]
+            assert sorted(workers) == [0, 0, 1, 1], workers
+
+            # HTTP say and GET reach the owning process (the other one would say 404).
+            for client in clients[:2]:
+                path = f"{url}/sessions/{client.session_id}"
+                async with http.post(path + "/say", json={"text": "hello", "id": "h"}) as resp:
+                    assert resp.status == 202, await resp.text()
+                await client.wait_event(lambda e: e.get("type") == "speech.ended", 60)
+                async with http.get(path) as resp:
+                    assert resp.status == 200
+                    assert (await resp.json())["session_id"] == client.session_id
+            # DELETE too; afterwards the id is unknown, whichever worker is asked.
+            gone = clients[3]
+            async with http.delete(f"{url}/sessions/{gone.session_id}") as resp:
+                assert resp.status == 204
+            async with http.get(f"{url}/sessions/{gone.session_id}") as resp:
+                assert resp.status == 404
+                assert (await resp.json())["error"]["code"] == "unknown_session"
+            for bogus in ("nope", "w9-abc", "w1-" + "0" * 32):
+                async with http.get(f"{url}/sessions/{bogus}") as resp:
+                    assert resp.status == 404, bogus
+
+            # One /metrics for the whole server, labelled by worker.
+            async with http.get(url + "/metrics") as resp:
+                text = await resp.text()
+            assert 'voice_agent_sessions_active{kind="offer",worker="0"}' in text
+            assert 'voice_agent_sessions_active{kind="offer",worker="1"}' in text
+            assert "voice_agent_workers_alive 2.0" in text
+        finally:
+            await asyncio.gather(*(c.close() for c in clients))
+
+        # WHEP through the front: 201 with the Location of the owning worker's session, and
+        # DELETE on that Location reaches it.
+        listener = RtcClient(url, http)
+        try:
+            await listener.connect(whep=True)
+            assert listener.location == f"/whep/{listener.session_id}"
+            worker_of(listener)
+            async with http.delete(url + listener.location) as resp:
+                assert resp.status == 204, await resp.text()
+            async with http.get(f"{url}/sessions/{listener.session_id}") as resp:
+                assert resp.status == 404
+        finally:
+            await listener.close()
+
+        # A room's participants all land in the process that holds the room.
+        rooms: dict[str, list[RtcClient]] = {"alpha": [], "beta": []}
+        try:
+            for name, members in rooms.items():
+                for _ in range(3):
+                    client = RtcClient(url, http)
+                    await client.connect(room=name)
+                    members.append(client)
+            for members in rooms.values():
+                assert len({worker_of(c) for c in members}) == 1
+        finally:
+            await asyncio.gather(*(c.close() for m in rooms.values() for c in m))
+
+
+async def test_a_killed_worker_is_restarted_and_the_other_keeps_speaking(
+    two_workers_to_kill: Served,
+) -> None:
+    url = two_workers_to_kill.url
+    async with aiohttp.ClientSession() as http:
+        a, b = RtcClient(url, http), RtcClient(url, http)
+        await a.connect()
+        await b.connect()
+        try:
+            assert {worker_of(a), worker_of(b)} == {0, 1}
+            victim, survivor = (a, b) if worker_of(a) == 0 else (b, a)
+            before = await readyz(http, url)
+            pid = before["workers"][0]["pid"]
+            # The survivor is speaking when its neighbour dies.
+            survivor.send({"type": "say", "text": "one two three four five six", "id": "s1"})
+            await survivor.wait_event(lambda e: e.get("type") == "speech.started", 60)
+            os.kill(pid, signal.SIGKILL)
+
+            ended = await survivor.wait_event(
+                lambda e: e.get("type") == "speech.ended" and e.get("id") == "s1", 60
+            )
+            assert ended["interrupted"] is False
+            await speaks(survivor, "still here after that", "s2")
+
+            # The dead worker's session is reported gone; the worker comes back.
+            async with http.get(f"{url}/sessions/{victim.session_id}") as resp:
+                assert resp.status in (404, 503), await resp.text()
+            deadline = time.monotonic() + 120
+            while True:
+                state = (await readyz(http, url))["workers"][0]
+                if state["ready"] and state["pid"] != pid:
+                    break
+                assert time.monotonic() < deadline, state
+                await asyncio.sleep(0.2)
+            assert state["restarts"] == 1
+            async with http.get(f"{url}/sessions/{victim.session_id}") as resp:
+                assert resp.status == 404
+            # New sessions can land on the restarted worker again.
+            fresh = [RtcClient(url, http) for _ in range(2)]
+            try:
+                for client in fresh:
+                    await client.connect()
+                assert 0 in {worker_of(c) for c in fresh}
+            finally:
+                await asyncio.gather(*(c.close() for c in fresh))
+        finally:
+            await asyncio.gather(a.close(), b.close())
