@@ -9,6 +9,7 @@ Two kinds of figures:
 
 from __future__ import annotations
 
+import asyncio
 import math
 from collections import Counter as Tally
 from collections.abc import Callable, Iterable, Iterator
@@ -162,6 +163,21 @@ class _LiveCollector:
             yield CounterMetricFamily(name, doc, totals[key])
 
         yield from _session_stats(peers)
+        yield GaugeMetricFamily(
+            "voice_agent_sessions_detached",
+            "Sessions whose peer was lost, waiting for a resume within the grace period",
+            sum(1 for peer in peers if peer.life.detached_at is not None),
+        )
+        try:
+            tasks = len(asyncio.all_tasks())
+        except RuntimeError:  # rendered outside the event loop (never by the server)
+            tasks = 0
+        yield GaugeMetricFamily(
+            "voice_agent_asyncio_tasks",
+            "asyncio tasks alive in the server's event loop (back to its baseline once the "
+            "sessions are gone: a leak check, see bench/soak.py)",
+            tasks,
+        )
 
 
 def _pipelines(peers: list[Peer]) -> list[SpeechPipeline]:

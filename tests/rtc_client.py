@@ -44,6 +44,8 @@ class RtcClient:
         self.event_times: list[float] = []  # time.monotonic() each event arrived
         self.session_id: str | None = None
         self.session_token: str | None = None  # for resuming the session (signaling/resume.py)
+        self.refusal: tuple[int, Any, dict[str, str]] | None = None  # see connect()
+        self.offer_seconds: float | None = None  # POST /offer -> its response
         self.location: str | None = None
         self._event_signal = asyncio.Event()
         self._reader: asyncio.Task[None] | None = None
@@ -71,6 +73,7 @@ class RtcClient:
         slots: int = 0,
         name: str | None = None,
         expect_status: int | None = None,
+        allow_refusal: bool = False,
     ) -> dict[str, Any] | None:
         """``token_in``: where the offer carries the token: header, query or body (JSON).
         ``resume``: a session token: take over that session instead of starting one.
@@ -78,6 +81,8 @@ class RtcClient:
         Rooms: ``mic`` is sent on the first transceiver (a speaker); ``slots`` receive-only
         transceivers follow it for the other speakers. With ``expect_status`` the server's
         refusal is expected: its JSON error body is returned and nothing is connected.
+        ``allow_refusal``: an error answer to the offer is kept in ``refusal`` (status,
+        error body) instead of failing the call.
         """
         mic = mic if mic is not None else self.mic
         if mic is not None:
@@ -153,13 +158,18 @@ class RtcClient:
                 body["token"] = self.token
             if resume is not None:
                 body["resume"] = resume
+            posted = time.monotonic()
             async with self.http.post(
                 self.base_url + "/offer", json=body, headers=headers, params=params
             ) as resp:
+                self.offer_seconds = time.monotonic() - posted
                 if expect_status is not None:
                     assert resp.status == expect_status, await resp.text()
                     error: dict[str, Any] = await resp.json()
                     return error
+                if allow_refusal and resp.status != 200:
+                    self.refusal = (resp.status, await resp.json(), dict(resp.headers))
+                    return None
                 assert resp.status == 200, await resp.text()
                 data = await resp.json()
                 assert data["type"] == "answer"

@@ -10,7 +10,9 @@ product's ``signaling.shutdown.serve`` runs it; only the engine is the test doub
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import os
+import signal
 import sys
 
 from signaling.app import build_app, runner_options
@@ -30,6 +32,10 @@ def main(argv: list[str]) -> int:
     args = build_parser(os.environ).parse_args(["serve", *argv])
     config = config_from_args(args, os.environ)
     configure_logging(config)
+    # For bench/soak.py: SIGUSR1 returns the C heap's free memory to the OS (glibc
+    # malloc_trim), which tells a native leak (RSS stays) from fragmentation (RSS drops).
+    libc = ctypes.CDLL(None)
+    signal.signal(signal.SIGUSR1, lambda *_: libc.malloc_trim(0))
     app = build_app(config, ToneEngine(seconds_per_word=seconds_per_word))
     asyncio.run(serve(app, config, app[SESSIONS], app[DRAIN], **runner_options()))
     return 0

@@ -555,3 +555,33 @@ async def test_page_passes_its_url_token_to_an_auth_server(browser: Browser) -> 
             assert not ap.page_errors(), ap.context()
         finally:
             await context.close()
+
+
+async def test_the_page_resumes_its_session_after_losing_the_connection(
+    agent_page: AgentPage, live_server: Any
+) -> None:
+    """The server loses the page's connection (as its RTCP check does for a client that went
+    quiet): the page resumes the same session on a new connection by itself."""
+    import asyncio
+
+    from signaling.keys import SESSIONS
+
+    ap = agent_page
+    await connect(ap)
+    session_id = await ap.page.evaluate("() => window.voiceAgent.sessionId")
+    registry = live_server.app[SESSIONS]
+    peer = registry.get(session_id)
+    old_pc = peer.pc
+    await registry._lose(peer, old_pc)  # the connection is closed, the session detached
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 20
+    while not (peer.pc is not old_pc and peer.pc.connectionState == "connected"):
+        assert loop.time() < deadline, f"the page did not resume{ap.context()}"
+        await asyncio.sleep(0.1)
+    await ap.page.wait_for_selector('#state[data-state="connected"]', timeout=20_000)
+    assert await ap.page.evaluate("() => window.voiceAgent.sessionId") == session_id
+    assert len(registry) == 1
+    before = await say_in_ui(ap, "Back on a new connection.")
+    probe = await probe_speech(ap, before, timeout_s=10)
+    assert probe["endedAt"] is not None, probe
+    assert not ap.page_errors(), ap.context()
