@@ -123,6 +123,7 @@ def _make_default_track_class() -> type:
     from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
     from av import AudioFrame
 
+    from agent.opus import OpusEncoder
     from agent.track import TrackStats
 
     time_base = fractions.Fraction(1, SAMPLE_RATE)
@@ -144,10 +145,22 @@ def _make_default_track_class() -> type:
             self._start: float | None = None
             self._pts = 0
             self.stats = TrackStats()
+            # aiortc encodes this path itself (fixed 96 kbps): the session's network
+            # adaptation gets an encoder to read and setters that change nothing here.
+            self.encoder = OpusEncoder()
             self.bench_onset: str | None = None
             self.bench_started_at: dict[str, float] = {}
             self.bench_buffered_at: dict[str, float] = {}
             self.bench_sent_at: dict[str, float] = {}
+
+        def set_bitrate(self, bits_per_second: int) -> None:
+            pass
+
+        def set_fec(self, enabled: bool) -> None:
+            pass
+
+        def set_expected_loss(self, percent: int) -> None:
+            pass
 
         async def recv(self) -> AudioFrame:  # type: ignore[override]
             if self.readyState != "live":
@@ -286,13 +299,23 @@ def _server_options(argv: Sequence[str]) -> argparse.Namespace:
 
 
 def _bench_config(opts: argparse.Namespace) -> Any:
-    from agent.config import Config, OpusSettings
+    from agent.config import Config, LimitSettings, OpusSettings
 
+    # One client process opens every session from one address: the per-address limits
+    # and the session cap of a public server are not what is measured here.
+    unlimited = 1_000_000
     return Config(
         host="127.0.0.1",
         port=0,
         log_level="WARNING",
         workers=opts.workers,
+        limits=LimitSettings(
+            offer_rate=unlimited,
+            offer_burst=unlimited,
+            speech_rate=unlimited,
+            speech_burst=unlimited,
+            max_sessions=unlimited,
+        ),
         opus=OpusSettings(
             bitrate=opts.bitrate, complexity=opts.complexity, encode_threads=opts.encode_threads
         ),
