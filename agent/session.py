@@ -119,6 +119,12 @@ class AgentSession:
         """The client's microphone: voice activity, turns and barge-in run on it."""
         from agent.inbound import InboundAudio, shorten_jitter_buffer
 
+        previous = self.inbound
+        if previous is not None and previous.track.readyState == "ended":
+            # A resumed session's new connection brings a new microphone track: the old
+            # one ended with its peer connection; listen to the new one.
+            self.inbound = None
+            self._drain_tasks.append(asyncio.get_running_loop().create_task(previous.close()))
         if self.inbound is not None or not self.config.listen.enabled:
             # Not listened to: still read it, or aiortc queues its decoded frames unbounded.
             self._drain_tasks.append(asyncio.get_running_loop().create_task(_drain(track)))

@@ -126,3 +126,31 @@ async def test_transcriber_uploads_a_wav_and_reads_the_text() -> None:
 
 def test_detector_kinds_are_the_wire_names() -> None:
     assert {a.value for a in Activity} == {"started", "ended"}
+
+
+async def test_a_resumed_connection_s_microphone_is_listened_to() -> None:
+    """After a resume the old microphone track has ended with its peer connection; the new
+    connection's track must take its place, not be merely drained."""
+    from types import SimpleNamespace
+
+    from agent.config import Config
+    from agent.session import AgentSession
+    from agent.vad import VadPool
+    from tests.doubles import ToneEngine, ToneMicrophone
+
+    session = AgentSession("s", ToneEngine(), Config())
+    pool = VadPool(1)
+    receiver = SimpleNamespace()  # not aiortc's: the jitter buffer is left alone
+    first, second = ToneMicrophone(440), ToneMicrophone(880)
+    try:
+        session.listen(first, receiver, pool)  # type: ignore[arg-type]
+        assert session.inbound is not None and session.inbound.track is first
+        session.listen(second, receiver, pool)  # type: ignore[arg-type]
+        assert session.inbound.track is first  # a second live track is only drained
+        first.stop()  # the old peer connection closed
+        third = ToneMicrophone(660)
+        session.listen(third, receiver, pool)  # type: ignore[arg-type]
+        assert session.inbound is not None and session.inbound.track is third
+    finally:
+        await session.close()
+        pool.executor.shutdown(wait=False)
