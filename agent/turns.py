@@ -85,6 +85,7 @@ class Conversation:
         self._turn_id: str | None = None
         self._unanswered = False  # a user message in the history that no reply follows yet
         self._closed = False
+        self._told_no_stt = False
 
     # --- services (created on first use: a session that never talks opens no connection) --
     def _client(self) -> aiohttp.ClientSession:
@@ -140,11 +141,16 @@ class Conversation:
     async def _turn(self, turn_id: str, seq: int, audio: npt.NDArray[np.float32]) -> None:
         stt = self._stt()
         if stt is None:
-            self._error(
-                "stt_unavailable",
-                "no speech-to-text service is configured (--stt-url): the turn was not heard",
-                turn_id,
-            )
+            # Said once per session: barge-in still works without STT, and repeating the same
+            # error at every turn would only bury the page in alerts.
+            if not self._told_no_stt:
+                self._told_no_stt = True
+                self._error(
+                    "stt_unavailable",
+                    "no speech-to-text service is configured (--stt-url): turns are not "
+                    "transcribed (barge-in still works; said once per session)",
+                    turn_id,
+                )
             return
         try:
             text = await stt.transcribe(audio)

@@ -320,9 +320,17 @@ async def test_no_speech_to_text_configured_says_so(live_server: LiveServer) -> 
             client.mic.play(samples, rate)  # type: ignore[union-attr]
             ended = await client.wait_event(lambda e: e["type"] == "user.speech.ended")
             error = await client.wait_event(lambda e: e["type"] == "error")
+            # A second turn: not transcribed either, and not reported again.
+            client.mic.play(samples, rate)  # type: ignore[union-attr]
+            second = await client.wait_event(
+                lambda e: e["type"] == "user.speech.ended" and e["id"] != ended["id"], 15
+            )
+            await asyncio.sleep(0.5)
         finally:
             await client.close()
     assert error["code"] == "stt_unavailable" and error["id"] == ended["id"]
+    assert second["id"] != ended["id"]
+    assert [e["code"] for e in client.events if e["type"] == "error"] == ["stt_unavailable"]
 
 
 async def test_captions_arrive_with_the_first_packet_of_their_audio(
