@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -139,3 +140,14 @@ def _config_fields(obj: dict[str, Any]) -> dict[str, Any]:
     if unknown:
         raise ProtocolError("bad_config", f"unknown config fields: {sorted(unknown)[:5]}")
     return fields
+
+
+def listen_on_channel(
+    channel: Any, on_open: Callable[[], None], on_message: Callable[[str | bytes], None]
+) -> None:
+    """Wire a data channel to its session: ``on_open`` when it opens (at once if it is
+    open already: events raised meanwhile are waiting), ``on_message`` for each message."""
+    channel.on("open", on_open)
+    channel.on("message", on_message)
+    if channel.readyState == "open":
+        on_open()

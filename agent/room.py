@@ -52,6 +52,7 @@ from agent.protocol import (
     Say,
     TextDelta,
     TextEnd,
+    listen_on_channel,
     parse_message,
 )
 from agent.speech import Event, SpeechError, SpeechPipeline
@@ -505,17 +506,7 @@ class RoomMember:
     # --- data channel --------------------------------------------------------------------
     def attach_channel(self, channel: RTCDataChannel) -> None:
         self.channel = channel
-
-        @channel.on("open")
-        def _on_open() -> None:
-            self._flush_pending()
-
-        @channel.on("message")
-        def _on_message(raw: str | bytes) -> None:
-            self.handle_message(raw)
-
-        if channel.readyState == "open":
-            self._flush_pending()
+        listen_on_channel(channel, self._flush_pending, self.handle_message)
 
     def handle_message(self, raw: str | bytes) -> None:
         message: Message | None = None

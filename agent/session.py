@@ -27,6 +27,7 @@ from agent.protocol import (
     Say,
     TextDelta,
     TextEnd,
+    listen_on_channel,
     parse_message,
 )
 from agent.speech import Event, SpeechError, SpeechPipeline
@@ -136,17 +137,7 @@ class AgentSession:
 
     def attach_channel(self, channel: RTCDataChannel) -> None:
         self.channel = channel
-
-        @channel.on("open")
-        def _on_open() -> None:
-            self._flush_pending()
-
-        @channel.on("message")
-        def _on_message(raw: str | bytes) -> None:
-            self.handle_message(raw)
-
-        if channel.readyState == "open":
-            self._flush_pending()
+        listen_on_channel(channel, self._flush_pending, self.handle_message)
 
     # --- inbound -------------------------------------------------------------------------
     def handle_message(self, raw: str | bytes) -> None:

@@ -8,7 +8,6 @@ continuous batching across sessions, per-stream cancellation and backpressure.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import logging
 import threading
@@ -20,6 +19,7 @@ from agent.chattts.scheduler import SAMPLE_RATE, Scheduler
 from agent.config import ChatTTSSettings
 from agent.engine import PCM, EngineError, VoiceOptions
 from agent.text.normalize import normalize_for_tts
+from agent.threads import job_settling
 
 log = logging.getLogger(__name__)
 
@@ -126,23 +126,6 @@ async def _in_daemon_thread(
     """
     loop = asyncio.get_running_loop()
     future: asyncio.Future[LoadedModel] = loop.create_future()
-
-    def deliver(result: LoadedModel | None, error: BaseException | None) -> None:
-        if future.done():
-            return  # the waiter was cancelled (shutdown)
-        if error is not None:
-            future.set_exception(error)
-        else:
-            future.set_result(result)  # type: ignore[arg-type]
-
-    def run() -> None:
-        try:
-            result, error = fn(arg), None
-        except BaseException as exc:  # noqa: BLE001 - handed to the awaiting coroutine
-            result, error = None, exc
-        # RuntimeError: the event loop is gone, nobody is waiting any more.
-        with contextlib.suppress(RuntimeError):
-            loop.call_soon_threadsafe(deliver, result, error)
-
-    threading.Thread(target=run, name="chattts-load", daemon=True).start()
+    job = job_settling(loop, future, lambda: fn(arg))
+    threading.Thread(target=job, name="chattts-load", daemon=True).start()
     return await future

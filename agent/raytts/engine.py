@@ -25,6 +25,7 @@ import numpy as np
 from agent.config import ChatTTSSettings, RaySettings
 from agent.engine import PCM, EngineError, EngineLoadError, VoiceOptions
 from agent.raytts.deployment import fingerprint, speech_app
+from agent.threads import job_settling
 
 if TYPE_CHECKING:
     from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
@@ -255,26 +256,10 @@ class _DriverThread:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
 
-        def deliver(result: T | None, error: BaseException | None) -> None:
-            if future.done():
-                return  # the waiter was cancelled (shutdown)
-            if error is not None:
-                future.set_exception(error)
-            else:
-                future.set_result(result)  # type: ignore[arg-type]
-
-        def job() -> None:
-            try:
-                result, error = fn(), None
-            except BaseException as exc:  # noqa: BLE001 - handed to the awaiting coroutine
-                result, error = None, exc
-            with contextlib.suppress(RuntimeError):  # the loop is gone: nobody is waiting
-                loop.call_soon_threadsafe(deliver, result, error)
-
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="ray-driver", daemon=True)
             self._thread.start()
-        self._jobs.put(job)
+        self._jobs.put(job_settling(loop, future, fn))
         return await future
 
     def stop(self) -> None:

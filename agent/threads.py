@@ -1,0 +1,38 @@
+"""Running blocking work on a thread of our own and awaiting its result on the event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+def job_settling(
+    loop: asyncio.AbstractEventLoop, future: asyncio.Future[T], fn: Callable[[], T]
+) -> Callable[[], None]:
+    """A job for another thread: it runs ``fn`` there and settles ``future`` on ``loop``.
+
+    A waiter that was cancelled (shutdown) or a loop that is gone is not an error: nobody
+    is waiting any more.
+    """
+
+    def deliver(result: T | None, error: BaseException | None) -> None:
+        if future.done():
+            return
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)  # type: ignore[arg-type]
+
+    def job() -> None:
+        try:
+            result, error = fn(), None
+        except BaseException as exc:  # noqa: BLE001 - handed to the awaiting coroutine
+            result, error = None, exc
+        with contextlib.suppress(RuntimeError):  # the loop is gone
+            loop.call_soon_threadsafe(deliver, result, error)
+
+    return job
