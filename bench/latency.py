@@ -74,7 +74,13 @@ def run_one(n: int, variant: str, args: argparse.Namespace, workdir: Path) -> di
         server.runqueue_wait(),
     )
     try:
-        client = Client(server.url, n, workdir / f"client-{tag}.log", [1] if args.pin else None)
+        client = Client(
+            server.url,
+            n,
+            workdir / f"client-{tag}.log",
+            [1] if args.pin else None,
+            receive=args.client_receive,
+        )
         deadline = time.monotonic() + 30 + args.utterances * (args.gap_max + 2.0)
         while True:
             time.sleep(1.0)

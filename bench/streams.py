@@ -71,7 +71,13 @@ def run_one(
     try:
         time.sleep(1.0)
         rss0 = server.rss()
-        client = Client(server.url, n, workdir / f"client-{tag}.log", [1] if args.pin else None)
+        client = Client(
+            server.url,
+            n,
+            workdir / f"client-{tag}.log",
+            [1] if args.pin else None,
+            receive=args.client_receive,
+        )
         warmup = (
             args.warmup if pattern == "continuous" else max(args.warmup, args.talk + args.silence)
         )
@@ -138,6 +144,8 @@ def run_one(
         "late_rephases": delta("late_rephases"),
         "encode_calls_per_stream_s": delta("encode_calls") / wall / n,
         "decode_errors": sum(s["decode_errors"] for s in streams),
+        "undecryptable": sum(s.get("undecryptable", 0) for s in streams),
+        "receiver_reports_per_stream_s": delta("receiver_reports") / wall / n,
     }
 
 

@@ -1,0 +1,39 @@
+"""bench/streams.py end to end at a tiny size: the harness's own fast receive path works.
+
+The load generator records RTP at the socket and decrypts it after the window
+(bench/_common.py ``SocketPoller``); if that broke, every bench figure would be wrong
+(packets missed, nothing decrypted, or the server hearing no receiver reports and closing
+the sessions). Real time is not asserted (CI machines are loaded): only what must hold.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_streams_bench_records_decrypts_and_reports(tmp_path: Path) -> None:
+    out = tmp_path / "streams.json"
+    cmd = [
+        sys.executable,
+        str(ROOT / "bench" / "streams.py"),
+        *("--n", "2", "--seconds", "3", "--warmup", "1"),
+        *("--patterns", "continuous", "--retries", "0", "--json", str(out)),
+    ]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    runs = {r["variant"]: r for r in json.loads(out.read_text())}
+    assert set(runs) == {"ours", "default"}
+    for variant, run in runs.items():
+        assert run["connected"] == 2, variant
+        # Every packet decrypted and decoded; the tone is heard in every packet.
+        assert run["undecryptable"] == 0, variant
+        assert run["decode_errors"] == 0, variant
+        assert run["speech_share"] > 0.9, variant
+        assert run["pps_total"] > 2 * 30, variant  # ~50 each unless the machine is swamped
+        # The server heard receiver reports built from the socket-level statistics.
+        assert run["receiver_reports_per_stream_s"] > 0.2, variant
