@@ -8,7 +8,7 @@ collector off (tests/test_release.py): every closed session left ~370 server-sid
 behind, with their native parts (OpenSSL DTLS connection and context, SRTP sessions, the
 libopus encoder); dozens of closed sessions waited for a full collection at any time, the
 heap grew to hold them, and glibc and pymalloc kept that high-water mark (bench/soak.py:
-+18-28% RSS after warm-up; with a full collection after each close, +1.6%, but a full
++18-30% RSS after warm-up; with a full collection after each close, +1.4-1.7%, but a full
 collection stalls the event loop 40-100 ms).
 
 The cycles, and which side breaks each:
