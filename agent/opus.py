@@ -21,6 +21,10 @@ import numpy.typing as npt
 SAMPLE_RATE = 48_000
 FRAME_SAMPLES = 960  # 20 ms at 48 kHz: the only frame size the track sends
 MAX_PACKET_BYTES = 1_275  # largest Opus frame (RFC 6716 section 3.2.1)
+# One array type for every encoder's output buffer: ctypes caches ``c_char * n`` only while
+# an instance lives, and a type object is its own reference cycle, so creating one per
+# encoder (create_string_buffer) left garbage for the cyclic collector at every session.
+_PacketBuffer = ctypes.c_char * MAX_PACKET_BYTES
 
 _OPUS_APPLICATION_VOIP = 2048
 _OPUS_OK = 0
@@ -137,7 +141,7 @@ class OpusEncoder:
         self._lib = lib
         self._handle: int | None = handle
         self._lock = threading.Lock()
-        self._out = ctypes.create_string_buffer(MAX_PACKET_BYTES)
+        self._out = _PacketBuffer()
         self._bitrate = 0
         self._fec = False
         self._loss = 0

@@ -37,6 +37,10 @@ FRAMES_PER_SECOND = 50
 MAX_SEGMENT_CHARS = 200
 
 
+def discard_event(event: Event) -> None:
+    """The sink of a closed pipeline or conversation: its session is gone."""
+
+
 class SpeechError(Exception):
     """A request the pipeline refuses; ``code`` goes to the client as the error code."""
 
@@ -189,6 +193,10 @@ class SpeechPipeline:
             worker.cancel()
             with suppress(asyncio.CancelledError):
                 await worker
+        # The sink is usually a bound method of the session that owns this pipeline: holding
+        # it past close keeps session and pipeline in a reference cycle, which only a full
+        # garbage collection frees, with the session's peer connection (signaling/release.py).
+        self._emit = discard_event
 
     @property
     def queued(self) -> int:

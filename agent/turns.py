@@ -33,7 +33,7 @@ from agent.brain import Brain, EchoBrain, LLMBrain
 from agent.conversation_config import VAD_SAMPLE_RATE, ListenSettings, ServiceSettings
 from agent.httpservice import ServiceError
 from agent.llm import ChatCompletions, Message
-from agent.speech import SpeechError, SpeechPipeline
+from agent.speech import SpeechError, SpeechPipeline, discard_event
 from agent.stt import Transcriber
 from agent.vad import ActivityEvent
 
@@ -298,3 +298,4 @@ class Conversation:
                 await task
         if self._http is not None:
             await self._http.close()
+        self._emit = discard_event  # as SpeechPipeline.close(): no cycle with the session

@@ -33,6 +33,7 @@ from agent.vad import VadPool
 from signaling.errors import ApiError
 from signaling.lifecycle import Liveness, Verdict, check_interval, tap_rtcp, verdict
 from signaling.negotiation import OpusOffer, read_opus_offer, tune_answer
+from signaling.release import close_peer_connection
 from signaling.resume import TokenBook, new_token
 from signaling.rooms import RoomRegistry, offer_sends_audio
 from signaling.sdp import add_mdns_fallback, check_offer_sdp, explicit_directions, opus_first
@@ -263,7 +264,7 @@ class SessionRegistry:
                 # The client knows before we do (it switched networks, say): drop the old one.
                 peer.life.detached_at = time.monotonic()
                 peer.life.lost_reason = "resumed"
-            await old.close()
+            await close_peer_connection(old)
             # aiortc stops a track with its sender: playout goes on in a new one.
             if not isinstance(peer.session, AgentSession):  # routes refuse it before this
                 raise ApiError(400, "not_resumable", "room participants rejoin the room instead")
@@ -324,7 +325,7 @@ class SessionRegistry:
                 reason,
                 self.config.lifecycle.resume_grace_s,
             )
-            await pc.close()
+            await close_peer_connection(pc)
         else:
             log.info("session %s: peer lost (%s)", peer.session.id, reason)
             await self.close(peer.session.id)
@@ -377,7 +378,7 @@ class SessionRegistry:
         try:
             await peer.session.close()
         finally:
-            await peer.pc.close()
+            await close_peer_connection(peer.pc)
         log.info("session %s closed (%d active)", session_id, len(self._peers))
         return True
 
@@ -415,7 +416,7 @@ async def _close_quietly(pc: RTCPeerConnection) -> None:
     the audio section has no a=mid; found by tests/test_fuzz.py): the offer's own error is
     what the client must get, never this one."""
     try:
-        await pc.close()
+        await close_peer_connection(pc)
     except Exception:  # see above; nothing else holds this pc
         log.debug("closing a half-negotiated peer connection failed", exc_info=True)
 

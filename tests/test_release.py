@@ -1,0 +1,137 @@
+"""A closed session is freed by reference counting, not left to the cyclic garbage collector.
+
+signaling/release.py explains why it matters (bench/soak.py's RSS growth). With the
+collector switched off, a session that connected, spoke and left (goodbye, hang-up or a
+vanished client) must leave none of its server-side objects alive: the peer connection and
+its transports, the OpenSSL DTLS connection, the agent session, its track and its libopus
+encoder. Any new reference cycle through them fails this test.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import weakref
+from collections.abc import Iterator
+from typing import Any
+
+import aiohttp
+import pytest
+from aiortc import RTCPeerConnection
+
+from agent.config import Config, LifecycleSettings
+from agent.session import AgentSession
+from signaling.keys import SESSIONS
+from signaling.release import release_closed
+from signaling.sessions import SessionRegistry
+from tests.conftest import LiveServer
+from tests.netem import relayed_client
+from tests.rtc_client import RtcClient
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture
+def server_config() -> Config:
+    life = LifecycleSettings(
+        connect_timeout_s=5, rtcp_timeout_s=2.0, resume_grace_s=0.5, idle_timeout_s=0
+    )
+    return Config(host="127.0.0.1", port=0, lifecycle=life)
+
+
+@contextlib.contextmanager
+def collector_off() -> Iterator[None]:
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
+def watch_session(registry: SessionRegistry) -> dict[str, weakref.ref[Any]]:
+    """Weak references to the one open session's server-side objects."""
+    (peer,) = registry.peers()
+    session = peer.session
+    assert isinstance(session, AgentSession)
+    objects: dict[str, Any] = {
+        "peer connection": peer.pc,
+        "session": session,
+        "track": session.track,
+        "encoder": session.track.encoder,
+    }
+    sctp = peer.pc.sctp
+    assert sctp is not None
+    objects["sctp"] = sctp
+    for index, transceiver in enumerate(peer.pc.getTransceivers()):
+        dtls = transceiver.sender.transport
+        objects[f"sender {index}"] = transceiver.sender
+        objects[f"dtls {index}"] = dtls
+        objects[f"ice {index}"] = dtls.transport
+        objects[f"openssl connection {index}"] = dtls._ssl
+    return {name: weakref.ref(obj) for name, obj in objects.items()}
+
+
+async def session_closed(registry: SessionRegistry) -> None:
+    async with asyncio.timeout(10):
+        while len(registry):
+            await asyncio.sleep(0.05)
+    await asyncio.sleep(0.3)  # closing tasks finish
+
+
+def alive(watched: dict[str, weakref.ref[Any]]) -> list[str]:
+    return [name for name, ref in watched.items() if ref() is not None]
+
+
+async def speak(client: RtcClient) -> None:
+    client.send({"type": "say", "text": "hello there", "id": "u1"})
+    await client.wait_event(lambda e: e["type"] == "speech.ended", 10)
+
+
+@pytest.mark.parametrize("how", ["goodbye", "hang-up"])
+async def test_a_closed_session_is_freed_without_the_cyclic_collector(
+    live_server: LiveServer, how: str
+) -> None:
+    registry = live_server.app[SESSIONS]
+    async with aiohttp.ClientSession() as http:
+        with collector_off():
+            client = RtcClient(live_server.url, http)
+            await client.connect()
+            watched = watch_session(registry)
+            await speak(client)
+            if how == "goodbye":
+                async with http.delete(f"{live_server.url}/sessions/{client.session_id}"):
+                    pass
+            await client.close()
+            await session_closed(registry)
+            assert alive(watched) == []
+
+
+async def test_a_vanished_client_s_session_is_freed_without_the_cyclic_collector(
+    live_server: LiveServer,
+) -> None:
+    """Nothing passes any more: lost after the RTCP timeout, closed after the grace."""
+    registry = live_server.app[SESSIONS]
+    async with aiohttp.ClientSession() as http:
+        with collector_off():
+            async with relayed_client(live_server.url, http) as (client, relay):
+                watched = watch_session(registry)
+                await speak(client)
+                relay.blackout = True
+                await session_closed(registry)
+            assert alive(watched) == []
+
+
+async def test_release_is_idempotent_and_works_on_a_never_connected_pc() -> None:
+    pc = RTCPeerConnection()
+    pc.addTransceiver("audio", direction="recvonly")
+    pc.createDataChannel("agent")
+    await pc.setLocalDescription(await pc.createOffer())
+    await pc.close()
+    release_closed(pc)
+    release_closed(pc)
+    watched = weakref.ref(pc)
+    with collector_off():
+        del pc
+        assert watched() is None
