@@ -32,7 +32,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _common
-from _common import Client, Server, pct, system_busy, table
+from _common import Client, Server, parallel_speedup, pct, system_busy, system_steal, table
 
 MIB = 1024 * 1024
 TARGET_RATIO = 0.35
@@ -84,6 +84,7 @@ def run_one(
         time.sleep(warmup)
         s0 = server.stats()
         t0, cpu0, ccpu0, busy0 = time.monotonic(), server.cpu(), client.cpu(), system_busy()
+        steal0 = system_steal()
         wait0 = server.runqueue_wait()
         rss_peak = server.rss()
         end = t0 + args.seconds
@@ -91,6 +92,7 @@ def run_one(
             time.sleep(min(1.0, end - now))
             rss_peak = max(rss_peak, server.rss())
         t1, cpu1, ccpu1, busy1 = time.monotonic(), server.cpu(), client.cpu(), system_busy()
+        steal1 = system_steal()
         wait1 = server.runqueue_wait()
         threads = server.threads()
         s1 = server.stats()
@@ -125,6 +127,8 @@ def run_one(
         # Share of the window the server's event-loop thread was runnable but had no CPU.
         "server_wait_pct": (wait1 - wait0) / wall * 100,
         "others_cpu_pct": max(0.0, (busy1 - busy0) - (cpu1 - cpu0) - (ccpu1 - ccpu0)) / wall * 100,
+        # CPU time the hypervisor gave other guests while ours were ready to run.
+        "steal_pct": (steal1 - steal0) / wall * 100,
         "pps_total": sum(pps),
         "pps_min": min(pps) if pps else 0.0,
         "pps_median": pct(pps, 50),
@@ -348,38 +352,51 @@ def capacity(args: argparse.Namespace, worker_counts: list[int]) -> int:
         f"  complexity={args.complexity}  {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
         flush=True,
     )
-    held: dict[int, int] = {}
-    rows = []
+    # The machine's own ceiling: how much more work W CPU-bound processes do than one.
+    ceilings = {w: parallel_speedup(w) for w in worker_counts if w > 1}
+    for w, ceiling in ceilings.items():
+        print(f"  machine: {w} CPU-bound processes do {ceiling:.2f}x the work of one", flush=True)
+    held = dict.fromkeys(worker_counts, 0)
+    rows: list[tuple[int, int, list[str]]] = []
     with tempfile.TemporaryDirectory(prefix="bench-capacity-") as tmp:
-        for workers in worker_counts:
-            held[workers] = 0
-            for n in ns:
+        # N ascending, every worker count still holding tried at each N in turn: the host's
+        # load drifts over minutes (steal on a shared VM), and interleaving gives every
+        # worker count the same conditions.
+        climbing = list(worker_counts)
+        for n in ns:
+            for workers in list(climbing):
                 best = None
                 for attempt in range(1 + args.retries):
                     print(f"  workers={workers} N={n} (try {attempt + 1}) ...", flush=True)
                     r = run_one(n, "ours", "continuous", args, Path(tmp), workers)
                     if best is None or holds_real_time(r):
                         best = r
-                    if holds_real_time(r) or not _common.disturbed(r, args.max_wait):
+                    # Any miss is tried again (not only a visibly disturbed one): steal
+                    # comes and goes within seconds, and a capacity is what the server can
+                    # hold, so each N gets the same chances whatever the worker count.
+                    if holds_real_time(r):
                         break
                 assert best is not None
                 ok = holds_real_time(best)
-                rows.append(
-                    [
-                        str(workers),
-                        str(n),
-                        f"{best['pps_min']:.1f}",
-                        f"{best['pps_median']:.1f}",
-                        f"{best['gap_share'] * 100:.2f}",
-                        f"{best['server_cpu_pct']:.0f}",
-                        f"{best['client_cpu_pct']:.0f}",
-                        f"{best['others_cpu_pct']:.0f}",
-                        "yes" if ok else "no",
-                    ]
-                )
-                if not ok:
-                    break
-                held[workers] = n
+                row = [
+                    str(workers),
+                    str(n),
+                    f"{best['pps_min']:.1f}",
+                    f"{best['pps_median']:.1f}",
+                    f"{best['gap_share'] * 100:.2f}",
+                    f"{best['server_cpu_pct']:.0f}",
+                    f"{best['client_cpu_pct']:.0f}",
+                    f"{best['others_cpu_pct']:.0f}",
+                    f"{best['steal_pct']:.0f}",
+                    "yes" if ok else "no",
+                ]
+                rows.append((workers, n, row))
+                if ok:
+                    held[workers] = n
+                else:
+                    climbing.remove(workers)
+            if not climbing:
+                break
     headers = [
         "workers",
         "N",
@@ -389,13 +406,17 @@ def capacity(args: argparse.Namespace, worker_counts: list[int]) -> int:
         "server CPU%",
         "client CPU%",
         "others CPU%",
+        "steal %",
         "real time",
     ]
-    print(table(headers, rows))
+    print(table(headers, [row for _, _, row in sorted(rows, key=lambda r: (r[0], r[1]))]))
     base = held.get(1) or held[worker_counts[0]]
     for workers in worker_counts:
         ratio = held[workers] / base if base else float("nan")
-        print(f"  workers={workers}: {held[workers]} streams held in real time ({ratio:.2f}x)")
+        line = f"  workers={workers}: {held[workers]} streams held in real time ({ratio:.2f}x)"
+        if workers in ceilings:
+            line += f"; the machine's {workers}-process ceiling is {ceilings[workers]:.2f}x"
+        print(line)
     print("target (issue 8): workers=2 >= 1.8x workers=1 on a 2-core machine")
     return 0
 
