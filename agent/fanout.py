@@ -156,6 +156,10 @@ class FanoutTrack(MediaStreamTrack):
             waiter.set_result(None)
 
 
+def _ignore_target(target: EncoderTarget) -> None:
+    """The apply callback of a released control: its encoder is gone."""
+
+
 class SharedEncoderControl:
     """Combines each subscriber's encoder wish into the one encoder's settings."""
 
@@ -171,6 +175,13 @@ class SharedEncoderControl:
     def forget(self, who: object) -> None:
         if self._wishes.pop(who, None) is not None:
             self._update()
+
+    def release(self) -> None:
+        """Drop the apply callback: it is usually a bound method of the source's owner (a
+        room), which holds the source, and a cycle would leave a closed room to the cyclic
+        garbage collector (signaling/release.py says why that matters)."""
+        self._wishes.clear()
+        self._apply = _ignore_target
 
     def _update(self) -> None:
         if not self._wishes:
@@ -256,3 +267,4 @@ class FanoutSource:
     def close(self) -> None:
         for track in list(self._tracks):
             self.unsubscribe(track)
+        self.control.release()

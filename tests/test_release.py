@@ -21,11 +21,13 @@ import pytest
 from aiortc import RTCPeerConnection
 
 from agent.config import Config, LifecycleSettings
+from agent.room import RoomMember
 from agent.session import AgentSession
 from signaling.keys import SESSIONS
 from signaling.release import release_closed
 from signaling.sessions import SessionRegistry
 from tests.conftest import LiveServer
+from tests.doubles import ToneMicrophone
 from tests.netem import relayed_client
 from tests.rtc_client import RtcClient
 
@@ -135,3 +137,64 @@ async def test_release_is_idempotent_and_works_on_a_never_connected_pc() -> None
     with collector_off():
         del pc
         assert watched() is None
+
+
+def watch_peer(peer: Any) -> dict[str, weakref.ref[Any]]:
+    """Weak references to a room participant's server-side objects."""
+    member = peer.session
+    assert isinstance(member, RoomMember)
+    objects: dict[str, Any] = {
+        "peer connection": peer.pc,
+        "member": member,
+        "track": member.track,
+    }
+    for index, transceiver in enumerate(peer.pc.getTransceivers()):
+        dtls = transceiver.sender.transport
+        objects[f"sender {index}"] = transceiver.sender
+        objects[f"dtls {index}"] = dtls
+        objects[f"openssl connection {index}"] = dtls._ssl
+    return {name: weakref.ref(obj) for name, obj in objects.items()}
+
+
+async def test_a_room_participant_and_then_the_room_are_freed_without_the_cyclic_collector(
+    live_server: LiveServer,
+) -> None:
+    """One participant leaves a room that goes on (its objects go), then the last one leaves
+    (the room and its agent pipeline go too)."""
+    registry = live_server.app[SESSIONS]
+    async with aiohttp.ClientSession() as http:
+        with collector_off():
+            first = RtcClient(live_server.url, http)
+            second = RtcClient(live_server.url, http)
+            await first.connect(room="freed", slots=2)
+            await second.connect(room="freed", mic=ToneMicrophone(1000.0), slots=2)
+            peers = {peer.session.id: peer for peer in registry.peers()}
+            watched_first = watch_peer(peers[first.session_id])
+            watched_second = watch_peer(peers[second.session_id])
+            room = peers[first.session_id].session.room
+            async with asyncio.timeout(10):  # the speaker's microphone gets its feed
+                while not any(room.slots):
+                    await asyncio.sleep(0.05)
+            (feed,) = [feed for feed in room.slots if feed is not None]
+            watched_room = {
+                "room": weakref.ref(room),
+                "pipeline": weakref.ref(room.pipeline),
+                "speaker feed": weakref.ref(feed),
+            }
+            del peers, room, feed
+            async with http.delete(f"{live_server.url}/sessions/{first.session_id}"):
+                pass
+            await first.close()
+            async with asyncio.timeout(10):
+                while len(registry) > 1:
+                    await asyncio.sleep(0.05)
+            await asyncio.sleep(0.3)
+            assert alive(watched_first) == []
+            # The speaker is still in the room.
+            assert alive(watched_room) == ["room", "pipeline", "speaker feed"]
+            async with http.delete(f"{live_server.url}/sessions/{second.session_id}"):
+                pass
+            await second.close()
+            await session_closed(registry)
+            assert alive(watched_second) == []
+            assert alive(watched_room) == []
