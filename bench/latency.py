@@ -34,7 +34,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _common
-from _common import Client, Server, pct, system_busy, table
+from _common import Client, Server, pct, system_busy, system_steal, table
 
 VARIANTS = ("ours", "norephase", "default")
 TARGET_P50_MS = 5.0
@@ -67,6 +67,7 @@ def run_one(n: int, variant: str, args: argparse.Namespace, workdir: Path) -> di
     tag = f"{variant}-{n}-w{args.workers}"
     server = Server(server_args, workdir / f"server-{tag}.log", [0] if args.pin else None)
     client = None
+    steal0 = system_steal()
     busy0, wall0, cpu0, wait0 = (
         system_busy(),
         time.monotonic(),
@@ -91,6 +92,7 @@ def run_one(n: int, variant: str, args: argparse.Namespace, workdir: Path) -> di
         time.sleep(0.3)  # the last onsets' packets are in flight
         others = system_busy() - busy0 - (server.cpu() - cpu0) - (client.cpu() - client.cpu0)
         others_pct = max(0.0, others) / (time.monotonic() - wall0) * 100
+        steal_pct = (system_steal() - steal0) / (time.monotonic() - wall0) * 100
         wait_pct = (server.runqueue_wait() - wait0) / (time.monotonic() - wall0) * 100
         out = client.finish(0.0, float("inf"), workdir / f"client-{tag}.json")
     finally:
@@ -126,6 +128,7 @@ def run_one(n: int, variant: str, args: argparse.Namespace, workdir: Path) -> di
         "utterances": len(sent),
         "missing": missing,
         "others_cpu_pct": others_pct,
+        "steal_pct": steal_pct,
         "server_wait_pct": wait_pct,
         "sent_ms": sent,
         "client_ms": arrived,
