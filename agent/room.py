@@ -24,7 +24,6 @@ import logging
 import math
 import time
 import uuid
-from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Executor
 from typing import Any
@@ -43,6 +42,7 @@ from agent.fanout import FanoutSource, FanoutTrack, SubscriberWish
 from agent.feedback import Applier, FeedbackTap
 from agent.hooks import SessionHooks
 from agent.opus import FRAME_SAMPLES, OpusEncoder
+from agent.outbox import EventOutbox, admit_speech, error_event
 from agent.protocol import (
     Chat,
     ConfigUpdate,
@@ -52,7 +52,6 @@ from agent.protocol import (
     Say,
     TextDelta,
     TextEnd,
-    listen_on_channel,
     parse_message,
 )
 from agent.speech import Event, SpeechError, SpeechPipeline
@@ -60,7 +59,6 @@ from agent.track import OpusPacketTrack
 
 log = logging.getLogger(__name__)
 
-MAX_PENDING_EVENTS = 128
 AGENT_ID = "agent"  # the agent's participant id in room events
 ROOM_TICK_S = 1.0  # feedback hold-offs (FEC off after quiet, REMB expiry)
 
@@ -400,9 +398,7 @@ class RoomMember:
         self.track = FanoutTrack(queue)  # the agent, to this participant
         self._subs: list[_Subscription] = []
         self._slots: dict[int, _Subscription] = {}
-        self.channel: RTCDataChannel | None = None
-        self._expects_channel = expects_channel
-        self._pending: deque[Event] = deque(maxlen=MAX_PENDING_EVENTS)
+        self.outbox = EventOutbox(expects_channel, f"room {room.name}")
         self._receiver = ReceiverOpus()
 
     @property
@@ -504,9 +500,12 @@ class RoomMember:
             sub.track.stop()
 
     # --- data channel --------------------------------------------------------------------
+    @property
+    def channel(self) -> RTCDataChannel | None:
+        return self.outbox.channel
+
     def attach_channel(self, channel: RTCDataChannel) -> None:
-        self.channel = channel
-        listen_on_channel(channel, self._flush_pending, self.handle_message)
+        self.outbox.attach(channel, self.handle_message)
 
     def handle_message(self, raw: str | bytes) -> None:
         message: Message | None = None
@@ -516,7 +515,7 @@ class RoomMember:
             message = parse_message(raw, self.room.config.speech.max_message_bytes)
             if not self.may_instruct:
                 raise ProtocolError("forbidden", "only hosts may instruct the agent in this room")
-            self._admit(message)
+            admit_speech(message, self.pipeline.opens_stream, self.hooks)
             self._apply(message)
         except (ProtocolError, SpeechError) as exc:
             self.send_error(exc.code, exc.message, getattr(message, "id", None))
@@ -542,20 +541,6 @@ class RoomMember:
             self.room.broadcast({"type": "participant.updated", **self.describe()})
         return True
 
-    def _admit(self, message: Message) -> None:
-        match message:
-            case Say() | Chat():
-                pass
-            case TextDelta(id=utt_id) if self.pipeline.opens_stream(utt_id):
-                pass
-            case _:
-                return
-        wait = self.hooks.admit_speech()
-        if wait > 0:
-            raise ProtocolError(
-                "rate_limited", f"too many speech requests; retry in {math.ceil(wait)} s"
-            )
-
     def _apply(self, message: Message) -> None:
         pipeline = self.pipeline
         match message:
@@ -573,25 +558,10 @@ class RoomMember:
                 pipeline.voice = dataclasses.replace(pipeline.voice, **fields)
 
     def send_event(self, event: Event) -> None:
-        channel = self.channel
-        if channel is None or channel.readyState != "open":
-            if self._expects_channel:
-                self._pending.append(event)
-            return
-        try:
-            channel.send(json.dumps(event))
-        except Exception as exc:  # noqa: BLE001 - a closing transport must not break the room
-            log.debug("room %s: event dropped (%s)", self.room.name, exc)
+        self.outbox.send(event)
 
     def send_error(self, code: str, message: str, request_id: str | None = None) -> None:
-        event: Event = {"type": "error", "code": code, "message": message}
-        if request_id is not None:
-            event["id"] = request_id
-        self.send_event(event)
-
-    def _flush_pending(self) -> None:
-        while self._pending and self.channel is not None and self.channel.readyState == "open":
-            self.send_event(self._pending.popleft())
+        self.send_event(error_event(code, message, request_id))
 
     # --- what the registry and metrics ask ----------------------------------------------
     def start(self) -> None:

@@ -5,10 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import json
 import logging
-import math
-from collections import deque
 from concurrent.futures import Executor
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +15,7 @@ from agent.adaptation import NetworkAdaptation, ReceiverOpus
 from agent.config import Config
 from agent.engine import TTSEngine
 from agent.hooks import SessionHooks
+from agent.outbox import EventOutbox, admit_speech, error_event
 from agent.protocol import (
     Chat,
     ConfigUpdate,
@@ -27,7 +25,6 @@ from agent.protocol import (
     Say,
     TextDelta,
     TextEnd,
-    listen_on_channel,
     parse_message,
 )
 from agent.speech import Event, SpeechError, SpeechPipeline
@@ -42,8 +39,6 @@ if TYPE_CHECKING:
     from agent.vad import VadPool
 
 log = logging.getLogger(__name__)
-
-MAX_PENDING_EVENTS = 128  # events raised before the data channel opened
 
 
 class AgentSession:
@@ -67,10 +62,7 @@ class AgentSession:
         self.track = OpusPacketTrack(
             self.pipeline.buffer, config.opus, encode_executor=encode_executor
         )
-        self.channel: RTCDataChannel | None = None
-        # Events raised before the channel opened wait for it; a WHEP listener has none.
-        self._expects_channel = expects_channel
-        self._pending: deque[Event] = deque(maxlen=MAX_PENDING_EVENTS)
+        self.outbox = EventOutbox(expects_channel, f"session {session_id}")
         self.network = NetworkAdaptation(self.track, config.adaptation, ReceiverOpus())
         self._stats_task: asyncio.Task[None] | None = None
         # The user's side: turns, the brain, barge-in (fed by the microphone, if any).
@@ -111,7 +103,7 @@ class AgentSession:
             await asyncio.sleep(interval if send_stats else 1.0)
             try:
                 self.network.tick()
-                if send_stats and self.channel is not None and self.channel.readyState == "open":
+                if send_stats and self.outbox.open:
                     self.send_event({"type": "stats", **self.network_stats()})
             except Exception:  # stats must never end the session
                 log.exception("session %s: stats failed", self.id)
@@ -135,9 +127,12 @@ class AgentSession:
         self.inbound = InboundAudio(track, pool, self.config.listen, self.conversation)
         self.inbound.start()
 
+    @property
+    def channel(self) -> RTCDataChannel | None:
+        return self.outbox.channel
+
     def attach_channel(self, channel: RTCDataChannel) -> None:
-        self.channel = channel
-        listen_on_channel(channel, self._flush_pending, self.handle_message)
+        self.outbox.attach(channel, self.handle_message)
 
     # --- inbound -------------------------------------------------------------------------
     def handle_message(self, raw: str | bytes) -> None:
@@ -145,32 +140,13 @@ class AgentSession:
         message: Message | None = None
         try:
             message = parse_message(raw, self.config.speech.max_message_bytes)
-            self._admit(message)
+            admit_speech(message, self.pipeline.opens_stream, self.hooks)
             self.apply(message)
         except (ProtocolError, SpeechError) as exc:
             self.send_error(exc.code, exc.message, getattr(message, "id", None))
         except Exception:  # a bug must not take the session down; say so and log it
             log.exception("session %s: message handling failed", self.id)
             self.send_error("internal", "the server could not handle this message")
-
-    def _admit(self, message: Message) -> None:
-        """Rate-limit requests that start speech; a refused one is an error, nothing else.
-
-        A text delta counts only when it opens a stream: an LLM streams many deltas per
-        second, and one stream's total is already capped by ``max_text_chars``.
-        """
-        match message:
-            case Say() | Chat():
-                pass
-            case TextDelta(id=utt_id) if self.pipeline.opens_stream(utt_id):
-                pass
-            case _:
-                return
-        wait = self.hooks.admit_speech()
-        if wait > 0:
-            raise ProtocolError(
-                "rate_limited", f"too many speech requests; retry in {math.ceil(wait)} s"
-            )
 
     def apply(self, message: Message) -> str | None:
         match message:
@@ -197,26 +173,10 @@ class AgentSession:
     # --- outbound ------------------------------------------------------------------------
     def send_event(self, event: Event) -> None:
         self.conversation.observe(event)  # what was played becomes the history
-        channel = self.channel
-        if channel is None or channel.readyState != "open":
-            if self._expects_channel:
-                self._pending.append(event)
-            return
-        try:
-            channel.send(json.dumps(event))
-        except Exception as exc:  # noqa: BLE001 - a closing transport must not break playout
-            log.debug("session %s: event dropped (%s)", self.id, exc)
+        self.outbox.send(event)
 
     def send_error(self, code: str, message: str, request_id: str | None = None) -> None:
-        """An ``error`` event; it carries the request's ``id`` when the request had one."""
-        event: Event = {"type": "error", "code": code, "message": message}
-        if request_id is not None:
-            event["id"] = request_id
-        self.send_event(event)
-
-    def _flush_pending(self) -> None:
-        while self._pending and self.channel is not None and self.channel.readyState == "open":
-            self.send_event(self._pending.popleft())
+        self.send_event(error_event(code, message, request_id))
 
     def network_stats(self) -> dict[str, Any]:
         track = self.track.stats

@@ -33,6 +33,7 @@ from agent.brain import Brain, EchoBrain, LLMBrain
 from agent.conversation_config import VAD_SAMPLE_RATE, ListenSettings, ServiceSettings
 from agent.httpservice import ServiceError
 from agent.llm import ChatCompletions, Message
+from agent.outbox import error_event
 from agent.speech import SpeechError, SpeechPipeline, discard_event
 from agent.stt import Transcriber
 from agent.vad import ActivityEvent
@@ -272,10 +273,7 @@ class Conversation:
 
     # --- helpers -------------------------------------------------------------------------
     def _error(self, code: str, message: str, request_id: str | None) -> None:
-        event: Event = {"type": "error", "code": code, "message": message}
-        if request_id is not None:
-            event["id"] = request_id
-        self._emit(event)
+        self._emit(error_event(code, message, request_id))
 
     def snapshot(self) -> dict[str, Any]:
         return {

@@ -1,0 +1,87 @@
+"""Events to a client's data channel, and the rule for admitting speech requests.
+
+Shared by 1:1 sessions (agent/session.py) and room members (agent/room.py), which differ in
+what they do with a message, not in how events reach the client or how speech is admitted.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections import deque
+from collections.abc import Callable
+
+from aiortc import RTCDataChannel
+
+from agent.hooks import SessionHooks
+from agent.protocol import Chat, Message, ProtocolError, Say, TextDelta, listen_on_channel
+from agent.speech import Event
+
+log = logging.getLogger(__name__)
+
+MAX_PENDING_EVENTS = 128  # events raised before the data channel opened
+
+
+def error_event(code: str, message: str, request_id: str | None = None) -> Event:
+    """An ``error`` event; it carries the request's ``id`` when the request had one."""
+    event: Event = {"type": "error", "code": code, "message": message}
+    if request_id is not None:
+        event["id"] = request_id
+    return event
+
+
+class EventOutbox:
+    """One client's events: sent on its data channel once open; those raised before wait
+    (bounded, oldest dropped), unless no channel is expected (a WHEP listener has none)."""
+
+    def __init__(self, expects_channel: bool, owner: str) -> None:
+        self.channel: RTCDataChannel | None = None
+        self._expects_channel = expects_channel
+        self._pending: deque[Event] = deque(maxlen=MAX_PENDING_EVENTS)
+        self._owner = owner  # for the log
+
+    @property
+    def open(self) -> bool:
+        return self.channel is not None and self.channel.readyState == "open"
+
+    def attach(self, channel: RTCDataChannel, on_message: Callable[[str | bytes], None]) -> None:
+        self.channel = channel
+        listen_on_channel(channel, self.flush, on_message)
+
+    def send(self, event: Event) -> None:
+        channel = self.channel
+        if channel is None or channel.readyState != "open":
+            if self._expects_channel:
+                self._pending.append(event)
+            return
+        try:
+            channel.send(json.dumps(event))
+        except Exception as exc:  # noqa: BLE001 - a closing transport must not break playout
+            log.debug("%s: event dropped (%s)", self._owner, exc)
+
+    def flush(self) -> None:
+        while self._pending and self.open:
+            self.send(self._pending.popleft())
+
+
+def admit_speech(
+    message: Message, opens_stream: Callable[[str | None], bool], hooks: SessionHooks
+) -> None:
+    """Rate-limit requests that start speech; a refused one is an error, nothing else.
+
+    A text delta counts only when it opens a stream (``opens_stream``): an LLM streams many
+    deltas per second, and one stream's total is already capped by ``max_text_chars``.
+    """
+    match message:
+        case Say() | Chat():
+            pass
+        case TextDelta(id=utt_id) if opens_stream(utt_id):
+            pass
+        case _:
+            return
+    wait = hooks.admit_speech()
+    if wait > 0:
+        raise ProtocolError(
+            "rate_limited", f"too many speech requests; retry in {math.ceil(wait)} s"
+        )
