@@ -37,8 +37,9 @@ import random
 import signal
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -996,6 +997,21 @@ def runqueue_wait(pid: int) -> float:
         return int(fields[1]) / 1e9
     except (OSError, IndexError, ValueError):
         return float("nan")
+
+
+@contextlib.contextmanager
+def full_size_model(model_dir: Path | None) -> Iterator[Path]:
+    """A full-size random-weight ChatTTS checkpoint: ``model_dir`` (built there if it holds
+    none) or a temporary one, removed afterwards (~1.1 GB, a few minutes to build)."""
+    from agent.chattts.tiny import build_tiny_model, read_manifest
+
+    with tempfile.TemporaryDirectory(prefix="chattts-full-") as tmp:
+        path = model_dir or Path(tmp) / "full"
+        if read_manifest(path) is None:
+            t0 = time.perf_counter()
+            build_tiny_model(path, size="full", seed=0)
+            print(f"built full-size random model in {time.perf_counter() - t0:.1f} s: {path}")
+        yield path
 
 
 def system_busy() -> float:

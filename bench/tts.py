@@ -26,7 +26,6 @@ import asyncio
 import dataclasses
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -41,9 +40,9 @@ from agent.chattts.decode import StreamingDecoder, StreamParams, auto_growth, ch
 from agent.chattts.gpt import BatchedGPT, Sampling
 from agent.chattts.loader import load_chat
 from agent.chattts.scheduler import SAMPLE_RATE, Scheduler
-from agent.chattts.tiny import build_tiny_model, read_manifest
 from agent.config import ChatTTSSettings
 from agent.engine import VoiceOptions
+from bench._common import full_size_model
 
 TEXT = (
     "streaming speech for a live voice agent should start quickly and sound smooth, "
@@ -161,12 +160,7 @@ def main() -> None:
     if args.quick:
         args.tokens, args.session_tokens, args.reps = 160, 48, 1
 
-    with tempfile.TemporaryDirectory(prefix="chattts-full-") as tmp:
-        model_dir = args.model_dir or Path(tmp) / "full"
-        if read_manifest(model_dir) is None:
-            t0 = time.perf_counter()
-            build_tiny_model(model_dir, size="full", seed=0)
-            print(f"built full-size random model in {time.perf_counter() - t0:.1f} s: {model_dir}")
+    with full_size_model(args.model_dir) as model_dir:
         run(args, model_dir)
 
 

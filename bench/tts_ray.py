@@ -21,7 +21,6 @@ import argparse
 import asyncio
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -29,10 +28,10 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from agent.chattts.engine import ChatTTSEngine
-from agent.chattts.tiny import build_tiny_model, read_manifest
 from agent.config import ChatTTSSettings, RaySettings
 from agent.engine import TTSEngine, VoiceOptions
 from agent.raytts.engine import RayServeEngine
+from bench._common import full_size_model
 
 SHORT_TEXT = "thanks for calling, how can I help you today"
 LONG_TEXT = (
@@ -152,12 +151,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.quick:
         args.tokens, args.reps, args.throughput_reps = 120, 3, 1
-    with tempfile.TemporaryDirectory(prefix="chattts-full-") as tmp:
-        model_dir = args.model_dir or Path(tmp) / "full"
-        if read_manifest(model_dir) is None:
-            t0 = time.perf_counter()
-            build_tiny_model(model_dir, size="full", seed=0)
-            print(f"built full-size random model in {time.perf_counter() - t0:.1f} s: {model_dir}")
+    with full_size_model(args.model_dir) as model_dir:
         asyncio.run(run(args, model_dir))
 
 

@@ -8,6 +8,7 @@ continuous batching across sessions, per-stream cancellation and backpressure.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import threading
@@ -97,12 +98,10 @@ class ChatTTSEngine:
     async def synthesize(self, text: str, voice: VoiceOptions) -> AsyncGenerator[PCM, None]:
         if not self._ready:
             raise EngineError("ChatTTS engine is not started")
-        inner = self._stream(text, voice)
-        try:
+        # Closing this generator does not close one it iterates: aclosing does.
+        async with contextlib.aclosing(self._stream(text, voice)) as inner:
             async for chunk in inner:
                 yield chunk
-        finally:
-            await inner.aclose()  # closing the outer generator does not close the inner one
 
     async def _stream(self, text: str, voice: VoiceOptions) -> AsyncGenerator[PCM, None]:
         if self.scheduler is None:

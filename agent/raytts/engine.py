@@ -110,12 +110,10 @@ class RayServeEngine:
     async def synthesize(self, text: str, voice: VoiceOptions) -> AsyncGenerator[PCM, None]:
         if not self._warm:
             raise EngineError("the Ray Serve engine is not started")
-        inner = self._stream(text, voice)
-        try:
+        # Closing this generator does not close one it iterates: aclosing does.
+        async with contextlib.aclosing(self._stream(text, voice)) as inner:
             async for chunk in inner:
                 yield chunk
-        finally:
-            await inner.aclose()  # closing the outer generator does not close the inner one
 
     async def _stream(self, text: str, voice: VoiceOptions) -> AsyncGenerator[PCM, None]:
         response = cast(
