@@ -30,6 +30,9 @@ class OpusSettings:
     # held real time with one worker (0.93% gaps inline) while 40 fared worse (35 vs 42
     # packets/s). Off by default; one process per core (scale-out) is the main path.
     encode_threads: int = 0
+    # Send a session's packets from its track's own timer straight to SRTP and UDP
+    # (agent/direct.py) instead of through aiortc's per-sender task; False: aiortc's path.
+    direct_send: bool = True
 
 
 @dataclass(frozen=True)

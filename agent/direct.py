@@ -10,6 +10,11 @@ all called synchronously from the source's 20 ms tick for every subscriber in tu
 waits: UDP ``sendto`` never blocks, and a subscriber whose socket buffer is backed up has
 the packet dropped (bounded like the queue it replaces).
 
+When the peer negotiated transport-cc (agent/feedback.py swapped the sender's header-extension
+map for a ``TransportSequenceMap``), every packet carries the next transport-wide sequence
+number, written into a header template built once, and the map records its send time and
+size exactly as on aiortc's path, so delay-based adaptation works the same on both.
+
 aiortc still owns the connection: negotiation, DTLS, ICE, RTCP (sender reports use the
 counters kept here; receiver reports feed the subscriber's bitrate controller as usual).
 Its RTP task stays parked on the subscriber track's ``recv()``, which never returns while
@@ -27,7 +32,9 @@ import struct
 from typing import Any
 
 from aiortc import clock
-from aiortc.rtp import HeaderExtensions
+from aiortc.rtp import HeaderExtensions, HeaderExtensionsMap
+
+from agent.feedback import TransportSequenceMap
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +42,7 @@ MAX_BUFFERED_BYTES = 64 * 1024  # a backed-up socket drops packets beyond this
 SR_CLOCK_EVERY = 25  # refresh the sender report's NTP/RTP pair every 0.5 s of packets
 _RTP_HEADER = struct.Struct("!BBHLL")
 _EXT_HEADER = struct.Struct("!HH")
+_SEQUENCE = struct.Struct("!H")
 
 
 class DirectSender:
@@ -48,6 +56,10 @@ class DirectSender:
         self._srtp: Any = None
         self._ice: Any = None
         self._ext = b""
+        # transport-cc: the extension block around the sequence number, and its source
+        self._ext_head = b""
+        self._ext_tail = b""
+        self._stamp: TransportSequenceMap | None = None
         self._first_byte = 0x80
         self._pt = 0
         self._ssrc = 0
@@ -78,14 +90,23 @@ class DirectSender:
             self._pt = int(self._transceiver._codecs[0].payloadType)
             self._ssrc = int(sender._ssrc)
             extensions = sender._RTCRtpSender__rtp_header_extensions_map
-            profile, value = extensions.set(HeaderExtensions(mid=self._transceiver.mid))
-        except (AttributeError, IndexError, TypeError) as exc:
+            mid = self._transceiver.mid
+            # The base class's set: a TransportSequenceMap's own would consume a number.
+            profile, value = HeaderExtensionsMap.set(extensions, HeaderExtensions(mid=mid))
+            offset = None
+            if isinstance(extensions, TransportSequenceMap):
+                profile, value, offset = _sequence_template(extensions, mid)
+        except (AttributeError, IndexError, TypeError, ValueError) as exc:
             log.warning("direct send unavailable (aiortc internals changed?): %r", exc)
             self._failed = True
             return False
         if value:
             self._first_byte = 0x90  # version 2, extension bit
             self._ext = _EXT_HEADER.pack(profile, len(value) >> 2) + value
+        if offset is not None:
+            at = _EXT_HEADER.size + offset
+            self._ext_head, self._ext_tail = self._ext[:at], self._ext[at + _SEQUENCE.size :]
+            self._stamp = extensions
         self._ready = True
         return True
 
@@ -101,7 +122,12 @@ class DirectSender:
         seq = self._seq = (self._seq + 1) & 0xFFFF
         timestamp = (self._ts_origin + pts) & 0xFFFFFFFF
         header = _RTP_HEADER.pack(self._first_byte, self._pt, seq, timestamp, self._ssrc)
-        transport.sendto(self._srtp.protect(header + self._ext + payload), pair.remote_addr)
+        if self._stamp is None:
+            packet = header + self._ext + payload
+        else:
+            number = _SEQUENCE.pack(self._stamp.stamp(len(payload)))
+            packet = b"".join((header, self._ext_head, number, self._ext_tail, payload))
+        transport.sendto(self._srtp.protect(packet), pair.remote_addr)
         self.packets += 1
         self.octets += len(payload)
         sender = self._sender
@@ -111,3 +137,18 @@ class DirectSender:
         if self.packets % SR_CLOCK_EVERY == 1:
             sender._RTCRtpSender__ntp_timestamp = clock.current_ntp_time()
             sender._RTCRtpSender__rtp_timestamp = timestamp
+
+
+def _sequence_template(extensions: HeaderExtensionsMap, mid: str) -> tuple[int, bytes, int]:
+    """The extension block with the MID and a transport-wide sequence number, and the
+    offset of that number in it: found by serialising two numbers that differ in every bit
+    (aiortc's map knows the negotiated id and element layout; this keeps it the authority)."""
+    values = [
+        HeaderExtensionsMap.set(extensions, HeaderExtensions(mid=mid, transport_sequence_number=n))
+        for n in (0x0000, 0xFFFF)
+    ]
+    (profile, low), (_, high) = values
+    differ = [i for i in range(len(low)) if low[i] != high[i]]
+    if len(low) != len(high) or len(differ) != 2 or differ[1] != differ[0] + 1:
+        raise ValueError("transport-wide sequence number not found in the extension block")
+    return profile, low, differ[0]

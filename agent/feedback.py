@@ -79,7 +79,7 @@ class Applier:
         self.current = target
 
 
-class _TransportSequenceMap(HeaderExtensionsMap):
+class TransportSequenceMap(HeaderExtensionsMap):
     """aiortc's header-extension map that also stamps transport-wide sequence numbers."""
 
     def __init__(self, history: SendHistory, size_of_last: Callable[[], int]) -> None:
@@ -90,10 +90,17 @@ class _TransportSequenceMap(HeaderExtensionsMap):
 
     def set(self, values: HeaderExtensions) -> tuple[int, bytes]:
         # Called once per packet, as it is serialised to be sent: the send time is now.
-        values.transport_sequence_number = self._seq
-        self._history.record(self._seq, _now_us(), self._size_of_last())
-        self._seq = (self._seq + 1) & 0xFFFF
+        values.transport_sequence_number = self.stamp(self._size_of_last())
         return super().set(values)
+
+    def stamp(self, size_bytes: int) -> int:
+        """The next transport-wide sequence number, for a packet of ``size_bytes`` of
+        payload leaving now (recorded for the feedback that will name it). The lean send
+        path (agent/direct.py) writes it into its own header with this."""
+        seq = self._seq
+        self._history.record(seq, _now_us(), size_bytes)
+        self._seq = (seq + 1) & 0xFFFF
+        return seq
 
 
 class FeedbackTap:
@@ -137,7 +144,7 @@ class FeedbackTap:
             self.transport_cc = True
             # Replaced before RTCRtpSender.send() configures it with the negotiated ids.
             self.sender._RTCRtpSender__rtp_header_extensions_map = (  # type: ignore[attr-defined]
-                _TransportSequenceMap(self._history, self._packet_size)
+                TransportSequenceMap(self._history, self._packet_size)
             )
             transport = self.sender.transport
             original_data: Callable[[bytes], Awaitable[None]] = transport._handle_rtcp_data

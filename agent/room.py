@@ -475,8 +475,8 @@ class RoomMember:
         track = sub.track
         applier = Applier(wish.set_bitrate, wish.set_fec, wish.set_expected_loss)
         sub.tap = FeedbackTap(sender, controller, applier, packet_size=lambda: track.last_size)
-        # The lean path stamps no transport-wide sequence numbers: receiver reports only.
-        sub.tap.install(transport_cc=receiver.transport_cc and not track.direct)
+        # Both send paths stamp transport-wide sequence numbers (agent/direct.py).
+        sub.tap.install(transport_cc=receiver.transport_cc)
         if source is None:
             wish.withdraw()  # an empty slot has no encoder to steer yet
 

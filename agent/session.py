@@ -9,10 +9,11 @@ import logging
 from concurrent.futures import Executor
 from typing import TYPE_CHECKING, Any
 
-from aiortc import RTCDataChannel, RTCRtpSender
+from aiortc import RTCDataChannel, RTCRtpTransceiver
 
 from agent.adaptation import NetworkAdaptation, ReceiverOpus
 from agent.config import Config
+from agent.direct import DirectSender
 from agent.engine import TTSEngine
 from agent.hooks import SessionHooks
 from agent.outbox import EventOutbox, admit_speech, error_event
@@ -72,10 +73,13 @@ class AgentSession:
         self.inbound: InboundAudio | None = None
         self._drain_tasks: list[asyncio.Task[None]] = []
 
-    def attach_sender(self, sender: RTCRtpSender, receiver: ReceiverOpus) -> None:
-        """The sender carrying our track and what its receiver allows: adaptation starts."""
+    def attach_sender(self, transceiver: RTCRtpTransceiver, receiver: ReceiverOpus) -> None:
+        """The transceiver whose sender carries our track, and what its receiver allows:
+        adaptation starts, and (unless configured off) the lean send path is armed."""
         self.network = NetworkAdaptation(self.track, self.config.adaptation, receiver)
-        self.network.attach(sender)
+        self.network.attach(transceiver.sender)
+        if self.config.opus.direct_send:
+            self.track.use_direct(DirectSender(transceiver))
 
     def renew_track(self) -> None:
         """A new track on the same playout buffer, for a resumed session's new connection.
@@ -186,6 +190,7 @@ class AgentSession:
             "speech_packets": track.speech_packets,
             "bytes": track.bytes,
             "buffered_ms": round(self.pipeline.buffer.buffered_seconds * 1000),
+            "send_path": "direct" if self.track.direct else "aiortc",
         }
 
     def stats(self) -> dict[str, Any]:

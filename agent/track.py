@@ -12,6 +12,14 @@ Two refinements over a plain clock:
 - no bursts: if the event loop was late by more than ``max_late_s`` the clock is moved
   forward rather than sending a catch-up burst.
 
+Lean send path (``use_direct``, the default for sessions): once the connection is up, the
+track paces itself with one loop timer per packet and hands each payload straight to a
+``DirectSender`` (agent/direct.py: RTP header, SRTP, ``sendto``); aiortc's sender task stays
+parked in ``recv``. The same clock, re-phasing and encoding run on both paths; the lean one
+skips, per packet, a task wake-up, an ``av.Packet`` and its ``Fraction`` time base, an
+``RtpPacket`` with an abs-send-time computed from a datetime, and two coroutine layers. If
+the internals it needs are missing the track stays on aiortc's path.
+
 Encoding ahead: with an ``encode_executor`` (worker threads), while speech flows the next
 buffered frame is handed to a worker right after the current packet goes out, so libopus
 runs (with the GIL released: it is a ctypes call) on another core during the 20 ms sleep and
@@ -34,6 +42,7 @@ import numpy as np
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
 from agent.config import OpusSettings
+from agent.direct import DirectSender
 from agent.opus import FRAME_SAMPLES, SAMPLE_RATE, OpusEncoder
 from agent.playout import PlayoutBuffer, PlayoutFrame
 
@@ -61,6 +70,7 @@ class TrackStats:
     early_rephases: int = 0  # speech onsets sent before their tick
     late_rephases: int = 0  # times the clock moved forward instead of bursting
     encode_calls: int = 0
+    direct_errors: int = 0  # lean-path sends that raised (the packet is lost, the clock goes on)
 
 
 class OpusPacketTrack(MediaStreamTrack):
@@ -107,6 +117,19 @@ class OpusPacketTrack(MediaStreamTrack):
         # (frame, its encoding in flight) while a worker encodes the next frame ahead.
         self._ahead: tuple[PlayoutFrame, Future[bytes]] | None = None
         self.stats = TrackStats()
+        self._direct: DirectSender | None = None
+        self._direct_timer: asyncio.Handle | None = None
+        self._parked: asyncio.Future[None] | None = None
+
+    # --- lean send path -----------------------------------------------------------------
+    def use_direct(self, direct: DirectSender) -> None:
+        """Send through ``direct`` from this track's own timer once connected."""
+        self._direct = direct
+
+    @property
+    def direct(self) -> bool:
+        """Is the lean path sending (rather than aiortc's sender task)?"""
+        return self._parked is not None
 
     # --- encoder settings (network adaptation drives these) ----------------------------
     def set_bitrate(self, bits_per_second: int) -> None:
@@ -134,46 +157,105 @@ class OpusPacketTrack(MediaStreamTrack):
         if self.readyState != "live":
             raise MediaStreamError
         loop = asyncio.get_running_loop()
+        direct = self._direct
+        if direct is not None and direct.usable and direct.resolve():
+            # From here on the track sends by itself; aiortc's task waits here until stop.
+            self._parked = loop.create_future()
+            self._direct_schedule(loop)
+            await self._parked
+            raise MediaStreamError
         if self._start is None:
             self._start = loop.time()
-        self._pts += FRAME_SAMPLES
-        due = self._start + self._pts / SAMPLE_RATE
-
+        due = self._start + (self._pts + FRAME_SAMPLES) / SAMPLE_RATE
         wait = due - loop.time()
+        arrived = False
         if wait > 0:
-            onset_possible = (
-                self._rephase_on_onset
-                and not self._speaking
-                and not len(self._source)
-                and self._lead + wait <= self._max_lead
-            )
-            woke_early = await self._sleep_until(loop, due, wake_on_arrival=onset_possible)
+            arrived = await self._sleep_until(loop, due, wake_on_arrival=self._onset_possible(wait))
             if self.readyState != "live":
                 raise MediaStreamError
-            if woke_early:
-                early = due - loop.time()
-                if early > 0:
-                    self._start -= early
-                    self._lead += early
-                    self.stats.early_rephases += 1
-        elif -wait > self._max_late:
-            # The loop stalled: move the clock instead of bursting packets to catch up.
-            self._start += -wait
-            self.stats.late_rephases += 1
-
-        frame = self._source.pop()
-        payload = self._encode(frame)
+        frame, payload = self._next_packet(loop.time(), arrived)
         packet = av.Packet(payload)
         packet.pts = self._pts
         packet.time_base = TIME_BASE
-        if frame is not None:
-            for mark in frame.marks:
-                try:
-                    mark()
-                except Exception:  # a failing event must never stop the RTP sender
-                    log.exception("playout mark failed")
-            self._encode_next_ahead()
+        self._after_packet(frame)
         return packet
+
+    def _onset_possible(self, wait: float) -> bool:
+        """Should speech arriving during this wait go out at once (re-phasing)?"""
+        return (
+            self._rephase_on_onset
+            and not self._speaking
+            and not len(self._source)
+            and self._lead + wait <= self._max_lead
+        )
+
+    def _next_packet(self, now: float, arrived: bool) -> tuple[PlayoutFrame | None, bytes]:
+        """The next packet's frame and payload, at ``now``; ``arrived``: speech cut the
+        wait short (re-phase the clock to it)."""
+        assert self._start is not None
+        self._pts += FRAME_SAMPLES
+        due = self._start + self._pts / SAMPLE_RATE
+        late = now - due
+        if arrived:
+            if late < 0:
+                self._start += late
+                self._lead -= late
+                self.stats.early_rephases += 1
+        elif late > self._max_late:
+            # The loop stalled: move the clock instead of bursting packets to catch up.
+            self._start += late
+            self.stats.late_rephases += 1
+        frame = self._source.pop()
+        return frame, self._encode(frame)
+
+    def _after_packet(self, frame: PlayoutFrame | None) -> None:
+        if frame is None:
+            return
+        for mark in frame.marks:
+            try:
+                mark()
+            except Exception:  # a failing event must never stop the RTP sender
+                log.exception("playout mark failed")
+        self._encode_next_ahead()
+
+    def _direct_schedule(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Arm the timer for the next packet (and the onset wake-up while silent)."""
+        if self._start is None:
+            self._start = loop.time()
+        due = self._start + (self._pts + FRAME_SAMPLES) / SAMPLE_RATE
+        wait = due - loop.time()
+        if wait <= 0:
+            self._direct_timer = loop.call_soon(self._direct_tick, loop, False)
+            return
+        if self._onset_possible(wait):
+            self._source.on_arrival = self._direct_arrival
+        self._direct_timer = loop.call_at(due, self._direct_tick, loop, False)
+
+    def _direct_arrival(self) -> None:
+        # Called from the playout buffer's push: send from a fresh loop callback, not from
+        # inside the producer's call.
+        self._source.on_arrival = None
+        timer = self._direct_timer
+        if timer is not None:
+            timer.cancel()
+            loop = asyncio.get_running_loop()
+            self._direct_timer = loop.call_soon(self._direct_tick, loop, True)
+
+    def _direct_tick(self, loop: asyncio.AbstractEventLoop, arrived: bool) -> None:
+        self._direct_timer = None
+        if self._source.on_arrival == self._direct_arrival:
+            self._source.on_arrival = None
+        if self.readyState != "live" or self._direct is None:
+            return
+        frame, payload = self._next_packet(loop.time(), arrived)
+        try:
+            self._direct.send(payload, self._pts)
+        except Exception:  # one packet lost; the clock, the marks and the session go on
+            self.stats.direct_errors += 1
+            if self.stats.direct_errors <= 3:
+                log.exception("direct send failed; the packet is lost")
+        self._after_packet(frame)
+        self._direct_schedule(loop)
 
     def _encode_next_ahead(self) -> None:
         if self._executor is None:
@@ -289,6 +371,14 @@ class OpusPacketTrack(MediaStreamTrack):
         self._take_ahead(None)
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
+        if self._direct_timer is not None:
+            self._direct_timer.cancel()
+            self._direct_timer = None
+        if self._source.on_arrival == self._direct_arrival:
+            self._source.on_arrival = None
+        if self._parked is not None and not self._parked.done():
+            self._parked.set_result(None)
+        self._direct = None  # holds the sender and its transports: let them go with the pc
         self.encoder.close()
 
 

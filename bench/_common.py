@@ -9,8 +9,10 @@ Three processes per measurement, all on one machine (they share CLOCK_MONOTONIC,
   bench engine (``tests.doubles.ToneEngine`` paced by ``chunk_delay_s``), a driver that keeps
   every session speaking (continuously, intermittently, or utterance by utterance after
   silence for latency), and one of three outgoing tracks:
-    ``ours``      the product's ``OpusPacketTrack`` (pre-encoded 20 ms Opus packets),
-    ``norephase`` the same with ``rephase_on_onset=False``,
+    ``ours``      the product's ``OpusPacketTrack`` (pre-encoded 20 ms Opus packets)
+                  on its lean send path (agent/direct.py),
+    ``ours-aiortc`` the same track through aiortc's RTP sender task,
+    ``norephase`` ``ours`` with ``rephase_on_onset=False``,
     ``default``   aiortc's default path: a track that pops the same ``PlayoutBuffer`` and
                   returns s16 48 kHz ``AudioFrame`` s paced like ``AudioStreamTrack``, so
                   aiortc encodes them itself (its Opus encoder, in its executor);
@@ -76,7 +78,7 @@ def _install_server_patches(variant: str) -> None:
                 super().__init__(source, opus, rephase_on_onset=False, **kw)
 
         session_mod.OpusPacketTrack = NoRephaseTrack  # type: ignore[misc]
-    elif variant != "ours":
+    elif variant not in ("ours", "ours-aiortc"):
         raise SystemExit(f"unknown variant {variant!r}")
 
     # speech.started is emitted by the mark of an utterance's first frame, inside the
@@ -86,9 +88,14 @@ def _install_server_patches(variant: str) -> None:
     def send_event(self: Any, event: dict[str, Any]) -> None:
         if event.get("type") == "speech.started":
             track = self.track
+            now = time.monotonic()
             track.bench_onset = event["id"]
-            track.bench_started_at[event["id"]] = time.monotonic()
+            track.bench_started_at[event["id"]] = now
             track.bench_buffered_at[event["id"]] = self.pipeline.buffer.last_arrival
+            if getattr(track, "direct", False):
+                # The lean path runs the frame's marks right after its packet left.
+                track.bench_sent_at[event["id"]] = now
+                track.bench_onset = None
         orig_send_event(self, event)
 
     session_mod.AgentSession.send_event = send_event  # type: ignore[method-assign]
@@ -281,7 +288,9 @@ async def _drive(peer: Any, index: int, opts: argparse.Namespace, state: dict[st
 
 def _server_options(argv: Sequence[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="bench server")
-    p.add_argument("--variant", default="ours", choices=("ours", "norephase", "default"))
+    p.add_argument(
+        "--variant", default="ours", choices=("ours", "ours-aiortc", "norephase", "default")
+    )
     p.add_argument(
         "--mode", default="continuous", choices=("continuous", "intermittent", "latency")
     )
@@ -320,7 +329,12 @@ def _bench_config(opts: argparse.Namespace) -> Any:
             max_sessions=unlimited,
         ),
         opus=OpusSettings(
-            bitrate=opts.bitrate, complexity=opts.complexity, encode_threads=opts.encode_threads
+            bitrate=opts.bitrate,
+            complexity=opts.complexity,
+            encode_threads=opts.encode_threads,
+            # ours: the product's lean send path; ours-aiortc: the same track through
+            # aiortc's RTP sender task; default: aiortc's whole default path.
+            direct_send=opts.variant in ("ours", "norephase"),
         ),
     )
 

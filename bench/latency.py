@@ -4,8 +4,10 @@ Every session speaks ``--utterances`` short utterances (0.6-1.2 s of tone), each
 silence (a random ``--gap-min``..``--gap-max`` s pause after the previous one finished
 playing). Three server variants, each its own process, at each N:
 
-  ``ours``       the product's ``OpusPacketTrack`` (re-phases its clock on speech onset),
-  ``norephase``  the same track with ``rephase_on_onset=False``,
+  ``ours``       the product's ``OpusPacketTrack`` (re-phases its clock on speech onset)
+                 on its lean send path (agent/direct.py),
+  ``ours-aiortc`` the same track through aiortc's RTP sender task,
+  ``norephase``  ``ours`` with ``rephase_on_onset=False``,
   ``default``    aiortc's default path (AudioFrames paced like ``AudioStreamTrack``,
                  encoded by aiortc in its executor).
 
@@ -14,6 +16,7 @@ Timestamps (``time.monotonic()``, one clock for all processes on this machine):
           of the utterance (its text starts with a unique token);
   sent    in the server, when ``RTCRtpSender`` holds the encoded payload of the utterance's
           first frame (RTP header + SRTP + sendto follow synchronously, tens of microseconds);
+          on the lean send path, right after that frame's packet was handed to ``sendto``;
   client  arrival at the aiortc client on loopback of the first non-silent packet after the
           silence (payloads decoded after the run): an upper bound of "leaving the server".
 
@@ -36,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common
 from _common import Client, Server, pct, system_busy, system_steal, table
 
-VARIANTS = ("ours", "norephase", "default")
+VARIANTS = ("ours", "ours-aiortc", "norephase", "default")
 TARGET_P50_MS = 5.0
 TARGET_P99_MS = 20.0
 
@@ -221,6 +224,8 @@ def main() -> int:
         args.retries = 0
     ns = [int(x) for x in args.n.split(",") if x]
     variants = [v for v in args.variants.split(",") if v]
+    if unknown := set(variants) - set(VARIANTS):
+        p.error(f"unknown variants: {', '.join(sorted(unknown))}")
     print(
         f"# bench/latency.py  N={ns}  utterances/session={args.utterances}  gaps "
         f"{args.gap_min}-{args.gap_max}s  complexity={args.complexity}  pin={args.pin}  "

@@ -38,6 +38,7 @@ MIB = 1024 * 1024
 TARGET_RATIO = 0.35
 TARGET_GAP_SHARE = 0.005
 TARGET_RSS_MIB = 1.0
+VARIANTS = ("ours", "ours-aiortc", "default")
 
 
 def run_one(
@@ -163,14 +164,14 @@ def report(results: list[dict[str, Any]], pattern: str) -> str:
     rows = []
     by = {(r["n"], r["variant"]): r for r in results if r["pattern"] == pattern}
     for n in sorted({r["n"] for r in results if r["pattern"] == pattern}):
-        for variant in ("ours", "default"):
+        for variant in VARIANTS:
             r = by.get((n, variant))
             if r is None:
                 continue
             other = by.get((n, "default"))
             ratio = (
                 _per_rt_stream(r) / _per_rt_stream(other)
-                if variant == "ours" and other
+                if variant != "default" and other
                 else float("nan")
             )
             realtime = r["pps_min"] >= 49.5 and r["gap_share"] <= TARGET_GAP_SHARE
@@ -236,6 +237,12 @@ def main() -> int:
     _common.add_run_arguments(
         p, max_wait=5.0, retries=2, quick_help="N=10, 6 s windows: a smoke run"
     )
+    p.add_argument(
+        "--variants",
+        default="ours,default",
+        help="server tracks to run at each N: ours (lean send path), ours-aiortc (the same "
+        "track through aiortc's RTP sender), default (aiortc's default path; the ratio's base)",
+    )
     p.add_argument("--from-json", type=Path, help="print the tables of a saved --json run")
     p.add_argument(
         "--workers",
@@ -260,6 +267,9 @@ def main() -> int:
             print(report(saved, pattern))
         return 0
     ns = [int(x) for x in args.n.split(",") if x]
+    variants = [v for v in args.variants.split(",") if v]
+    if unknown := set(variants) - set(VARIANTS):
+        p.error(f"unknown variants: {', '.join(sorted(unknown))}")
     patterns = [x for x in args.patterns.split(",") if x]
     results: list[dict[str, Any]] = []
     started = time.time()
@@ -273,7 +283,7 @@ def main() -> int:
         workdir = Path(tmp)
         for pattern in patterns:
             for n in ns:
-                for variant in ("ours", "default"):
+                for variant in variants:
                     best = None
                     for attempt in range(1 + args.retries):
                         print(

@@ -93,6 +93,15 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         default=int(_env(env, "BITRATE", str(OpusSettings().bitrate)) or 0),
         help="Opus bitrate: the start and the ceiling of network adaptation (bits/s)",
     )
+    serve.add_argument(
+        "--complexity",
+        type=int,
+        choices=range(11),
+        metavar="0-10",
+        default=int(_env(env, "COMPLEXITY", str(OpusSettings().complexity)) or 0),
+        help="libopus complexity: the encode is most of a session's CPU; lower it to hold "
+        "more sessions per core at some quality (bench/README: 'Encoder cost and quality')",
+    )
     adaptation = AdaptationSettings()
     serve.add_argument(
         "--no-adaptation",
@@ -118,6 +127,13 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         default=int(_env(env, "ENCODE_THREADS", "0") or 0),
         help="threads encoding speech one frame ahead, off the event loop "
         "(0: on the loop; -1: one per core but one)",
+    )
+    serve.add_argument(
+        "--send-path",
+        choices=("direct", "aiortc"),
+        default=_env(env, "SEND_PATH", "direct"),
+        help="how a session's packets leave: direct (RTP+SRTP+sendto from the track's own "
+        "timer, lean) or aiortc (its RTP sender task)",
     )
     serve.add_argument(
         "--workers",
@@ -325,7 +341,13 @@ def config_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> Config
         log_level=args.log_level.upper(),
         log_json=args.log_json,
         workers=_workers(args.workers, tts, ray),
-        opus=replace(base.opus, bitrate=args.bitrate, encode_threads=args.encode_threads),
+        opus=replace(
+            base.opus,
+            bitrate=args.bitrate,
+            complexity=args.complexity,
+            encode_threads=args.encode_threads,
+            direct_send=args.send_path == "direct",
+        ),
         adaptation=replace(
             base.adaptation,
             enabled=not args.no_adaptation,

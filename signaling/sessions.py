@@ -221,11 +221,12 @@ class SessionRegistry:
             except Exception as exc:  # noqa: BLE001 - aiortc raises many types on SDP it can't use
                 raise ApiError(400, "bad_sdp", f"could not apply the offer: {exc}") from None
             tune_answer(pc, opus_offer)
-            sender = None
+            transceiver = None
             if isinstance(session, RoomMember):
                 session.attach_peer(pc, _receiver_opus(opus_offer))
             else:
                 sender = pc.addTrack(session.track)
+                transceiver = next(t for t in pc.getTransceivers() if t.sender is sender)
             for each in pc.getSenders():  # any RTCP from the peer says it is still there
                 tap_rtcp(each, life.heard)
             if peer.kind == "offer":
@@ -236,8 +237,8 @@ class SessionRegistry:
             except Exception as exc:  # noqa: BLE001 - an offer aiortc parsed but can't answer
                 raise ApiError(400, "bad_sdp", f"could not answer the offer: {exc}") from None
             await pc.setLocalDescription(answer)
-            if sender is not None and isinstance(session, AgentSession):
-                session.attach_sender(sender, _receiver_opus(opus_offer))
+            if transceiver is not None and isinstance(session, AgentSession):
+                session.attach_sender(transceiver, _receiver_opus(opus_offer))
         except BaseException:
             await _close_quietly(pc)
             raise

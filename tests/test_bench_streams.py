@@ -23,11 +23,12 @@ def test_streams_bench_records_decrypts_and_reports(tmp_path: Path) -> None:
         str(ROOT / "bench" / "streams.py"),
         *("--n", "2", "--seconds", "3", "--warmup", "1"),
         *("--patterns", "continuous", "--retries", "0", "--json", str(out)),
+        *("--variants", "ours,ours-aiortc,default"),
     ]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     runs = {r["variant"]: r for r in json.loads(out.read_text())}
-    assert set(runs) == {"ours", "default"}
+    assert set(runs) == {"ours", "ours-aiortc", "default"}
     for variant, run in runs.items():
         assert run["connected"] == 2, variant
         # Every packet decrypted and decoded; the tone is heard in every packet.

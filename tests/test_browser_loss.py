@@ -132,6 +132,7 @@ async def test_bitrate_falls_and_chromium_conceals_less_under_ten_percent_loss()
     assert on_rates and min(on_rates) < CEILING / 1000, on_rates
     assert any(e["fec"] for e in on["server_events"]), on["server_events"][-3:]
     assert on["session"]["transport_cc"], on["session"]  # Chromium's feedback drove it
+    assert on["session"]["send_path"] == "direct", on["session"]  # on the lean send path
     off_rates = {s["serverBitrateKbps"] for s in off["page"] if s.get("serverBitrateKbps")}
     assert off_rates == {CEILING / 1000}, off_rates
     # The received bitrate (getStats) falls below the fixed run's too.

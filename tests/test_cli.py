@@ -50,6 +50,12 @@ def test_environment_then_flags() -> None:
     assert config.opus.bitrate == 24_000 and config.opus.encode_threads == 2
     assert not config.adaptation.enabled and config.adaptation.min_bitrate == 10_000
     assert build(["serve", "--fec-min-bitrate", "24000"]).adaptation.fec_min_bitrate == 24_000
+    defaults = build(["serve"])
+    assert defaults.opus.complexity == 9 and defaults.opus.direct_send
+    assert build(["serve"], {"VOICE_AGENT_COMPLEXITY": "5"}).opus.complexity == 5
+    lean = build(["serve", "--complexity", "3", "--send-path", "aiortc"])
+    assert lean.opus.complexity == 3 and not lean.opus.direct_send
+    assert not build(["serve"], {"VOICE_AGENT_SEND_PATH": "aiortc"}).opus.direct_send
     flagged = build(["serve", "--port", "9100", "--ice-server", "stun:c.example"], env)
     assert flagged.port == 9100 and flagged.ice_servers == ("stun:c.example",)
 

@@ -22,7 +22,7 @@ from aiortc.rtp import (
 
 from agent.bitrate import BitrateController, EncoderTarget
 from agent.config import AdaptationSettings
-from agent.feedback import Applier, FeedbackTap, _now_us, _TransportSequenceMap
+from agent.feedback import Applier, FeedbackTap, TransportSequenceMap, _now_us
 from agent.twcc import build_transport_feedback
 
 SSRC = 0x1234
@@ -99,7 +99,7 @@ def test_remb_for_our_stream_caps_the_bitrate() -> None:
 def test_transport_sequence_numbers_are_stamped_and_recorded() -> None:
     tap, _, _ = make_tap()
     sizes = iter([80, 81, 82])
-    stamp = _TransportSequenceMap(tap._history, lambda: next(sizes))
+    stamp = TransportSequenceMap(tap._history, lambda: next(sizes))
     values = [HeaderExtensions() for _ in range(3)]
     for v in values:
         stamp.set(v)

@@ -1,0 +1,112 @@
+"""What libopus costs per 20 ms frame at each complexity, and what it sounds like.
+
+The encode is most of a speaking session's server CPU (`bench/README.md`), so this is the
+table behind ``--complexity``: for complexity 0-10 (and a few modes not adopted), encode
+time per frame (``time.process_time``; every setting runs once per round, rounds
+interleaved, median reported: this VM's steal makes single runs vary by +-30%) and, when
+the ``pesq`` and ``pystoi`` packages are importable, PESQ wide-band and STOI of the decoded
+speech against the original (``tests/data/speech.wav``: espeak-ng, 16 kHz content).
+
+    .venv/bin/python bench/opus_cost.py              # cost only, or with quality if installed
+    .venv/bin/pip install pesq pystoi && .venv/bin/python bench/opus_cost.py --bitrate 24000
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import soxr
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from agent.opus import FRAME_SAMPLES, OpusDecoder, OpusEncoder
+from tests.clips import SPEECH_WAV, read_wav
+
+# libopus's private opus_private.h request (not in the public API): force a coding mode.
+_FORCE_MODE = 11002
+_MODE_SILK_ONLY, _MODE_CELT_ONLY = 1000, 1002
+_SET_MAX_BANDWIDTH, _WIDEBAND = 4004, 1103
+
+
+def settings() -> dict[str, Callable[[OpusEncoder], None]]:
+    table: dict[str, Callable[[OpusEncoder], None]] = {
+        f"complexity {c}": (lambda e, c=c: e.set_complexity(c)) for c in range(11)
+    }
+    table["CELT only, c9"] = lambda e: e._ctl(_FORCE_MODE, _MODE_CELT_ONLY)
+    table["SILK only wide-band, c9"] = lambda e: (
+        e._ctl(_FORCE_MODE, _MODE_SILK_ONLY),
+        e._ctl(_SET_MAX_BANDWIDTH, _WIDEBAND),
+    )
+    return table
+
+
+def quality_scorer() -> Callable[[np.ndarray, np.ndarray], tuple[float, float]] | None:
+    try:
+        from pesq import pesq
+        from pystoi import stoi
+    except ImportError:
+        return None
+
+    def score(reference16: np.ndarray, decoded48: np.ndarray) -> tuple[float, float]:
+        decoded16 = soxr.resample(decoded48, 48_000, 16_000)
+        # Align the codec's delay (6.5 ms lookahead + the resampler's) by cross-correlation.
+        span = len(reference16) - 800
+        delay = max(
+            range(400), key=lambda d: float(np.dot(reference16[:span], decoded16[d : d + span]))
+        )
+        out = decoded16[delay:]
+        ref = reference16[: len(out)]
+        return float(pesq(16_000, ref, out, "wb")), float(stoi(ref, out, 16_000))
+
+    return score
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--bitrate", type=int, default=32_000)
+    p.add_argument("--rounds", type=int, default=7)
+    args = p.parse_args()
+    speech16, rate = read_wav(SPEECH_WAV)
+    speech48 = soxr.resample(speech16, rate, 48_000)
+    count = len(speech48) // FRAME_SAMPLES
+    frames = (speech48[: count * FRAME_SAMPLES] * 32767).astype(np.int16).reshape(count, -1)
+    table = settings()
+    times: dict[str, list[float]] = {name: [] for name in table}
+    for _ in range(args.rounds):
+        for name, apply in table.items():
+            encoder = OpusEncoder(bitrate=args.bitrate)
+            apply(encoder)
+            started = time.process_time()
+            for frame in frames:
+                encoder.encode(frame)
+            times[name].append((time.process_time() - started) / count)
+            encoder.close()
+    score = quality_scorer()
+    print(f"# libopus encode, {args.bitrate} bit/s mono, {count} frames of speech x {args.rounds}")
+    print(f"{'setting':26s} {'us/frame':>9s} {'kbit/s':>7s} {'PESQ-WB':>8s} {'STOI':>6s}")
+    for name, apply in table.items():
+        encoder, decoder = OpusEncoder(bitrate=args.bitrate), OpusDecoder()
+        apply(encoder)
+        packets = [encoder.encode(frame) for frame in frames]
+        kbps = sum(map(len, packets)) * 8 / (count * 0.02) / 1000
+        quality = "       -      -"
+        if score is not None:
+            decoded = np.concatenate([decoder.decode(pk) for pk in packets]) / 32768.0
+            pesq_wb, stoi_ = score(speech16, decoded.astype(np.float32))
+            quality = f"{pesq_wb:8.2f} {stoi_:6.3f}"
+        median = float(np.median(times[name])) * 1e6
+        print(f"{name:26s} {median:9.0f} {kbps:7.1f} {quality}")
+    if score is None:
+        print("(quality columns: pip install pesq pystoi)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,174 @@
+"""A 1:1 session's lean send path (agent/direct.py) against a real aiortc client: the audio
+arrives intact on it and on aiortc's path (``--send-path aiortc``), and with transport-cc
+every packet on the wire carries the next transport-wide sequence number, recorded for the
+feedback that will name it."""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+from typing import Any
+
+import aiohttp
+import numpy as np
+import pytest
+
+from agent.config import Config, OpusSettings, RoomSettings
+from agent.session import AgentSession
+from signaling.keys import SESSIONS
+from tests.conftest import LiveServer, serve
+from tests.doubles import ToneEngine, tone_frequency
+from tests.rtc_client import RtcClient, opus_fmtp_rewriter
+from tests.test_e2e_python import _speak_and_record, dominant_frequency, speech_span
+
+TWCC_EXT_ID = 7  # the id opus_fmtp_rewriter offers the extension under
+
+
+@pytest.fixture
+def server_config(request: pytest.FixtureRequest) -> Config:
+    return Config(host="127.0.0.1", opus=OpusSettings(direct_send=getattr(request, "param", True)))
+
+
+def _session(live_server: LiveServer, client: RtcClient) -> AgentSession:
+    assert client.session_id is not None
+    session = live_server.app[SESSIONS].get(client.session_id).session
+    assert isinstance(session, AgentSession)
+    return session
+
+
+@pytest.mark.parametrize("server_config", [True, False], indirect=True, ids=["direct", "aiortc"])
+async def test_speech_arrives_intact_on_either_send_path(
+    live_server: LiveServer, server_config: Config
+) -> None:
+    async with aiohttp.ClientSession() as http:
+        client = RtcClient(live_server.url, http)
+        await client.connect()
+        try:
+            text = "one two three four five six"
+            audio, events = await _speak_and_record(client, text)
+            track = _session(live_server, client).track
+            assert track.direct is server_config.opus.direct_send
+            assert track.stats.direct_errors == 0
+            if track.direct:
+                sender = track._direct
+                assert sender is not None and sender.dropped == 0 and sender.packets > 50
+                # aiortc's RTCP sender reports count what the lean path sent.
+                assert client.session_id is not None
+                pc = live_server.app[SESSIONS].get(client.session_id).pc
+                (rtp_sender,) = pc.getSenders()
+                assert rtp_sender._RTCRtpSender__packet_count == sender.packets
+                assert rtp_sender._RTCRtpSender__octet_count == sender.octets
+        finally:
+            await client.close()
+    first, last = speech_span(audio)
+    voiced = audio[first : last + 1]
+    assert 1.4 < len(voiced) / 48_000 < 1.6  # 6 words at 0.25 s
+    assert abs(dominant_frequency(voiced[9600:-9600]) - tone_frequency(text)) < 5
+    windows = voiced[: len(voiced) // 960 * 960].reshape(-1, 960)
+    assert (np.sqrt((windows**2).mean(axis=1)) > 0.2).all()  # no dropout anywhere
+    kinds = [e["type"] for e in events if e["type"] in ("speech.started", "speech.ended")]
+    assert kinds == ["speech.started", "speech.ended"]
+
+
+class WireRecorder:
+    """Wraps a DirectSender's SRTP session: keeps every clear RTP packet it protects."""
+
+    def __init__(self, srtp: Any) -> None:
+        self.srtp = srtp
+        self.packets: list[bytes] = []
+
+    def protect(self, packet: bytes) -> bytes:
+        self.packets.append(bytes(packet))
+        return bytes(self.srtp.protect(packet))
+
+
+async def _wait_direct(track: Any) -> Any:
+    for _ in range(200):
+        if track.direct and track._direct.resolve():
+            return track._direct
+        await asyncio.sleep(0.01)
+    raise AssertionError("the lean send path never started")
+
+
+def _check_sequenced(packets: list[bytes], history: Any) -> None:
+    assert len(packets) > 45  # 1 s of speech, and the silence around it
+    sequences = [_twcc_sequence(packet) for packet in packets]
+    assert all(s is not None for s in sequences)
+    steps = np.diff(np.array(sequences, dtype=np.int64)) % 0x10000
+    assert (steps == 1).all()  # one number per packet, none skipped, none repeated
+    for packet, seq in zip(packets, sequences, strict=True):
+        sent = history.get(seq or 0)
+        assert sent is not None and sent.size_bytes == len(packet) - _payload_offset(packet)
+
+
+async def test_transport_wide_sequence_numbers_on_the_wire(live_server: LiveServer) -> None:
+    async with aiohttp.ClientSession() as http:
+        client = RtcClient(live_server.url, http)
+        await client.connect(rewrite_offer=opus_fmtp_rewriter("useinbandfec=1", True))
+        try:
+            session = _session(live_server, client)
+            tap = session.network.tap
+            assert tap is not None and tap.transport_cc
+            sender = await _wait_direct(session.track)
+            recorder = WireRecorder(sender._srtp)
+            sender._srtp = recorder
+            client.send({"type": "say", "text": "one two three four", "id": "u1"})
+            await client.wait_event(lambda e: e["type"] == "speech.ended")
+            sender._srtp = recorder.srtp
+        finally:
+            await client.close()
+    _check_sequenced(recorder.packets, tap._history)
+
+
+async def test_room_listeners_get_transport_wide_sequence_numbers_too() -> None:
+    config = Config(host="127.0.0.1", port=0, rooms=RoomSettings(direct_send=True))
+    async with serve(config, ToneEngine()) as server, aiohttp.ClientSession() as http:
+        client = RtcClient(server.url, http)
+        await client.connect(room="twcc", rewrite_offer=opus_fmtp_rewriter("", True))
+        try:
+            room = server.app[SESSIONS].rooms.get("twcc")
+            assert room is not None
+            (member,) = room.members.values()
+            sub = member._subs[0]  # the agent's track
+            assert sub.tap is not None and sub.tap.transport_cc
+            sender = await _wait_direct(sub.track)
+            recorder = WireRecorder(sender._srtp)
+            sender._srtp = recorder
+            client.send({"type": "say", "text": "one two three four", "id": "u1"})
+            await client.wait_event(lambda e: e["type"] == "speech.ended")
+            sender._srtp = recorder.srtp
+        finally:
+            await client.close()
+    _check_sequenced(recorder.packets, sub.tap._history)
+
+
+def _extension_elements(packet: bytes) -> dict[int, bytes]:
+    """RFC 8285 one-byte header extension elements of an RTP packet, by id."""
+    assert packet[0] & 0x10, "no header extension"
+    csrcs = packet[0] & 0x0F
+    offset = 12 + 4 * csrcs
+    profile, words = struct.unpack_from("!HH", packet, offset)
+    assert profile == 0xBEDE
+    data = packet[offset + 4 : offset + 4 + 4 * words]
+    elements: dict[int, bytes] = {}
+    i = 0
+    while i < len(data):
+        if data[i] == 0:  # padding
+            i += 1
+            continue
+        ident, length = data[i] >> 4, (data[i] & 0x0F) + 1
+        elements[ident] = data[i + 1 : i + 1 + length]
+        i += 1 + length
+    return elements
+
+
+def _twcc_sequence(packet: bytes) -> int | None:
+    value = _extension_elements(packet).get(TWCC_EXT_ID)
+    return None if value is None or len(value) != 2 else int(struct.unpack("!H", value)[0])
+
+
+def _payload_offset(packet: bytes) -> int:
+    csrcs = packet[0] & 0x0F
+    offset = 12 + 4 * csrcs
+    _, words = struct.unpack_from("!HH", packet, offset)
+    return offset + 4 + 4 * words

@@ -1,0 +1,182 @@
+"""The track on its lean send path: it paces itself with loop timers and hands packets to a
+DirectSender (here a recording double: the real one needs a connected peer connection and is
+covered end to end in tests/test_direct_send.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import pytest
+from aiortc.mediastreams import MediaStreamError
+
+from agent.opus import FRAME_SAMPLES
+from agent.playout import PlayoutBuffer, PlayoutFrame
+from agent.track import OpusPacketTrack
+from tests.test_track import tone_frame
+
+
+@dataclass
+class RecordingSender:
+    """Stands in for agent.direct.DirectSender: records what the track sends, and when."""
+
+    ready_after: int = 0  # resolve() fails this many times first (connection not up yet)
+    fail_sends: set[int] = field(default_factory=set)  # indices of sends that raise
+    usable: bool = True
+    sent: list[tuple[float, bytes, int]] = field(default_factory=list)
+    resolves: int = 0
+    attempts: int = 0
+
+    def resolve(self) -> bool:
+        self.resolves += 1
+        return self.resolves > self.ready_after
+
+    def send(self, payload: bytes, pts: int) -> None:
+        self.attempts += 1
+        if self.attempts - 1 in self.fail_sends:
+            raise OSError("sendto failed")
+        self.sent.append((time.monotonic(), payload, pts))
+
+
+def direct_track(buffer: PlayoutBuffer, sender: RecordingSender, **kw: object) -> OpusPacketTrack:
+    track = OpusPacketTrack(buffer, **kw)  # type: ignore[arg-type]
+    track.use_direct(sender)  # type: ignore[arg-type]
+    return track
+
+
+async def until(predicate: object, timeout: float = 3.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():  # type: ignore[operator]
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.005)
+
+
+async def test_paces_itself_gapless_while_aiortc_task_stays_parked() -> None:
+    buffer = PlayoutBuffer(100)
+    sender = RecordingSender()
+    track = direct_track(buffer, sender)
+    parked = asyncio.ensure_future(track.recv())  # what aiortc's RTP task does
+    await until(lambda: len(sender.sent) >= 51)
+    assert not parked.done() and track.direct
+    stamps = [s[0] for s in sender.sent[:51]]
+    assert 0.95 < stamps[-1] - stamps[0] < 1.1  # 50 intervals of 20 ms
+    assert [s[2] for s in sender.sent[:51]] == [i * FRAME_SAMPLES for i in range(51)]
+    assert np.max(np.diff(stamps)) < 0.06  # no hole; the machine may jitter a little
+    assert len({s[1] for s in sender.sent[10:51]}) == 1  # idle: the cached silence packet
+    track.stop()
+    with pytest.raises(MediaStreamError):
+        await parked  # stop releases aiortc's task
+    count = len(sender.sent)
+    await asyncio.sleep(0.1)
+    assert len(sender.sent) == count  # and the timer is gone
+
+
+async def test_speech_marks_fire_after_their_packet_left_and_onset_rephases() -> None:
+    buffer = PlayoutBuffer(100)
+    sender = RecordingSender()
+    track = direct_track(buffer, sender)
+    parked = asyncio.ensure_future(track.recv())
+    await until(lambda: len(sender.sent) >= 8)  # idle for a while
+    await asyncio.sleep(0.007)  # between two ticks
+    sent_at_mark: list[int] = []
+    put_at = time.monotonic()
+
+    def mark() -> None:
+        sent_at_mark.append(len(sender.sent))
+
+    for i in range(5):
+        await buffer.put(PlayoutFrame(tone_frame(i), [mark]))
+    await until(lambda: len(sent_at_mark) == 5)
+    first_speech = next(i for i, s in enumerate(sender.sent) if len(s[1]) > 40)
+    # Sent as it arrived, not at the next tick (up to 20 ms later).
+    assert sender.sent[first_speech][0] - put_at < 0.005
+    assert track.stats.early_rephases == 1
+    # Each frame's marks ran right after its own packet went out.
+    assert sent_at_mark == [first_speech + 1 + i for i in range(5)]
+    pts = [s[2] for s in sender.sent]
+    assert np.all(np.diff(pts) == FRAME_SAMPLES)
+    track.stop()
+    with pytest.raises(MediaStreamError):
+        await parked
+
+
+async def test_a_stalled_loop_moves_the_clock_instead_of_bursting() -> None:
+    buffer = PlayoutBuffer(500)
+    sender = RecordingSender()
+    track = direct_track(buffer, sender)
+    for i in range(300):
+        await buffer.put(PlayoutFrame(tone_frame(i)))
+    parked = asyncio.ensure_future(track.recv())
+    await until(lambda: len(sender.sent) >= 5)
+    time.sleep(0.25)  # the event loop is blocked
+    before = len(sender.sent)
+    await until(lambda: len(sender.sent) >= before + 10)
+    stamps = [s[0] for s in sender.sent[before : before + 10]]
+    assert int((np.diff(stamps) < 0.005).sum()) <= 1  # no catch-up burst
+    assert track.stats.late_rephases >= 1
+    track.stop()
+    with pytest.raises(MediaStreamError):
+        await parked
+
+
+async def test_a_failing_send_loses_one_packet_and_the_clock_goes_on() -> None:
+    buffer = PlayoutBuffer(100)
+    sender = RecordingSender(fail_sends={3, 4})
+    track = direct_track(buffer, sender)
+    parked = asyncio.ensure_future(track.recv())
+    await until(lambda: len(sender.sent) >= 10)
+    assert track.stats.direct_errors == 2
+    pts = [s[2] for s in sender.sent]
+    assert pts[:4] == [0, 960, 1920, 4800]  # the packets of ticks 3 and 4 were lost
+    assert np.all(np.diff(pts[3:]) == FRAME_SAMPLES)  # and the clock kept its 20 ms steps
+    track.stop()
+    with pytest.raises(MediaStreamError):
+        await parked
+
+
+async def test_falls_back_to_aiortc_until_the_direct_path_resolves() -> None:
+    buffer = PlayoutBuffer(100)
+    sender = RecordingSender(ready_after=3)
+    track = direct_track(buffer, sender)
+    returned = [await track.recv() for _ in range(3)]  # not connected yet: aiortc's path
+    assert [p.pts for p in returned] == [0, 960, 1920]
+    parked = asyncio.ensure_future(track.recv())  # now it resolves: the lean path takes over
+    await until(lambda: len(sender.sent) >= 3)
+    assert [s[2] for s in sender.sent[:3]] == [2880, 3840, 4800]  # the same clock goes on
+    track.stop()
+    with pytest.raises(MediaStreamError):
+        await parked
+
+
+async def test_an_unusable_direct_sender_leaves_the_track_on_aiortc_path() -> None:
+    buffer = PlayoutBuffer(100)
+    sender = RecordingSender(usable=False)
+    track = direct_track(buffer, sender)
+    packets = [await track.recv() for _ in range(3)]
+    assert [p.pts for p in packets] == [0, 960, 1920] and not sender.sent
+    assert not track.direct
+    track.stop()
+
+
+async def test_encoding_ahead_on_the_lean_path_gives_the_same_packets() -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1) as pool:
+        streams = []
+        for executor in (None, pool):
+            buffer = PlayoutBuffer(100)
+            sender = RecordingSender()
+            track = direct_track(buffer, sender, rephase_on_onset=False, encode_executor=executor)
+            for i in range(30):
+                await buffer.put(PlayoutFrame(tone_frame(i)))
+            parked = asyncio.ensure_future(track.recv())
+            await until(lambda sender=sender: len(sender.sent) >= 35)  # type: ignore[misc]
+            track.stop()
+            with pytest.raises(MediaStreamError):
+                await parked
+            streams.append([payload for _, payload, _ in sender.sent[:35]])
+    inline, ahead = streams
+    assert inline == ahead
+    assert all(len(p) > 40 for p in ahead[:30])  # the 30 speech frames come first
