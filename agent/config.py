@@ -34,6 +34,10 @@ class OpusSettings:
     # (agent/direct.py) instead of through aiortc's per-sender task; False: aiortc's path.
     direct_send: bool = True
 
+    def __post_init__(self) -> None:
+        if not 0 <= self.complexity <= 10:
+            raise ValueError(f"Opus complexity must be 0-10, got {self.complexity}")
+
 
 @dataclass(frozen=True)
 class AdaptationSettings:

@@ -32,6 +32,7 @@ import struct
 from typing import Any
 
 from aiortc import clock
+from aiortc.rtcrtpsender import random_sequence_number
 from aiortc.rtp import HeaderExtensions, HeaderExtensionsMap
 
 from agent.feedback import TransportSequenceMap
@@ -49,7 +50,9 @@ class DirectSender:
     def __init__(self, transceiver: Any) -> None:
         self._transceiver = transceiver
         self._sender: Any = transceiver.sender
-        self._seq = random.getrandbits(16)
+        # Below 2^15 like aiortc and libwebrtc: an early wrap-around can leave a receiver
+        # unable to derive the SRTP index when the first packets are lost.
+        self._seq = random_sequence_number()
         self._ts_origin = random.getrandbits(32)
         self._ready = False
         self._failed = False
@@ -116,7 +119,12 @@ class DirectSender:
             self.dropped += 1
             return
         transport = pair.protocol.transport
-        if transport is None or transport.get_write_buffer_size() > MAX_BUFFERED_BYTES:
+        if transport is None:
+            self.dropped += 1
+            return
+        # A UDP transport says how much it holds back; a TURN relay's (aioice) does not.
+        backlog = getattr(transport, "get_write_buffer_size", None)
+        if backlog is not None and backlog() > MAX_BUFFERED_BYTES:
             self.dropped += 1
             return
         seq = self._seq = (self._seq + 1) & 0xFFFF

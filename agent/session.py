@@ -191,6 +191,8 @@ class AgentSession:
             "bytes": track.bytes,
             "buffered_ms": round(self.pipeline.buffer.buffered_seconds * 1000),
             "send_path": "direct" if self.track.direct else "aiortc",
+            "send_errors": self.track.stats.direct_errors,
+            "send_dropped": self.track.send_dropped,
         }
 
     def stats(self) -> dict[str, Any]:

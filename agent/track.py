@@ -59,6 +59,7 @@ SILENCE_SETTLE_FRAMES = 3
 # 9-10, a cycle of 4 at complexity 5 and 7 (measured, libopus 1.6). Cycles up to this long
 # are detected and replayed.
 MAX_SILENCE_CYCLE = 4
+MAX_LOGGED_ERRORS = 3  # per track: a failure that repeats every 20 ms must not flood the log
 
 
 @dataclass
@@ -70,7 +71,7 @@ class TrackStats:
     early_rephases: int = 0  # speech onsets sent before their tick
     late_rephases: int = 0  # times the clock moved forward instead of bursting
     encode_calls: int = 0
-    direct_errors: int = 0  # lean-path sends that raised (the packet is lost, the clock goes on)
+    direct_errors: int = 0  # lean-path ticks that raised (the packet is lost, the clock goes on)
 
 
 class OpusPacketTrack(MediaStreamTrack):
@@ -131,6 +132,11 @@ class OpusPacketTrack(MediaStreamTrack):
         """Is the lean path sending (rather than aiortc's sender task)?"""
         return self._parked is not None
 
+    @property
+    def send_dropped(self) -> int:
+        """Packets the lean path dropped: no nominated ICE pair yet, or a backed-up socket."""
+        return self._direct.dropped if self._direct is not None else 0
+
     # --- encoder settings (network adaptation drives these) ----------------------------
     def set_bitrate(self, bits_per_second: int) -> None:
         self.encoder.set_bitrate(bits_per_second)
@@ -157,13 +163,17 @@ class OpusPacketTrack(MediaStreamTrack):
         if self.readyState != "live":
             raise MediaStreamError
         loop = asyncio.get_running_loop()
-        direct = self._direct
+        direct, self._direct = self._direct, None
         if direct is not None and direct.usable and direct.resolve():
             # From here on the track sends by itself; aiortc's task waits here until stop.
+            self._direct = direct
             self._parked = loop.create_future()
             self._direct_schedule(loop)
             await self._parked
             raise MediaStreamError
+        # Decided at the first packet (aiortc calls recv once DTLS is up, so the lean path
+        # resolves then or never): switching later would restart the RTP sequence numbers,
+        # timestamps and sender-report counts of a running stream.
         if self._start is None:
             self._start = loop.time()
         due = self._start + (self._pts + FRAME_SAMPLES) / SAMPLE_RATE
@@ -245,17 +255,22 @@ class OpusPacketTrack(MediaStreamTrack):
         self._direct_timer = None
         if self._source.on_arrival == self._direct_arrival:
             self._source.on_arrival = None
-        if self.readyState != "live" or self._direct is None:
+        direct = self._direct
+        if self.readyState != "live" or direct is None:
             return
-        frame, payload = self._next_packet(loop.time(), arrived)
         try:
-            self._direct.send(payload, self._pts)
-        except Exception:  # one packet lost; the clock, the marks and the session go on
+            frame, payload = self._next_packet(loop.time(), arrived)
+            direct.send(payload, self._pts)
+            self._after_packet(frame)
+        except Exception:
+            # One packet lost (an encode, a send); the clock and the session go on. Nothing
+            # may escape: the loop would log it and this track would never tick again.
             self.stats.direct_errors += 1
-            if self.stats.direct_errors <= 3:
-                log.exception("direct send failed; the packet is lost")
-        self._after_packet(frame)
-        self._direct_schedule(loop)
+            if self.stats.direct_errors <= MAX_LOGGED_ERRORS:
+                log.exception("lean send path: a packet was lost")
+        finally:
+            if self.readyState == "live" and self._direct is not None:
+                self._direct_schedule(loop)
 
     def _encode_next_ahead(self) -> None:
         if self._executor is None:
@@ -368,9 +383,6 @@ class OpusPacketTrack(MediaStreamTrack):
 
     def stop(self) -> None:
         super().stop()
-        self._take_ahead(None)
-        if self._waiter is not None and not self._waiter.done():
-            self._waiter.set_result(None)
         if self._direct_timer is not None:
             self._direct_timer.cancel()
             self._direct_timer = None
@@ -379,7 +391,12 @@ class OpusPacketTrack(MediaStreamTrack):
         if self._parked is not None and not self._parked.done():
             self._parked.set_result(None)
         self._direct = None  # holds the sender and its transports: let them go with the pc
-        self.encoder.close()
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+        try:
+            self._take_ahead(None)
+        finally:
+            self.encoder.close()
 
 
 def _resolve(fut: asyncio.Future[None]) -> None:

@@ -32,6 +32,9 @@ from signaling.logs import configure_logging
 ENV_PREFIX = "VOICE_AGENT_"
 
 
+SEND_PATHS = ("direct", "aiortc")
+
+
 def _env(env: Mapping[str, str], name: str, default: str | None = None) -> str | None:
     return env.get(ENV_PREFIX + name, default)
 
@@ -98,7 +101,7 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         type=int,
         choices=range(11),
         metavar="0-10",
-        default=int(_env(env, "COMPLEXITY", str(OpusSettings().complexity)) or 0),
+        default=int(_env(env, "COMPLEXITY") or OpusSettings().complexity),
         help="libopus complexity: the encode is most of a session's CPU; lower it to hold "
         "more sessions per core at some quality (bench/README: 'Encoder cost and quality')",
     )
@@ -130,7 +133,7 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--send-path",
-        choices=("direct", "aiortc"),
+        choices=SEND_PATHS,
         default=_env(env, "SEND_PATH", "direct"),
         help="how a session's packets leave: direct (RTP+SRTP+sendto from the track's own "
         "timer, lean) or aiortc (its RTP sender task)",
@@ -305,7 +308,7 @@ def _add_room_flags(serve: argparse.ArgumentParser, env: Mapping[str, str]) -> N
     )
     serve.add_argument(
         "--room-send",
-        choices=("direct", "aiortc"),
+        choices=SEND_PATHS,
         default=_env(env, "ROOM_SEND", "direct" if rooms.direct_send else "aiortc"),
         help="how room audio reaches each listener: direct (RTP+SRTP from the source's "
         "tick, lean) or aiortc (each listener's own RTP sender task)",
@@ -319,6 +322,14 @@ def _add_auth_secret(parser: argparse.ArgumentParser, env: Mapping[str, str]) ->
         help="HS256 secret (at least 32 bytes) for access tokens; prefer the environment "
         f"({ENV_PREFIX}AUTH_SECRET): flags show in the process list. Default: no auth",
     )
+
+
+def _one_of(value: str, allowed: Sequence[str], flag: str) -> str:
+    """argparse checks choices on the command line only, not on defaults from the env."""
+    if value not in allowed:
+        choices = ", ".join(allowed)
+        raise ValueError(f"{flag} (or its {ENV_PREFIX} variable): one of {choices}, not {value!r}")
+    return value
 
 
 def config_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> Config:
@@ -346,7 +357,7 @@ def config_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> Config
             bitrate=args.bitrate,
             complexity=args.complexity,
             encode_threads=args.encode_threads,
-            direct_send=args.send_path == "direct",
+            direct_send=_one_of(args.send_path, SEND_PATHS, "--send-path") == "direct",
         ),
         adaptation=replace(
             base.adaptation,
@@ -392,7 +403,7 @@ def config_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> Config
             max_participants=args.room_max_participants,
             max_speakers=args.room_max_speakers,
             instruct=args.room_instruct,
-            direct_send=args.room_send == "direct",
+            direct_send=_one_of(args.room_send, SEND_PATHS, "--room-send") == "direct",
         ),
         listen=listen,
         services=services,

@@ -56,6 +56,15 @@ def test_environment_then_flags() -> None:
     lean = build(["serve", "--complexity", "3", "--send-path", "aiortc"])
     assert lean.opus.complexity == 3 and not lean.opus.direct_send
     assert not build(["serve"], {"VOICE_AGENT_SEND_PATH": "aiortc"}).opus.direct_send
+    assert build(["serve"], {"VOICE_AGENT_COMPLEXITY": ""}).opus.complexity == 9  # unset
+    # argparse checks choices on the command line only: values from the env are checked too.
+    for bad in (
+        {"VOICE_AGENT_COMPLEXITY": "14"},
+        {"VOICE_AGENT_SEND_PATH": "Direct"},
+        {"VOICE_AGENT_ROOM_SEND": "udp"},
+    ):
+        with pytest.raises(ValueError):
+            build(["serve"], bad)
     flagged = build(["serve", "--port", "9100", "--ice-server", "stun:c.example"], env)
     assert flagged.port == 9100 and flagged.ice_servers == ("stun:c.example",)
 

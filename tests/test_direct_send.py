@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import struct
+from types import SimpleNamespace
 from typing import Any
 
 import aiohttp
@@ -14,6 +15,7 @@ import numpy as np
 import pytest
 
 from agent.config import Config, OpusSettings, RoomSettings
+from agent.direct import DirectSender
 from agent.session import AgentSession
 from signaling.keys import SESSIONS
 from tests.conftest import LiveServer, serve
@@ -172,3 +174,38 @@ def _payload_offset(packet: bytes) -> int:
     offset = 12 + 4 * csrcs
     _, words = struct.unpack_from("!HH", packet, offset)
     return offset + 4 + 4 * words
+
+
+class _Sink:
+    """A relayed (TURN) transport as aioice has it: sendto, but no write-buffer size."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[bytes, Any]] = []
+
+    def sendto(self, data: bytes, addr: Any) -> None:
+        self.sent.append((data, addr))
+
+
+def _resolved_sender(transport: Any) -> DirectSender:
+    sender = DirectSender(SimpleNamespace(sender=SimpleNamespace()))
+    pair = SimpleNamespace(protocol=SimpleNamespace(transport=transport), remote_addr=("h", 1))
+    sender._ready = True
+    sender._srtp = SimpleNamespace(protect=lambda packet: b"S" + packet)
+    sender._ice = SimpleNamespace(_nominated={1: pair})
+    sender._sender = SimpleNamespace()  # receives the sender-report counters
+    return sender
+
+
+def test_a_relayed_pair_without_a_write_buffer_size_still_gets_packets() -> None:
+    sink = _Sink()
+    sender = _resolved_sender(sink)
+    for pts in (0, 960, 1920):
+        sender.send(b"opus", pts)
+    assert len(sink.sent) == 3 and sender.dropped == 0
+    assert all(data.startswith(b"S\x80") and data.endswith(b"opus") for data, _ in sink.sent)
+
+
+def test_rtp_sequence_numbers_start_in_the_lower_half() -> None:
+    """Like aiortc and libwebrtc: an early wrap-around can break SRTP index estimation."""
+    starts = [DirectSender(SimpleNamespace(sender=None))._seq for _ in range(2000)]
+    assert max(starts) < 0x8000 and len(set(starts)) > 1000

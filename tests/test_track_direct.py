@@ -71,6 +71,7 @@ async def test_paces_itself_gapless_while_aiortc_task_stays_parked() -> None:
     count = len(sender.sent)
     await asyncio.sleep(0.1)
     assert len(sender.sent) == count  # and the timer is gone
+    assert track._direct_timer is None and buffer.on_arrival is None
 
 
 async def test_speech_marks_fire_after_their_packet_left_and_onset_rephases() -> None:
@@ -97,9 +98,13 @@ async def test_speech_marks_fire_after_their_packet_left_and_onset_rephases() ->
     assert sent_at_mark == [first_speech + 1 + i for i in range(5)]
     pts = [s[2] for s in sender.sent]
     assert np.all(np.diff(pts) == FRAME_SAMPLES)
+    # After the re-phased onset the clock runs on at 20 ms: one timer chain, no burst.
+    spacing = np.diff([s[0] for s in sender.sent[first_speech : first_speech + 5]])
+    assert (spacing > 0.012).all(), spacing
     track.stop()
     with pytest.raises(MediaStreamError):
         await parked
+    assert buffer.on_arrival is None and track._direct_timer is None
 
 
 async def test_a_stalled_loop_moves_the_clock_instead_of_bursting() -> None:
@@ -136,18 +141,16 @@ async def test_a_failing_send_loses_one_packet_and_the_clock_goes_on() -> None:
         await parked
 
 
-async def test_falls_back_to_aiortc_until_the_direct_path_resolves() -> None:
+async def test_a_direct_path_not_ready_at_the_first_packet_is_given_up() -> None:
+    """Switching paths mid-stream would restart sequence numbers and timestamps: the first
+    packet decides (aiortc asks for it once DTLS is up, when the lean path resolves)."""
     buffer = PlayoutBuffer(100)
-    sender = RecordingSender(ready_after=3)
+    sender = RecordingSender(ready_after=1)
     track = direct_track(buffer, sender)
-    returned = [await track.recv() for _ in range(3)]  # not connected yet: aiortc's path
-    assert [p.pts for p in returned] == [0, 960, 1920]
-    parked = asyncio.ensure_future(track.recv())  # now it resolves: the lean path takes over
-    await until(lambda: len(sender.sent) >= 3)
-    assert [s[2] for s in sender.sent[:3]] == [2880, 3840, 4800]  # the same clock goes on
+    packets = [await track.recv() for _ in range(4)]
+    assert [p.pts for p in packets] == [0, 960, 1920, 2880]
+    assert sender.resolves == 1 and not sender.sent and not track.direct
     track.stop()
-    with pytest.raises(MediaStreamError):
-        await parked
 
 
 async def test_an_unusable_direct_sender_leaves_the_track_on_aiortc_path() -> None:
@@ -180,3 +183,30 @@ async def test_encoding_ahead_on_the_lean_path_gives_the_same_packets() -> None:
     inline, ahead = streams
     assert inline == ahead
     assert all(len(p) > 40 for p in ahead[:30])  # the 30 speech frames come first
+
+
+async def test_a_failing_encode_loses_one_packet_and_the_clock_goes_on() -> None:
+    buffer = PlayoutBuffer(100)
+    sender = RecordingSender()
+    track = direct_track(buffer, sender, rephase_on_onset=False)
+    for i in range(20):
+        await buffer.put(PlayoutFrame(tone_frame(i)))
+    real_encode = track.encoder.encode
+    calls = [0]
+
+    def flaky(pcm: np.ndarray) -> bytes:
+        calls[0] += 1
+        if calls[0] == 3:
+            raise RuntimeError("encoder hiccup")
+        return real_encode(pcm)
+
+    track.encoder.encode = flaky  # type: ignore[method-assign]
+    parked = asyncio.ensure_future(track.recv())
+    await until(lambda: len(sender.sent) >= 10)
+    assert track.stats.direct_errors == 1
+    pts = [s[2] for s in sender.sent]
+    assert pts[:3] == [0, 960, 2880]  # the third packet was lost, the clock went on
+    assert not parked.done() and track.readyState == "live"
+    track.stop()
+    with pytest.raises(MediaStreamError):
+        await parked
