@@ -183,8 +183,8 @@ class OpusPacketTrack(MediaStreamTrack):
             arrived = await self._sleep_until(loop, due, wake_on_arrival=self._onset_possible(wait))
             if self.readyState != "live":
                 raise MediaStreamError
-        frame, payload = self._next_packet(loop.time(), arrived)
-        packet = av.Packet(payload)
+        frame = self._advance(loop.time(), arrived)
+        packet = av.Packet(self._encode(frame))
         packet.pts = self._pts
         packet.time_base = TIME_BASE
         self._after_packet(frame)
@@ -199,9 +199,9 @@ class OpusPacketTrack(MediaStreamTrack):
             and self._lead + wait <= self._max_lead
         )
 
-    def _next_packet(self, now: float, arrived: bool) -> tuple[PlayoutFrame | None, bytes]:
-        """The next packet's frame and payload, at ``now``; ``arrived``: speech cut the
-        wait short (re-phase the clock to it)."""
+    def _advance(self, now: float, arrived: bool) -> PlayoutFrame | None:
+        """Step the clock to the next packet at ``now`` and take its frame (None: silence);
+        ``arrived``: speech cut the wait short (re-phase the clock to it)."""
         assert self._start is not None
         self._pts += FRAME_SAMPLES
         due = self._start + self._pts / SAMPLE_RATE
@@ -215,8 +215,7 @@ class OpusPacketTrack(MediaStreamTrack):
             # The loop stalled: move the clock instead of bursting packets to catch up.
             self._start += late
             self.stats.late_rephases += 1
-        frame = self._source.pop()
-        return frame, self._encode(frame)
+        return self._source.pop()
 
     def _after_packet(self, frame: PlayoutFrame | None) -> None:
         if frame is None:
@@ -258,19 +257,24 @@ class OpusPacketTrack(MediaStreamTrack):
         direct = self._direct
         if self.readyState != "live" or direct is None:
             return
+        # Nothing may escape a tick: the loop would only log it, and this track would never
+        # tick again. A failed encode or send costs one packet; the clock goes on.
+        frame = None
         try:
-            frame, payload = self._next_packet(loop.time(), arrived)
-            direct.send(payload, self._pts)
-            self._after_packet(frame)
+            frame = self._advance(loop.time(), arrived)
+            direct.send(self._encode(frame), self._pts)
         except Exception:
-            # One packet lost (an encode, a send); the clock and the session go on. Nothing
-            # may escape: the loop would log it and this track would never tick again.
             self.stats.direct_errors += 1
             if self.stats.direct_errors <= MAX_LOGGED_ERRORS:
                 log.exception("lean send path: a packet was lost")
-        finally:
-            if self.readyState == "live" and self._direct is not None:
-                self._direct_schedule(loop)
+        try:
+            self._after_packet(frame)  # its marks fire even if its packet was lost
+        except Exception:
+            self.stats.direct_errors += 1
+            if self.stats.direct_errors <= MAX_LOGGED_ERRORS:
+                log.exception("lean send path: failed after a packet")
+        if self.readyState == "live" and self._direct is not None:
+            self._direct_schedule(loop)
 
     def _encode_next_ahead(self) -> None:
         if self._executor is None:

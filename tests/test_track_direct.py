@@ -189,8 +189,9 @@ async def test_a_failing_encode_loses_one_packet_and_the_clock_goes_on() -> None
     buffer = PlayoutBuffer(100)
     sender = RecordingSender()
     track = direct_track(buffer, sender, rephase_on_onset=False)
+    marked: list[int] = []
     for i in range(20):
-        await buffer.put(PlayoutFrame(tone_frame(i)))
+        await buffer.put(PlayoutFrame(tone_frame(i), [lambda i=i: marked.append(i)]))
     real_encode = track.encoder.encode
     calls = [0]
 
@@ -206,6 +207,7 @@ async def test_a_failing_encode_loses_one_packet_and_the_clock_goes_on() -> None
     assert track.stats.direct_errors == 1
     pts = [s[2] for s in sender.sent]
     assert pts[:3] == [0, 960, 2880]  # the third packet was lost, the clock went on
+    assert marked[:5] == [0, 1, 2, 3, 4]  # its frame's events still fired (speech.ended...)
     assert not parked.done() and track.readyState == "live"
     track.stop()
     with pytest.raises(MediaStreamError):
