@@ -92,15 +92,17 @@ async def test_speech_marks_fire_after_their_packet_left_and_onset_rephases() ->
     await until(lambda: len(sent_at_mark) == 5)
     first_speech = next(i for i, s in enumerate(sender.sent) if len(s[1]) > 40)
     # Sent as it arrived, not at the next tick (up to 20 ms later).
-    assert sender.sent[first_speech][0] - put_at < 0.005
+    assert sender.sent[first_speech][0] - put_at < 0.010  # the next tick was ~13 ms away
     assert track.stats.early_rephases == 1
     # Each frame's marks ran right after its own packet went out.
     assert sent_at_mark == [first_speech + 1 + i for i in range(5)]
     pts = [s[2] for s in sender.sent]
     assert np.all(np.diff(pts) == FRAME_SAMPLES)
-    # After the re-phased onset the clock runs on at 20 ms: one timer chain, no burst.
-    spacing = np.diff([s[0] for s in sender.sent[first_speech : first_speech + 5]])
-    assert (spacing > 0.012).all(), spacing
+    # After the re-phased onset the clock runs on from it at 20 ms: a late timer can only
+    # delay a packet, nothing may go out early (a second timer chain would).
+    onset = sender.sent[first_speech][0]
+    for i in range(1, 5):
+        assert sender.sent[first_speech + i][0] - onset > i * 0.020 - 0.002, i
     track.stop()
     with pytest.raises(MediaStreamError):
         await parked
