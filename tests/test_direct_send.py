@@ -92,6 +92,19 @@ async def _wait_direct(track: Any) -> Any:
     raise AssertionError("the lean send path never started")
 
 
+async def _packets_of_one_utterance(client: RtcClient, track: Any) -> list[bytes]:
+    """The clear RTP packets ``track``'s lean path sends while the agent says one thing."""
+    sender = await _wait_direct(track)
+    recorder = WireRecorder(sender._srtp)
+    sender._srtp = recorder
+    try:
+        client.send({"type": "say", "text": "one two three four", "id": "u1"})
+        await client.wait_event(lambda e: e["type"] == "speech.ended")
+    finally:
+        sender._srtp = recorder.srtp
+    return recorder.packets
+
+
 def _check_sequenced(packets: list[bytes], history: Any) -> None:
     assert len(packets) > 45  # 1 s of speech, and the silence around it
     sequences = [_twcc_sequence(packet) for packet in packets]
@@ -111,15 +124,10 @@ async def test_transport_wide_sequence_numbers_on_the_wire(live_server: LiveServ
             session = _session(live_server, client)
             tap = session.network.tap
             assert tap is not None and tap.transport_cc
-            sender = await _wait_direct(session.track)
-            recorder = WireRecorder(sender._srtp)
-            sender._srtp = recorder
-            client.send({"type": "say", "text": "one two three four", "id": "u1"})
-            await client.wait_event(lambda e: e["type"] == "speech.ended")
-            sender._srtp = recorder.srtp
+            packets = await _packets_of_one_utterance(client, session.track)
         finally:
             await client.close()
-    _check_sequenced(recorder.packets, tap._history)
+    _check_sequenced(packets, tap._history)
 
 
 async def test_room_listeners_get_transport_wide_sequence_numbers_too() -> None:
@@ -133,15 +141,10 @@ async def test_room_listeners_get_transport_wide_sequence_numbers_too() -> None:
             (member,) = room.members.values()
             sub = member._subs[0]  # the agent's track
             assert sub.tap is not None and sub.tap.transport_cc
-            sender = await _wait_direct(sub.track)
-            recorder = WireRecorder(sender._srtp)
-            sender._srtp = recorder
-            client.send({"type": "say", "text": "one two three four", "id": "u1"})
-            await client.wait_event(lambda e: e["type"] == "speech.ended")
-            sender._srtp = recorder.srtp
+            packets = await _packets_of_one_utterance(client, sub.track)
         finally:
             await client.close()
-    _check_sequenced(recorder.packets, sub.tap._history)
+    _check_sequenced(packets, sub.tap._history)
 
 
 def _extension_elements(packet: bytes) -> dict[int, bytes]:
