@@ -16,6 +16,9 @@ class OpusSettings:
 
     bitrate: int = 32_000
     complexity: int = 9
+    # While the process's CPU cannot keep up, every encoder steps down towards this
+    # complexity and climbs back after (agent/governor.py); equal to ``complexity``: fixed.
+    complexity_floor: int = 0
     fec: bool = False
     expected_loss_pct: int = 0
     # DTX would cut idle sessions from ~14 kbps (coded digital silence) to 0.4 kbps (1-byte
@@ -37,6 +40,11 @@ class OpusSettings:
     def __post_init__(self) -> None:
         if not 0 <= self.complexity <= 10:
             raise ValueError(f"Opus complexity must be 0-10, got {self.complexity}")
+        if not 0 <= self.complexity_floor <= self.complexity:
+            raise ValueError(
+                f"the Opus complexity floor must be 0-{self.complexity} (the complexity), "
+                f"got {self.complexity_floor}"
+            )
 
 
 @dataclass(frozen=True)

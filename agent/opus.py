@@ -176,6 +176,10 @@ class OpusEncoder:
     def complexity(self) -> int:
         return self._complexity
 
+    @property
+    def closed(self) -> bool:
+        return self._handle is None
+
     def set_bitrate(self, bits_per_second: int) -> None:
         value = int(min(MAX_BITRATE, max(MIN_BITRATE, bits_per_second)))
         self._ctl(_SET_BITRATE, value)

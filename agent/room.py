@@ -40,6 +40,7 @@ from agent.direct import DirectSender
 from agent.engine import TTSEngine
 from agent.fanout import FanoutSource, FanoutTrack, SubscriberWish
 from agent.feedback import Applier, FeedbackTap
+from agent.governor import ComplexityGovernor
 from agent.hooks import SessionHooks
 from agent.opus import FRAME_SAMPLES, OpusEncoder
 from agent.outbox import EventOutbox, admit_speech, error_event
@@ -80,13 +81,15 @@ class Room:
         config: Config,
         encode_executor: Executor | None = None,
         on_closed: Callable[[Room], None] | None = None,
+        governor: ComplexityGovernor | None = None,
     ) -> None:
         self.name = name
+        self.governor = governor
         self.config = config
         self.settings = config.rooms
         self.pipeline = SpeechPipeline(engine, config.speech, self.broadcast)
         self.agent_track = OpusPacketTrack(
-            self.pipeline.buffer, config.opus, encode_executor=encode_executor
+            self.pipeline.buffer, config.opus, encode_executor=encode_executor, governor=governor
         )
         self.agent = FanoutSource(AGENT_ID, self._apply_agent_target)
         self.members: dict[str, RoomMember] = {}  # by participant id
@@ -270,6 +273,8 @@ class SpeakerFeed:
             fec=opus.fec,
             expected_loss_pct=opus.expected_loss_pct,
         )
+        if room.governor is not None:
+            room.governor.register(self.encoder)
         self.source = FanoutSource(f"speaker:{member.participant_id}", self._apply_target)
         self._pending = np.zeros(0, dtype=np.int16)  # samples short of a whole 20 ms frame
         self._task: asyncio.Task[None] | None = None

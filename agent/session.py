@@ -15,6 +15,7 @@ from agent.adaptation import NetworkAdaptation, ReceiverOpus
 from agent.config import Config
 from agent.direct import DirectSender
 from agent.engine import TTSEngine
+from agent.governor import ComplexityGovernor
 from agent.hooks import SessionHooks
 from agent.outbox import EventOutbox, admit_speech, error_event
 from agent.protocol import (
@@ -50,6 +51,7 @@ class AgentSession:
         config: Config,
         encode_executor: Executor | None = None,
         *,
+        governor: ComplexityGovernor | None = None,
         expects_channel: bool = True,
         hooks: SessionHooks | None = None,
     ) -> None:
@@ -60,8 +62,9 @@ class AgentSession:
             engine, config.speech, self.send_event, on_first_audio=self.hooks.first_audio
         )
         self._encode_executor = encode_executor
+        self._governor = governor
         self.track = OpusPacketTrack(
-            self.pipeline.buffer, config.opus, encode_executor=encode_executor
+            self.pipeline.buffer, config.opus, encode_executor=encode_executor, governor=governor
         )
         self.outbox = EventOutbox(expects_channel, f"session {session_id}")
         self.network = NetworkAdaptation(self.track, config.adaptation, ReceiverOpus())
@@ -90,7 +93,10 @@ class AgentSession:
         stats = self.track.stats
         self.track.stop()
         self.track = OpusPacketTrack(
-            self.pipeline.buffer, self.config.opus, encode_executor=self._encode_executor
+            self.pipeline.buffer,
+            self.config.opus,
+            encode_executor=self._encode_executor,
+            governor=self._governor,
         )
         self.track.stats = stats
 
@@ -193,6 +199,7 @@ class AgentSession:
             "send_path": "direct" if self.track.direct else "aiortc",
             "send_errors": self.track.stats.direct_errors,
             "send_dropped": self.track.send_dropped,
+            "complexity": self.track.encoder.complexity,
         }
 
     def stats(self) -> dict[str, Any]:

@@ -43,6 +43,7 @@ from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
 from agent.config import OpusSettings
 from agent.direct import DirectSender
+from agent.governor import ComplexityGovernor
 from agent.opus import FRAME_SAMPLES, SAMPLE_RATE, OpusEncoder
 from agent.playout import PlayoutBuffer, PlayoutFrame
 
@@ -87,6 +88,7 @@ class OpusPacketTrack(MediaStreamTrack):
         payback_per_frame_s: float = 0.001,
         max_late_s: float = 0.06,
         encode_executor: Executor | None = None,
+        governor: ComplexityGovernor | None = None,
     ) -> None:
         super().__init__()
         settings = opus or OpusSettings()
@@ -97,6 +99,8 @@ class OpusPacketTrack(MediaStreamTrack):
             expected_loss_pct=settings.expected_loss_pct,
             dtx=settings.dtx,
         )
+        if governor is not None:
+            governor.register(self.encoder)  # complexity follows the process's CPU load
         self._source = source
         self._rephase_on_onset = rephase_on_onset
         self._max_lead = max_lead_s

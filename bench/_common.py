@@ -295,6 +295,7 @@ def _server_options(argv: Sequence[str]) -> argparse.Namespace:
         "--mode", default="continuous", choices=("continuous", "intermittent", "latency")
     )
     p.add_argument("--complexity", type=int, default=9)
+    p.add_argument("--complexity-floor", type=int, default=None, help="default: the product's")
     p.add_argument("--encode-threads", type=int, default=0)
     p.add_argument("--bitrate", type=int, default=32_000)
     p.add_argument("--chunk-ms", type=int, default=100)
@@ -331,6 +332,11 @@ def _bench_config(opts: argparse.Namespace) -> Any:
         opus=OpusSettings(
             bitrate=opts.bitrate,
             complexity=opts.complexity,
+            complexity_floor=(
+                OpusSettings().complexity_floor
+                if opts.complexity_floor is None
+                else opts.complexity_floor
+            ),
             encode_threads=opts.encode_threads,
             # ours: the product's lean send path; ours-aiortc: the same track through
             # aiortc's RTP sender task; default: aiortc's whole default path.
@@ -400,8 +406,17 @@ def bench_app(opts: argparse.Namespace, config: Any) -> Any:
                 "buffered_at": s.track.bench_buffered_at,
                 "done": s.id in state["done"],
             }
+        governor = app[SESSIONS].governor
         return web.json_response(
-            {"sessions": sessions, "first_chunk_at": engine.first_chunk_at, "pid": os.getpid()}
+            {
+                "sessions": sessions,
+                "first_chunk_at": engine.first_chunk_at,
+                "pid": os.getpid(),
+                # The encoders' complexity now, and how often the CPU governor moved it.
+                "complexity": governor.complexity,
+                "complexity_steps_down": governor.policy.steps_down,
+                "complexity_steps_up": governor.policy.steps_up,
+            }
         )
 
     app.cleanup_ctx.append(watcher)
@@ -419,12 +434,18 @@ def _front_with_bench_stats(config: Any, pool: Any) -> Any:
 
     async def stats(request: web.Request) -> web.Response:
         merged: dict[str, Any] = {"sessions": {}, "first_chunk_at": {}, "pids": []}
+        parts = []
         for worker in pool.workers:
             async with worker.http.get("http://worker/bench/stats") as resp:
                 part = await resp.json()
             merged["sessions"].update(part["sessions"])
             merged["first_chunk_at"].update(part["first_chunk_at"])
             merged["pids"].append(part["pid"])
+            parts.append(part)
+        # Each worker governs its own encoders: the lowest complexity, steps summed.
+        merged["complexity"] = min((p["complexity"] for p in parts), default=None)
+        for key in ("complexity_steps_down", "complexity_steps_up"):
+            merged[key] = sum(p[key] for p in parts)
         return web.json_response(merged)
 
     front.router.add_get("/bench/stats", stats)

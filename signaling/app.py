@@ -40,7 +40,7 @@ def build_app(config: Config, engine: TTSEngine) -> web.Application:
     engine = breaker
     metrics = Metrics(engine, config.limits.max_sessions)
     sessions = SessionRegistry(config, engine, on_closed=metrics.retire)
-    metrics.watch(sessions.peers)
+    metrics.watch(sessions.peers, sessions.governor)
     app = web.Application(
         # Outermost first: CORS headers go on every answer, errors included; offer outcomes
         # are counted whichever layer refuses (auth too); auth runs before any handler.

@@ -105,6 +105,15 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         help="libopus complexity: the encode is most of a session's CPU; lower it to hold "
         "more sessions per core at some quality (bench/README: 'Encoder cost and quality')",
     )
+    serve.add_argument(
+        "--complexity-floor",
+        type=int,
+        choices=range(11),
+        metavar="0-10",
+        default=int(_env(env, "COMPLEXITY_FLOOR") or OpusSettings().complexity_floor),
+        help="while the CPU cannot keep up, all encoders step down towards this complexity "
+        "and climb back after (agent/governor.py); set it to --complexity for a fixed one",
+    )
     adaptation = AdaptationSettings()
     serve.add_argument(
         "--no-adaptation",
@@ -356,6 +365,7 @@ def config_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> Config
             base.opus,
             bitrate=args.bitrate,
             complexity=args.complexity,
+            complexity_floor=args.complexity_floor,
             encode_threads=args.encode_threads,
             direct_send=_one_of(args.send_path, SEND_PATHS, "--send-path") == "direct",
         ),

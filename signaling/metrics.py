@@ -20,6 +20,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from agent.engine import TTSEngine
+from agent.governor import ComplexityGovernor
 from agent.room import RoomMember
 from agent.speech import SpeechPipeline
 from signaling.errors import HTTP_CODES, ApiError, Handler
@@ -79,12 +80,16 @@ class Metrics:
         self._engine = engine
         self._max_sessions = max_sessions
         self._peers: Callable[[], Iterable[Peer]] = tuple
+        self._governor: ComplexityGovernor | None = None
         self._retired: Tally[str] = Tally()
         self.registry.register(_LiveCollector(self))
 
-    def watch(self, peers: Callable[[], Iterable[Peer]]) -> None:
-        """Where the live sessions are read from at scrape time."""
+    def watch(
+        self, peers: Callable[[], Iterable[Peer]], governor: ComplexityGovernor | None = None
+    ) -> None:
+        """Where the live sessions (and the encoders' complexity) are read from at scrape time."""
         self._peers = peers
+        self._governor = governor
 
     def retire(self, peer: Peer) -> None:
         """A session is leaving: keep its counts so the totals never go down."""
@@ -163,6 +168,8 @@ class _LiveCollector:
             yield CounterMetricFamily(name, doc, totals[key])
 
         yield from _session_stats(peers)
+        if metrics._governor is not None:
+            yield from _governor_metrics(metrics._governor)
         yield GaugeMetricFamily(
             "voice_agent_sessions_detached",
             "Sessions whose peer was lost, waiting for a resume within the grace period",
@@ -178,6 +185,31 @@ class _LiveCollector:
             "sessions are gone: a leak check, see bench/soak.py)",
             tasks,
         )
+
+
+def _governor_metrics(governor: ComplexityGovernor) -> Iterator[Metric]:
+    yield GaugeMetricFamily(
+        "voice_agent_opus_complexity",
+        "libopus complexity of this process's encoders now (lowered while the CPU cannot keep "
+        "up: agent/governor.py)",
+        governor.complexity,
+    )
+    steps = CounterMetricFamily(
+        "voice_agent_opus_complexity_steps",
+        "Times the encoders' complexity was stepped down (CPU overload) or back up",
+        labels=["direction"],
+    )
+    steps.add_metric(["down"], governor.policy.steps_down)
+    steps.add_metric(["up"], governor.policy.steps_up)
+    yield steps
+    if not governor.enabled:
+        return  # a fixed complexity: nothing measures the load
+    yield GaugeMetricFamily(
+        "voice_agent_loop_load",
+        "Share of the last second the event-loop thread (or the process, per usable core) "
+        "spent on the CPU, as the complexity governor saw it",
+        governor.load,
+    )
 
 
 def _pipelines(peers: list[Peer]) -> list[SpeechPipeline]:

@@ -7,6 +7,7 @@ from concurrent.futures import Executor
 
 from agent.config import Config
 from agent.engine import TTSEngine
+from agent.governor import ComplexityGovernor
 from agent.hooks import SessionHooks
 from agent.room import Room, RoomError, RoomMember
 from signaling.errors import ApiError
@@ -20,11 +21,16 @@ ROOM_ERROR_STATUS = {"room_full": 409, "speakers_full": 409, "room_closed": 409}
 
 class RoomRegistry:
     def __init__(
-        self, config: Config, engine: TTSEngine, encode_executor: Executor | None = None
+        self,
+        config: Config,
+        engine: TTSEngine,
+        encode_executor: Executor | None = None,
+        governor: ComplexityGovernor | None = None,
     ) -> None:
         self.config = config
         self.engine = engine
         self.encode_executor = encode_executor
+        self.governor = governor
         self._rooms: dict[str, Room] = {}
 
     def __len__(self) -> int:
@@ -51,7 +57,9 @@ class RoomRegistry:
         room = self._rooms.get(name)
         created = room is None
         if room is None:
-            room = Room(name, self.engine, self.config, self.encode_executor, self._forget)
+            room = Room(
+                name, self.engine, self.config, self.encode_executor, self._forget, self.governor
+            )
         try:
             member = room.join(
                 session_id,

@@ -25,6 +25,7 @@ from aiortc import (
 from agent.adaptation import ReceiverOpus
 from agent.config import Config
 from agent.engine import TTSEngine
+from agent.governor import ComplexityGovernor
 from agent.hooks import SessionHooks
 from agent.logcontext import SESSION_ID
 from agent.room import RoomMember
@@ -73,12 +74,15 @@ class SessionRegistry:
         self._creating = 0  # offers being answered: they count against max_sessions
         self._closing: set[asyncio.Task[Any]] = set()
         self.encode_executor = _encode_executor(config.opus.encode_threads)
+        # Every encoder of this process (sessions, room agents, room speakers) steps its
+        # complexity down together while the CPU cannot keep up.
+        self.governor = ComplexityGovernor(config.opus.complexity, config.opus.complexity_floor)
         # In a worker process ids start with "w<index>-": the front routes by the id alone.
         index = config.worker_index
         self._id_prefix = f"{WORKER_ID_PREFIX}{index}-" if index is not None else ""
         self.tokens = TokenBook()
         self._watchdog: asyncio.Task[None] | None = None
-        self.rooms = RoomRegistry(config, engine, self.encode_executor)
+        self.rooms = RoomRegistry(config, engine, self.encode_executor, self.governor)
         # silero-vad for every session's microphone, loaded off the loop on first use (with
         # ChatTTS torch is imported already and loading takes ~0.15 s; alone, ~3 s). Not
         # loaded eagerly: importing torch holds the GIL long enough to stall audio pacing.
@@ -181,6 +185,7 @@ class SessionRegistry:
                 self.engine,
                 self.config,
                 self.encode_executor,
+                governor=self.governor,
                 expects_channel=kind == "offer",
                 hooks=hooks,
             )
@@ -398,6 +403,7 @@ class SessionRegistry:
             await asyncio.gather(*self._closing, return_exceptions=True)
         if self.encode_executor is not None:
             self.encode_executor.shutdown(wait=False, cancel_futures=True)
+        self.governor.close()
         self.vad_pool.close()
 
 

@@ -57,9 +57,16 @@ def test_environment_then_flags() -> None:
     assert lean.opus.complexity == 3 and not lean.opus.direct_send
     assert not build(["serve"], {"VOICE_AGENT_SEND_PATH": "aiortc"}).opus.direct_send
     assert build(["serve"], {"VOICE_AGENT_COMPLEXITY": ""}).opus.complexity == 9  # unset
+    # The CPU governor's floor: 0 by default, a fixed complexity when equal to it.
+    assert defaults.opus.complexity_floor == 0
+    assert build(["serve", "--complexity-floor", "9"]).opus.complexity_floor == 9
+    assert build(["serve"], {"VOICE_AGENT_COMPLEXITY_FLOOR": "6"}).opus.complexity_floor == 6
+    with pytest.raises(ValueError, match="floor"):
+        build(["serve", "--complexity", "5", "--complexity-floor", "6"])
     # argparse checks choices on the command line only: values from the env are checked too.
     for bad in (
         {"VOICE_AGENT_COMPLEXITY": "14"},
+        {"VOICE_AGENT_COMPLEXITY_FLOOR": "11"},
         {"VOICE_AGENT_SEND_PATH": "Direct"},
         {"VOICE_AGENT_ROOM_SEND": "udp"},
     ):

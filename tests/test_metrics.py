@@ -8,6 +8,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from agent.config import Config, SecuritySettings
 from signaling.app import build_app
+from signaling.keys import SESSIONS
 from tests.conftest import LiveServer
 from tests.doubles import ToneEngine
 from tests.rtc_client import RtcClient
@@ -61,6 +62,13 @@ async def test_metrics_follow_sessions_offers_and_speech(live_server: LiveServer
             bitrate = live_server.config.opus.bitrate
             assert value(during, "voice_agent_session_stat", stat="bitrate", agg="mean") == bitrate
             assert value(during, "voice_agent_session_stat", stat="bitrate", agg="max") == bitrate
+            # The CPU governor's view: the complexity every encoder has now, its moves, load.
+            # (The governor's probe runs meanwhile: its figures can move after the scrape.)
+            governor = live_server.app[SESSIONS].governor
+            assert value(during, "voice_agent_opus_complexity") in governor.policy.rungs
+            down = value(during, "voice_agent_opus_complexity_steps_total", direction="down")
+            assert down <= governor.policy.steps_down
+            assert 0 < value(during, "voice_agent_loop_load") < 1.5
         finally:
             await offer.close()
             await listener.close()

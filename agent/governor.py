@@ -1,0 +1,254 @@
+"""One Opus complexity for the whole process: lowered while the CPU cannot keep up, then raised.
+
+Why: libopus is most of a speaking session's CPU (55-58% of the server's, bench/README), and
+its cost falls steeply with complexity: about 272 us per 20 ms frame at 9, 203 at 6, 150 at
+2 and 101 at 0, for PESQ-WB 3.99, 3.91, 3.02 and 2.97 (bench/opus_cost.py). A process with
+more speaking sessions than its core can encode at 9 falls behind for all of them at once:
+every packet late, gaps, every browser stretching its jitter buffer. Stepping complexity
+down instead costs everyone a little quality, and only while the load lasts (WebRTC's CPU
+overuse detector does the same with video resolution).
+
+How: a timer on the event loop wakes every ``probe_s`` and notes
+- load: the loop thread's CPU time over the wall time since the last probe (the loop is one
+  thread: near 100% its callbacks queue and run late), or the process's CPU time over the
+  cores it may use, if that is higher (encode worker threads, ``--encode-threads``);
+- lateness: how late the probe itself fired, which is how late a packet's timer fires too.
+  It also sees what the load does not: other processes taking the cores.
+
+Every ``window_probes`` probes ``ComplexityPolicy`` decides: one rung down the ladder when
+the loop was saturated or late, one rung up after a quiet hold that doubles each time a
+climb had to be undone (no flapping), and every registered encoder follows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import os
+import time
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from agent.opus import OpusEncoder, OpusError
+
+log = logging.getLogger(__name__)
+
+# The complexities worth stopping at (bench/opus_cost.py, libopus 1.6, 32 kbps speech):
+# 7 codes as well as 9 (PESQ 3.99) for 12% less; 6 is 15% cheaper again (3.91); 3-5 cost
+# about what 6 does and sound worse, so the next step is 2 (26% cheaper, 3.02); 0 is a third
+# cheaper still at about the same quality as 2.
+RUNGS = (10, 9, 7, 6, 2, 0)
+
+
+def ladder(ceiling: int, floor: int) -> tuple[int, ...]:
+    """The complexities the governor may use, ascending: ``floor``, rungs between, ``ceiling``."""
+    if not 0 <= floor <= ceiling <= 10:
+        raise ValueError(f"need 0 <= floor <= ceiling <= 10, got floor {floor}, ceiling {ceiling}")
+    return tuple(sorted({floor, ceiling, *(r for r in RUNGS if floor < r < ceiling)}))
+
+
+@dataclass(frozen=True)
+class GovernorTuning:
+    """The control law's constants (module docstring); tests shorten the times."""
+
+    probe_s: float = 0.1
+    window_probes: int = 5  # two decisions a second
+    high_load: float = 0.85  # loop busier than this: overloaded
+    low_load: float = 0.55  # ... calmer than this (and not late): room to climb
+    high_late_s: float = 0.020  # a window's probes this late: overloaded
+    low_late_s: float = 0.008
+    # A new complexity applies from the next frame: half a second shows its effect, and a
+    # sudden overload reaches the floor from 9 in 2 s (4 rungs).
+    down_interval_s: float = 0.5
+    up_hold_s: float = 5.0  # quiet this long since the last change before climbing a rung
+    max_up_hold_s: float = 60.0  # a climb that keeps being undone waits up to this long
+    calm_reset_s: float = 60.0  # a climb that held this long: back to the short hold
+
+    def __post_init__(self) -> None:
+        if self.probe_s <= 0 or self.window_probes < 1:
+            raise ValueError("probe_s must be positive and window_probes at least 1")
+        if not 0 < self.low_load < self.high_load or not 0 <= self.low_late_s < self.high_late_s:
+            raise ValueError("low thresholds must be below high ones")
+
+
+class ComplexityPolicy:
+    """The decision alone (no clocks, no loop): fed one window's load and lateness at a time."""
+
+    def __init__(self, ceiling: int, floor: int, tuning: GovernorTuning) -> None:
+        self.rungs = ladder(ceiling, floor)
+        self.tuning = tuning
+        self._index = len(self.rungs) - 1
+        self._last_down = -math.inf
+        self._last_up = -math.inf
+        self._hold = tuning.up_hold_s
+        self.steps_down = 0
+        self.steps_up = 0
+
+    @property
+    def complexity(self) -> int:
+        return self.rungs[self._index]
+
+    @property
+    def up_hold_s(self) -> float:
+        return self._hold
+
+    def decide(self, now: float, load: float, late_s: float) -> int | None:
+        """The new complexity if this window changes it, else None."""
+        t = self.tuning
+        if load >= t.high_load or late_s >= t.high_late_s:
+            if self._index == 0 or now - self._last_down < t.down_interval_s:
+                return None
+            if now - self._last_up < self._hold:
+                # The last climb did not hold: wait longer before trying it again.
+                self._hold = min(self._hold * 2, t.max_up_hold_s)
+            self._index -= 1
+            self._last_down = now
+            self.steps_down += 1
+            return self.complexity
+        if self._last_up > self._last_down and now - self._last_up >= t.calm_reset_s:
+            self._hold = t.up_hold_s  # the last climb held: forget the flapping
+        if load <= t.low_load and late_s <= t.low_late_s and self._index < len(self.rungs) - 1:
+            if now - max(self._last_down, self._last_up) < self._hold:
+                return None
+            self._index += 1
+            self._last_up = now
+            self.steps_up += 1
+            return self.complexity
+        return None
+
+
+def _usable_cores() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+class ComplexityGovernor:
+    """Holds every encoder of the process at the policy's complexity; one per process.
+
+    ``register`` an encoder when it is created (sessions, room speakers); closed encoders
+    drop out by themselves. The probe timer starts with the first encoder registered on a
+    running loop and runs until ``close``; with a one-rung ladder (``floor == ceiling``)
+    there is nothing to govern and it never starts.
+    """
+
+    def __init__(
+        self,
+        ceiling: int,
+        floor: int,
+        tuning: GovernorTuning | None = None,
+        *,
+        thread_time: Callable[[], float] = time.thread_time,
+        process_time: Callable[[], float] = time.process_time,
+        cores: int | None = None,
+    ) -> None:
+        self.tuning = tuning or GovernorTuning()
+        self.policy = ComplexityPolicy(ceiling, floor, self.tuning)
+        self._encoders: weakref.WeakSet[OpusEncoder] = weakref.WeakSet()
+        self._thread_time = thread_time
+        self._process_time = process_time
+        self._cores = cores or _usable_cores()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._due = 0.0
+        self._last: tuple[float, float, float] = (0.0, 0.0, 0.0)  # wall, thread, process
+        self._window_busy = 0.0
+        self._window_wall = 0.0
+        self._window_late: list[float] = []
+        self.load = 0.0  # the last window's figures, for logs and /metrics
+        self.late_s = 0.0
+        self._closed = False
+
+    @property
+    def complexity(self) -> int:
+        return self.policy.complexity
+
+    @property
+    def enabled(self) -> bool:
+        return len(self.policy.rungs) > 1
+
+    @property
+    def encoders(self) -> int:
+        """Open encoders governed now."""
+        return sum(1 for encoder in self._encoders if not encoder.closed)
+
+    def register(self, encoder: OpusEncoder) -> None:
+        """Govern ``encoder`` from now on, starting at the current complexity."""
+        if not self.enabled:
+            return
+        if encoder.complexity != self.complexity:
+            encoder.set_complexity(self.complexity)
+        self._encoders.add(encoder)
+        self._start()
+
+    def _start(self) -> None:
+        if self._timer is not None or self._closed:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return  # built outside a loop (tests): the next registration on one starts it
+        self._loop = loop
+        self._last = (loop.time(), self._thread_time(), self._process_time())
+        self._schedule(loop.time() + self.tuning.probe_s)
+
+    def _schedule(self, when: float) -> None:
+        assert self._loop is not None
+        self._due = when
+        self._timer = self._loop.call_at(when, self._probe)
+
+    def _probe(self) -> None:
+        assert self._loop is not None
+        now = self._loop.time()
+        thread, process = self._thread_time(), self._process_time()
+        wall0, thread0, process0 = self._last
+        self._last = (now, thread, process)
+        wall = now - wall0
+        # CPU seconds the process could not have spread: the loop thread's own, or the
+        # whole process's shared over the cores it may use.
+        self._window_busy += max(thread - thread0, (process - process0) / self._cores)
+        self._window_wall += wall
+        self._window_late.append(max(0.0, now - self._due))
+        self._schedule(now + self.tuning.probe_s)
+        if len(self._window_late) >= self.tuning.window_probes:
+            self._decide(now)
+
+    def _decide(self, now: float) -> None:
+        late = sorted(self._window_late)
+        # The second-latest probe: one stall (a DTLS handshake, a collection) is not overload.
+        self.late_s = late[-2] if len(late) > 1 else late[-1]
+        self.load = self._window_busy / self._window_wall if self._window_wall > 0 else 0.0
+        self._window_busy = self._window_wall = 0.0
+        self._window_late.clear()
+        before = self.complexity
+        after = self.policy.decide(now, self.load, self.late_s)
+        if after is None:
+            return
+        self._apply(after)
+        log.info(
+            "loop load %.0f%%, timers %.0f ms late: Opus complexity %d -> %d for %d encoders "
+            "(next climb after %.0f s of calm)",
+            self.load * 100,
+            self.late_s * 1000,
+            before,
+            after,
+            len(self._encoders),
+            self.policy.up_hold_s,
+        )
+
+    def _apply(self, complexity: int) -> None:
+        for encoder in list(self._encoders):
+            try:
+                encoder.set_complexity(complexity)
+            except OpusError:  # closed meanwhile (its session ended)
+                self._encoders.discard(encoder)
+
+    def close(self) -> None:
+        self._closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._loop = None

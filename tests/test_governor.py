@@ -1,0 +1,237 @@
+"""The CPU governor of Opus complexity (agent/governor.py): its ladder, its control law, and
+that a saturated event loop really moves every encoder of the process down and back up."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from types import SimpleNamespace
+
+import pytest
+
+from agent.config import Config, OpusSettings
+from agent.governor import ComplexityGovernor, ComplexityPolicy, GovernorTuning, ladder
+from agent.opus import OpusEncoder
+from agent.playout import PlayoutBuffer
+from agent.room import Room, SpeakerFeed
+from agent.session import AgentSession
+from agent.track import OpusPacketTrack
+from tests.doubles import ToneEngine
+
+TUNING = GovernorTuning(
+    probe_s=0.05,
+    window_probes=4,
+    down_interval_s=0.2,
+    up_hold_s=0.5,
+    max_up_hold_s=4.0,
+    calm_reset_s=3.0,
+)
+
+
+def test_the_ladder_spans_floor_to_ceiling_through_the_measured_rungs() -> None:
+    assert ladder(9, 0) == (0, 2, 6, 7, 9)
+    assert ladder(10, 0) == (0, 2, 6, 7, 9, 10)
+    assert ladder(5, 0) == (0, 2, 5)
+    assert ladder(9, 4) == (4, 6, 7, 9)
+    assert ladder(9, 9) == (9,)
+    for ceiling, floor in ((3, 4), (11, 0), (9, -1)):
+        with pytest.raises(ValueError):
+            ladder(ceiling, floor)
+    with pytest.raises(ValueError):
+        OpusSettings(complexity=5, complexity_floor=6)
+
+
+def test_overload_steps_down_one_rung_per_interval_to_the_floor() -> None:
+    policy = ComplexityPolicy(9, 0, TUNING)
+    assert policy.decide(0.0, 0.95, 0.0) == 7
+    assert policy.decide(0.1, 0.95, 0.0) is None  # the last step has not shown its effect yet
+    assert policy.decide(0.25, 0.95, 0.0) == 6
+    assert policy.decide(0.5, 0.5, 0.030) == 2  # late timers alone are overload too
+    assert policy.decide(0.75, 0.95, 0.0) == 0
+    assert policy.decide(1.0, 0.95, 0.0) is None  # the floor
+    assert (policy.complexity, policy.steps_down, policy.steps_up) == (0, 4, 0)
+
+
+def test_calm_climbs_a_rung_per_hold_and_busy_but_coping_stays_put() -> None:
+    policy = ComplexityPolicy(9, 0, TUNING)
+    for t in (0.0, 0.25, 0.5, 0.75):
+        policy.decide(t, 0.95, 0.0)
+    assert policy.complexity == 0
+    assert policy.decide(1.0, 0.1, 0.0) is None  # quiet, but not for a hold yet
+    assert policy.decide(1.3, 0.1, 0.0) == 2
+    assert policy.decide(1.5, 0.1, 0.0) is None  # each climb waits a hold too
+    assert policy.decide(1.85, 0.1, 0.0) == 6
+    # Between the thresholds (busy, on time): neither direction.
+    for t in (2.2, 3.0, 4.0):
+        assert policy.decide(t, 0.7, 0.004) is None
+    assert policy.decide(4.1, 0.1, 0.010) is None  # idle CPU but timers still late: no climb
+    assert policy.decide(4.2, 0.1, 0.0) == 7
+    assert policy.decide(4.7, 0.1, 0.0) == 9
+    assert policy.decide(9.0, 0.0, 0.0) is None  # the ceiling
+    assert policy.steps_up == 4
+
+
+def test_a_climb_that_is_undone_doubles_the_hold_until_a_calm_spell_resets_it() -> None:
+    policy = ComplexityPolicy(9, 0, TUNING)
+    policy.decide(0.0, 0.95, 0.0)  # 7
+    assert policy.decide(0.5, 0.1, 0.0) == 9
+    assert policy.decide(0.7, 0.95, 0.0) == 7  # the climb did not hold
+    assert policy.up_hold_s == pytest.approx(1.0)
+    assert policy.decide(1.5, 0.1, 0.0) is None  # 0.8 s quiet < 1.0 s hold
+    t = 1.75
+    assert policy.decide(t, 0.1, 0.0) == 9
+    holds = []
+    for _ in range(4):  # flapping: each undone climb doubles the hold, up to the max
+        t += 0.25
+        assert policy.decide(t, 0.95, 0.0) == 7
+        holds.append(policy.up_hold_s)
+        assert policy.decide(t + policy.up_hold_s - 0.05, 0.1, 0.0) is None
+        t += policy.up_hold_s + 0.01
+        assert policy.decide(t, 0.1, 0.0) == 9
+    assert holds == [2.0, 4.0, 4.0, 4.0]
+    # A climb that holds for calm_reset_s: the history is forgotten.
+    assert policy.decide(t + TUNING.calm_reset_s - 0.1, 0.7, 0.0) is None
+    assert policy.up_hold_s == 4.0
+    assert policy.decide(t + TUNING.calm_reset_s + 0.1, 0.7, 0.0) is None
+    assert policy.up_hold_s == TUNING.up_hold_s
+
+
+class FakeCpu:
+    """thread_time/process_time that report ``busy`` of the wall time as CPU."""
+
+    def __init__(self) -> None:
+        self.busy = 0.0
+        self._cpu = 0.0
+        self._wall = time.monotonic()
+
+    def __call__(self) -> float:
+        now = time.monotonic()
+        self._cpu += (now - self._wall) * self.busy
+        self._wall = now
+        return self._cpu
+
+
+async def wait_for(condition: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.02)
+
+
+async def test_every_registered_encoder_follows_the_load_down_and_back_up() -> None:
+    cpu = FakeCpu()
+    governor = ComplexityGovernor(9, 0, TUNING, thread_time=cpu, process_time=lambda: 0.0)
+    encoders = [OpusEncoder(complexity=9) for _ in range(3)]
+    for encoder in encoders:
+        governor.register(encoder)
+    try:
+        cpu.busy = 0.97
+        await wait_for(lambda: governor.complexity == 0)
+        assert governor.load > TUNING.high_load
+        assert [e.complexity for e in encoders] == [0, 0, 0]
+        late = OpusEncoder(complexity=9)  # a session that starts now starts at the floor
+        governor.register(late)
+        assert late.complexity == 0
+        encoders[0].close()  # a session that ended meanwhile drops out quietly
+        cpu.busy = 0.05
+        await wait_for(lambda: governor.complexity == 9)
+        assert [e.complexity for e in (encoders[1], encoders[2], late)] == [9, 9, 9]
+        assert governor.encoders == 3
+        assert governor.policy.steps_down == 4 and governor.policy.steps_up == 4
+    finally:
+        governor.close()
+
+
+async def test_the_process_cpu_over_usable_cores_counts_when_threads_encode() -> None:
+    """With encode worker threads the loop thread can be idle while the cores are full."""
+    process = FakeCpu()
+    governor = ComplexityGovernor(
+        9, 0, TUNING, thread_time=lambda: 0.0, process_time=process, cores=2
+    )
+    encoder = OpusEncoder(complexity=9)
+    governor.register(encoder)
+    try:
+        process.busy = 1.0  # one of two cores: coping
+        await asyncio.sleep(TUNING.probe_s * TUNING.window_probes * 3)
+        assert governor.complexity == 9
+        assert 0.4 < governor.load < 0.6
+        process.busy = 1.9  # both cores nearly full
+        await wait_for(lambda: encoder.complexity < 9)
+    finally:
+        governor.close()
+
+
+async def test_a_really_saturated_loop_is_measured_and_relieved() -> None:
+    """The real signals: a loop kept ~95% busy by CPU-bound callbacks (as 60 speaking
+    sessions at complexity 9 keep a 2-core machine's) is seen, and encoders step down."""
+    governor = ComplexityGovernor(9, 0, TUNING)
+    encoder = OpusEncoder(complexity=9)
+    governor.register(encoder)
+    loop = asyncio.get_running_loop()
+    burning = True
+
+    def burn() -> None:
+        end = time.thread_time() + 0.0095
+        while time.thread_time() < end:
+            pass
+        if burning:
+            loop.call_later(0.0005, burn)
+
+    loop.call_soon(burn)
+    try:
+        await wait_for(lambda: encoder.complexity <= 6)
+        assert governor.load > TUNING.high_load or governor.late_s >= TUNING.high_late_s
+    finally:
+        burning = False
+    await wait_for(lambda: encoder.complexity == 9, timeout=20.0)
+    assert governor.load < TUNING.low_load
+    governor.close()
+
+
+async def test_a_fixed_complexity_is_never_touched_and_close_stops_the_probe() -> None:
+    fixed = ComplexityGovernor(9, 9, TUNING)
+    encoder = OpusEncoder(complexity=9)
+    fixed.register(encoder)
+    assert not fixed.enabled and fixed.encoders == 0 and fixed._timer is None
+    governor = ComplexityGovernor(9, 0, TUNING)
+    governor.register(OpusEncoder(complexity=9))
+    assert governor._timer is not None
+    governor.close()
+    assert governor._timer is None
+    governor.register(OpusEncoder(complexity=9))  # after close: governed, but no probe again
+    assert governor._timer is None
+
+
+async def test_sessions_register_every_track_they_make_with_the_governor() -> None:
+    governor = ComplexityGovernor(9, 0, TUNING)
+    governor.policy.decide(0.0, 1.0, 0.0)  # the process is overloaded: 7
+    session = AgentSession("s", ToneEngine(), Config(), governor=governor)
+    try:
+        assert session.track.encoder.complexity == 7
+        assert session.stats()["complexity"] == 7
+        first = session.track
+        session.renew_track()  # a resumed connection's new track is governed too
+        assert session.track is not first and session.track.encoder.complexity == 7
+        assert governor.encoders == 1  # the old track's encoder closed and left
+    finally:
+        await session.close()
+        governor.close()
+    # Without a governor (unit tests, tools) a track keeps its configured complexity.
+    assert OpusPacketTrack(PlayoutBuffer(5), OpusSettings(complexity=5)).encoder.complexity == 5
+
+
+async def test_a_rooms_agent_and_its_speakers_encoders_are_governed() -> None:
+    governor = ComplexityGovernor(9, 0, TUNING)
+    governor.policy.decide(0.0, 1.0, 0.0)  # 7
+    room = Room("r", ToneEngine(), Config(), governor=governor)
+    try:
+        assert room.agent_track.encoder.complexity == 7
+        member = SimpleNamespace(participant_id="p1")
+        feed = SpeakerFeed(room, member, mic=None)  # type: ignore[arg-type]
+        assert feed.encoder.complexity == 7
+        assert governor.encoders == 2
+        feed.encoder.close()
+    finally:
+        await room.close()
+        governor.close()
