@@ -427,6 +427,7 @@ def capacity(args: argparse.Namespace, worker_counts: list[int]) -> int:
                     f"{best['client_cpu_pct']:.0f}",
                     f"{best['others_cpu_pct']:.0f}",
                     f"{best['steal_pct']:.0f}",
+                    _complexity(best),
                     "yes" if ok else "no",
                 ]
                 rows.append((workers, n, row))
@@ -446,6 +447,7 @@ def capacity(args: argparse.Namespace, worker_counts: list[int]) -> int:
         "client CPU%",
         "others CPU%",
         "steal %",
+        "cplx",
         "real time",
     ]
     print(table(headers, [row for _, _, row in sorted(rows, key=lambda r: (r[0], r[1]))]))

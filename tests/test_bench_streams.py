@@ -24,6 +24,7 @@ def test_streams_bench_records_decrypts_and_reports(tmp_path: Path) -> None:
         *("--n", "2", "--seconds", "3", "--warmup", "1"),
         *("--patterns", "continuous", "--retries", "0", "--json", str(out)),
         *("--variants", "ours,ours-aiortc,default"),
+        *("--complexity", "7", "--complexity-floor", "7"),  # reaches the server: fixed 7
     ]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
@@ -38,3 +39,6 @@ def test_streams_bench_records_decrypts_and_reports(tmp_path: Path) -> None:
         assert run["pps_total"] > 2 * 30, variant  # ~50 each unless the machine is swamped
         # The server heard receiver reports built from the socket-level statistics.
         assert run["receiver_reports_per_stream_s"] > 0.2, variant
+    # The encoders' complexity as the server's governor reports it (none on the default path).
+    assert runs["ours"]["complexity"] == runs["ours-aiortc"]["complexity"] == 7
+    assert runs["ours"]["complexity_steps_down"] == 0
