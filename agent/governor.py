@@ -9,15 +9,18 @@ down instead costs everyone a little quality, and only while the load lasts (Web
 overuse detector does the same with video resolution).
 
 How: a timer on the event loop wakes every ``probe_s`` and notes
-- load: the loop thread's CPU time over the wall time since the last probe (the loop is one
-  thread: near 100% its callbacks queue and run late), or the process's CPU time over the
-  cores it may use, if that is higher (encode worker threads, ``--encode-threads``);
+- load: the loop thread's CPU time over the wall time since the last probe. The loop is one
+  thread: near 100% its callbacks queue and run late. Other threads do not count: an
+  in-process ChatTTS on the CPU keeps one core free for the loop on purpose, and encode
+  worker threads that fall behind hand their frames back to the loop (agent/track.py),
+  which then shows the load;
 - lateness: how late the probe itself fired, which is how late a packet's timer fires too.
-  It also sees what the load does not: other processes taking the cores.
+  It sees what the load does not: other processes or threads taking the loop's core.
 
 Every ``window_probes`` probes ``ComplexityPolicy`` decides: one rung down the ladder when
-the loop was saturated or late, one rung up after a quiet hold that doubles each time a
-climb had to be undone (no flapping), and every registered encoder follows.
+the loop was saturated or late, one rung up once it has been calm for a hold, a hold that
+doubles each time a climb had to be undone (no flapping), and every registered encoder
+follows.
 """
 
 from __future__ import annotations
@@ -25,7 +28,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import os
 import time
 import weakref
 from collections.abc import Callable
@@ -62,7 +64,7 @@ class GovernorTuning:
     # A new complexity applies from the next frame: half a second shows its effect, and a
     # sudden overload reaches the floor from 9 in 2 s (4 rungs).
     down_interval_s: float = 0.5
-    up_hold_s: float = 5.0  # quiet this long since the last change before climbing a rung
+    up_hold_s: float = 5.0  # calm this long (and as long since the last change) to climb a rung
     max_up_hold_s: float = 60.0  # a climb that keeps being undone waits up to this long
     calm_reset_s: float = 60.0  # a climb that held this long: back to the short hold
 
@@ -73,15 +75,22 @@ class GovernorTuning:
             raise ValueError("low thresholds must be below high ones")
 
 
+# Decisions come at multiples of probe_s: an interval that is exactly due must not be missed
+# to floating-point rounding.
+_SLACK_S = 1e-3
+
+
 class ComplexityPolicy:
     """The decision alone (no clocks, no loop): fed one window's load and lateness at a time."""
 
     def __init__(self, ceiling: int, floor: int, tuning: GovernorTuning) -> None:
         self.rungs = ladder(ceiling, floor)
         self.tuning = tuning
+        self._window_s = tuning.probe_s * tuning.window_probes
         self._index = len(self.rungs) - 1
         self._last_down = -math.inf
         self._last_up = -math.inf
+        self._calm_since: float | None = None  # start of the current run of calm windows
         self._hold = tuning.up_hold_s
         self.steps_down = 0
         self.steps_up = 0
@@ -97,11 +106,17 @@ class ComplexityPolicy:
     def decide(self, now: float, load: float, late_s: float) -> int | None:
         """The new complexity if this window changes it, else None."""
         t = self.tuning
+        calm = load <= t.low_load and late_s <= t.low_late_s
+        if not calm:
+            self._calm_since = None
+        elif self._calm_since is None:
+            self._calm_since = now - self._window_s  # the window just measured was calm
         if load >= t.high_load or late_s >= t.high_late_s:
-            if self._index == 0 or now - self._last_down < t.down_interval_s:
+            if self._index == 0 or now - self._last_down < t.down_interval_s - _SLACK_S:
                 return None
-            if now - self._last_up < self._hold:
-                # The last climb did not hold: wait longer before trying it again.
+            if self._last_up > self._last_down and now - self._last_up < self._hold:
+                # The last climb did not hold: wait longer before trying it again (once per
+                # undone climb, not once per rung of the descent that follows).
                 self._hold = min(self._hold * 2, t.max_up_hold_s)
             self._index -= 1
             self._last_down = now
@@ -109,21 +124,15 @@ class ComplexityPolicy:
             return self.complexity
         if self._last_up > self._last_down and now - self._last_up >= t.calm_reset_s:
             self._hold = t.up_hold_s  # the last climb held: forget the flapping
-        if load <= t.low_load and late_s <= t.low_late_s and self._index < len(self.rungs) - 1:
-            if now - max(self._last_down, self._last_up) < self._hold:
+        if calm and self._index < len(self.rungs) - 1:
+            assert self._calm_since is not None
+            if now - max(self._calm_since, self._last_down, self._last_up) < self._hold - _SLACK_S:
                 return None
             self._index += 1
             self._last_up = now
             self.steps_up += 1
             return self.complexity
         return None
-
-
-def _usable_cores() -> int:
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not Linux
-        return max(1, os.cpu_count() or 1)
 
 
 class ComplexityGovernor:
@@ -142,19 +151,15 @@ class ComplexityGovernor:
         tuning: GovernorTuning | None = None,
         *,
         thread_time: Callable[[], float] = time.thread_time,
-        process_time: Callable[[], float] = time.process_time,
-        cores: int | None = None,
     ) -> None:
         self.tuning = tuning or GovernorTuning()
         self.policy = ComplexityPolicy(ceiling, floor, self.tuning)
         self._encoders: weakref.WeakSet[OpusEncoder] = weakref.WeakSet()
-        self._thread_time = thread_time
-        self._process_time = process_time
-        self._cores = cores or _usable_cores()
+        self._thread_time = thread_time  # called on the loop thread: its CPU clock
         self._loop: asyncio.AbstractEventLoop | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._due = 0.0
-        self._last: tuple[float, float, float] = (0.0, 0.0, 0.0)  # wall, thread, process
+        self._last: tuple[float, float] = (0.0, 0.0)  # wall, loop thread's CPU
         self._window_busy = 0.0
         self._window_wall = 0.0
         self._window_late: list[float] = []
@@ -185,14 +190,18 @@ class ComplexityGovernor:
         self._start()
 
     def _start(self) -> None:
-        if self._timer is not None or self._closed:
+        if self._closed:
+            return
+        if self._timer is not None and self._loop is not None and not self._loop.is_closed():
             return
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
             return  # built outside a loop (tests): the next registration on one starts it
         self._loop = loop
-        self._last = (loop.time(), self._thread_time(), self._process_time())
+        self._window_busy = self._window_wall = 0.0
+        self._window_late.clear()
+        self._last = (loop.time(), self._thread_time())
         self._schedule(loop.time() + self.tuning.probe_s)
 
     def _schedule(self, when: float) -> None:
@@ -203,14 +212,11 @@ class ComplexityGovernor:
     def _probe(self) -> None:
         assert self._loop is not None
         now = self._loop.time()
-        thread, process = self._thread_time(), self._process_time()
-        wall0, thread0, process0 = self._last
-        self._last = (now, thread, process)
-        wall = now - wall0
-        # CPU seconds the process could not have spread: the loop thread's own, or the
-        # whole process's shared over the cores it may use.
-        self._window_busy += max(thread - thread0, (process - process0) / self._cores)
-        self._window_wall += wall
+        thread = self._thread_time()
+        wall0, thread0 = self._last
+        self._last = (now, thread)
+        self._window_busy += thread - thread0
+        self._window_wall += now - wall0
         self._window_late.append(max(0.0, now - self._due))
         self._schedule(now + self.tuning.probe_s)
         if len(self._window_late) >= self.tuning.window_probes:
@@ -235,7 +241,7 @@ class ComplexityGovernor:
             self.late_s * 1000,
             before,
             after,
-            len(self._encoders),
+            self.encoders,
             self.policy.up_hold_s,
         )
 

@@ -206,8 +206,8 @@ def _governor_metrics(governor: ComplexityGovernor) -> Iterator[Metric]:
         return  # a fixed complexity: nothing measures the load
     yield GaugeMetricFamily(
         "voice_agent_loop_load",
-        "Share of the last second the event-loop thread (or the process, per usable core) "
-        "spent on the CPU, as the complexity governor saw it",
+        "Share of the last half second the event-loop thread spent on the CPU, as the "
+        "complexity governor saw it",
         governor.load,
     )
 
