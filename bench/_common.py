@@ -877,8 +877,43 @@ def add_run_arguments(
         help="how the load generator receives: fast = RTP recorded at the socket and "
         "decrypted after the window (a few us per packet); aiortc = its whole receive path",
     )
+    p.add_argument(
+        "--complexity-floor",
+        type=int,
+        default=None,
+        help="OpusSettings(complexity_floor=...): the CPU governor's floor (default: the "
+        "product's; equal to --complexity: fixed)",
+    )
     p.add_argument("--quick", action="store_true", help=quick_help)
     p.add_argument("--json", type=Path, help="also write the raw results here")
+
+
+def complexity_floor_args(args: argparse.Namespace) -> list[str]:
+    """The bench server's ``--complexity-floor``, if the run set one."""
+    floor = args.complexity_floor
+    return [] if floor is None else ["--complexity-floor", str(floor)]
+
+
+def governor_figures(after: dict[str, Any], before: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The CPU governor from ``/bench/stats``: the encoders' complexity at the end, and its
+    steps down and up since ``before`` (or since the server started)."""
+    before = before or {}
+    return {
+        "complexity": after.get("complexity"),
+        **{
+            key: after.get(key, 0) - before.get(key, 0)
+            for key in ("complexity_steps_down", "complexity_steps_up")
+        },
+    }
+
+
+def complexity_cell(r: dict[str, Any]) -> str:
+    """A table cell: the complexity at the end, with the governor's steps, e.g. ``2 (-4/+1)``;
+    ``-`` for aiortc's default path (no governed encoders)."""
+    if r["variant"] == "default" or r.get("complexity") is None:
+        return "-"
+    down, up = r.get("complexity_steps_down", 0), r.get("complexity_steps_up", 0)
+    return f"{r['complexity']}" + (f" (-{down}/+{up})" if down or up else "")
 
 
 def _pin(pid: int, cpus: list[int] | None) -> None:

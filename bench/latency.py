@@ -37,7 +37,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _common
-from _common import Client, Server, pct, system_busy, system_steal, table
+from _common import Client, Server, complexity_cell, pct, system_busy, system_steal, table
 
 VARIANTS = ("ours", "ours-aiortc", "norephase", "default")
 TARGET_P50_MS = 5.0
@@ -52,11 +52,7 @@ def run_one(n: int, variant: str, args: argparse.Namespace, workdir: Path) -> di
         "latency",
         "--complexity",
         str(args.complexity),
-        *(
-            ["--complexity-floor", str(args.complexity_floor)]
-            if args.complexity_floor is not None
-            else []
-        ),
+        *_common.complexity_floor_args(args),
         "--encode-threads",
         str(args.encode_threads),
         "--utterances",
@@ -142,19 +138,8 @@ def run_one(n: int, variant: str, args: argparse.Namespace, workdir: Path) -> di
         "client_ms": arrived,
         "buffered_ms": buffered,
         "marked_ms": marked,
-        # The CPU governor over the run: complexity at the end, steps down and up.
-        "complexity": stats.get("complexity"),
-        "complexity_steps_down": stats.get("complexity_steps_down", 0),
-        "complexity_steps_up": stats.get("complexity_steps_up", 0),
+        **_common.governor_figures(stats),
     }
-
-
-def _complexity(r: dict[str, Any]) -> str:
-    """The encoders' complexity at the run's end, with the governor's steps during it."""
-    if r["variant"] == "default" or r.get("complexity") is None:
-        return "-"
-    down, up = r.get("complexity_steps_down", 0), r.get("complexity_steps_up", 0)
-    return f"{r['complexity']}" + (f" (-{down}/+{up})" if down or up else "")
 
 
 def summarize(results: list[dict[str, Any]]) -> str:
@@ -191,7 +176,7 @@ def summarize(results: list[dict[str, Any]]) -> str:
                     rel_default,
                     r["others_cpu_pct"],
                     r["server_wait_pct"],
-                    _complexity(r),
+                    complexity_cell(r),
                     "yes" if ok else "NO",
                 ]
             )
@@ -229,12 +214,6 @@ def main() -> int:
     p.add_argument("--gap-min", type=float, default=0.3)
     p.add_argument("--gap-max", type=float, default=0.7)
     p.add_argument("--complexity", type=int, default=9)
-    p.add_argument(
-        "--complexity-floor",
-        type=int,
-        default=None,
-        help="the CPU governor's floor (default: the product's; equal to --complexity: fixed)",
-    )
     p.add_argument("--variants", default=",".join(VARIANTS))
     p.add_argument(
         "--workers", type=int, default=1, help="media processes (serve --workers) per server"

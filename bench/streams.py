@@ -32,7 +32,16 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _common
-from _common import Client, Server, parallel_speedup, pct, system_busy, system_steal, table
+from _common import (
+    Client,
+    Server,
+    complexity_cell,
+    parallel_speedup,
+    pct,
+    system_busy,
+    system_steal,
+    table,
+)
 
 MIB = 1024 * 1024
 TARGET_RATIO = 0.35
@@ -53,11 +62,7 @@ def run_one(
         pattern,
         "--complexity",
         str(args.complexity),
-        *(
-            ["--complexity-floor", str(args.complexity_floor)]
-            if args.complexity_floor is not None
-            else []
-        ),
+        *_common.complexity_floor_args(args),
         "--encode-threads",
         str(args.encode_threads),
         "--bitrate",
@@ -156,12 +161,7 @@ def run_one(
         "decode_errors": sum(s["decode_errors"] for s in streams),
         "undecryptable": sum(s.get("undecryptable", 0) for s in streams),
         "receiver_reports_per_stream_s": delta("receiver_reports") / wall / n,
-        # Opus complexity at the end of the window (the CPU governor lowers it under
-        # overload; the default variant has no governed encoders) and its moves meanwhile.
-        "complexity": s1.get("complexity"),
-        "complexity_steps_down": s1.get("complexity_steps_down", 0)
-        - s0.get("complexity_steps_down", 0),
-        "complexity_steps_up": s1.get("complexity_steps_up", 0) - s0.get("complexity_steps_up", 0),
+        **_common.governor_figures(s1, s0),
     }
 
 
@@ -169,15 +169,6 @@ def _per_rt_stream(r: dict[str, Any]) -> float:
     """Server CPU per stream delivered at 50 packets/s (equals CPU%/stream in real time)."""
     total = r.get("pps_total", r["pps_median"] * r["n"])
     return r["server_cpu_pct"] / (total / 50) if total else float("nan")
-
-
-def _complexity(r: dict[str, Any]) -> str:
-    """The encoders' complexity at the window's end, with the governor's steps in it."""
-    if r["variant"] == "default" or r.get("complexity") is None:
-        return "-"
-    down, up = r.get("complexity_steps_down", 0), r.get("complexity_steps_up", 0)
-    moves = f" (-{down}/+{up})" if down or up else ""
-    return f"{r['complexity']}{moves}"
 
 
 def report(results: list[dict[str, Any]], pattern: str) -> str:
@@ -214,7 +205,7 @@ def report(results: list[dict[str, Any]], pattern: str) -> str:
                     r["client_cpu_pct"],
                     r["others_cpu_pct"],
                     r["server_wait_pct"],
-                    _complexity(r),
+                    complexity_cell(r),
                     "yes" if realtime else "NO",
                 ]
             )
@@ -250,13 +241,6 @@ def main() -> int:
     p.add_argument("--seconds", type=float, default=20.0, help="measurement window per run")
     p.add_argument("--warmup", type=float, default=4.0, help="seconds after all peers flow")
     p.add_argument("--complexity", type=int, default=9, help="OpusSettings(complexity=...)")
-    p.add_argument(
-        "--complexity-floor",
-        type=int,
-        default=None,
-        help="OpusSettings(complexity_floor=...): the CPU governor's floor (default: the "
-        "product's; equal to --complexity: fixed)",
-    )
     p.add_argument("--bitrate", type=int, default=32_000)
     p.add_argument(
         "--patterns", default="continuous,intermittent", help="continuous and/or intermittent"
@@ -427,7 +411,7 @@ def capacity(args: argparse.Namespace, worker_counts: list[int]) -> int:
                     f"{best['client_cpu_pct']:.0f}",
                     f"{best['others_cpu_pct']:.0f}",
                     f"{best['steal_pct']:.0f}",
-                    _complexity(best),
+                    complexity_cell(best),
                     "yes" if ok else "no",
                 ]
                 rows.append((workers, n, row))
