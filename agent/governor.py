@@ -1,12 +1,20 @@
-"""One Opus complexity for the whole process: lowered while the CPU cannot keep up, then raised.
+"""One Opus setting for the whole process: made cheaper while the CPU cannot keep up, then restored.
 
 Why: libopus is most of a speaking session's CPU (55-58% of the server's, bench/README), and
-its cost falls steeply with complexity: about 272 us per 20 ms frame at 9, 203 at 6, 150 at
-2 and 101 at 0, for PESQ-WB 3.99, 3.91, 3.02 and 2.97 (bench/opus_cost.py). A process with
-more speaking sessions than its core can encode at 9 falls behind for all of them at once:
-every packet late, gaps, every browser stretching its jitter buffer. Stepping complexity
-down instead costs everyone a little quality, and only while the load lasts (WebRTC's CPU
-overuse detector does the same with video resolution).
+its cost falls steeply with complexity and with the coded band. A process with more speaking
+sessions than its core can encode at complexity 9 falls behind for all of them at once:
+every packet late, gaps, every browser stretching its jitter buffer. Stepping down instead
+costs everyone a little quality, and only while the load lasts (WebRTC's CPU overuse
+detector does the same with video resolution).
+
+The rungs (bench/opus_cost.py, libopus 1.6, 32 kbps speech; cost relative to complexity 9,
+PESQ-WB, which hears 0-8 kHz only): full band at 9 (1.0, 3.99), 7 (0.87, 3.99), 6 (0.79,
+3.91); then the band capped at wide-band (8 kHz of audio: libopus codes SILK alone, no CELT
+layer for 8-12 kHz) at 6 (0.62, 4.25), 2 (0.41, 3.57) and 0 (0.26, 3.40). Full band at 2 or
+0 would cost 0.57 or 0.37 for 3.02 or 2.97: dearer than wide-band at the same complexity and
+worse below 8 kHz, so under load the band goes first (the speech loses its top octave, "HD
+voice" instead of super-wide-band) and the coding precision after. ``wideband=False``
+keeps the full band and steps complexity alone: 9, 7, 6, 2, 0.
 
 How: a timer on the event loop wakes every ``probe_s`` and notes
 - load: the loop thread's CPU time over the wall time since the last probe. The loop is one
@@ -42,13 +50,37 @@ log = logging.getLogger(__name__)
 # about what 6 does and sound worse, so the next step is 2 (26% cheaper, 3.02); 0 is a third
 # cheaper still at about the same quality as 2.
 RUNGS = (10, 9, 7, 6, 2, 0)
+# With the band cap: full band no lower than this, then wide-band from it down.
+LOWEST_FULL_BAND = 6
+WIDEBAND_RATE = 16_000  # the band cap, as a playback rate (OpusEncoder.set_band_cap)
 
 
-def ladder(ceiling: int, floor: int) -> tuple[int, ...]:
-    """The complexities the governor may use, ascending: ``floor``, rungs between, ``ceiling``."""
+@dataclass(frozen=True)
+class Rung:
+    complexity: int
+    wideband: bool = False  # the coded band capped at wide-band (8 kHz of audio)
+
+    def __str__(self) -> str:
+        return f"wb{self.complexity}" if self.wideband else str(self.complexity)
+
+
+def _between(floor: int, ceiling: int) -> list[int]:
+    return sorted({floor, ceiling, *(r for r in RUNGS if floor < r < ceiling)})
+
+
+def ladder(ceiling: int, floor: int, wideband: bool = True) -> tuple[Rung, ...]:
+    """The rungs the governor may use, cheapest first, from ``floor`` to ``ceiling``: full band
+    down to complexity 6 (or the floor), then, with ``wideband``, wide-band from there down
+    to the floor; one rung (nothing to govern) when ``floor == ceiling``."""
     if not 0 <= floor <= ceiling <= 10:
         raise ValueError(f"need 0 <= floor <= ceiling <= 10, got floor {floor}, ceiling {ceiling}")
-    return tuple(sorted({floor, ceiling, *(r for r in RUNGS if floor < r < ceiling)}))
+    if floor == ceiling or not wideband:
+        return tuple(Rung(c) for c in _between(floor, ceiling))
+    lowest_full = max(floor, min(LOWEST_FULL_BAND, ceiling))
+    return tuple(
+        [Rung(c, wideband=True) for c in _between(floor, lowest_full)]
+        + [Rung(c) for c in _between(lowest_full, ceiling)]
+    )
 
 
 @dataclass(frozen=True)
@@ -83,8 +115,10 @@ _SLACK_S = 1e-3
 class ComplexityPolicy:
     """The decision alone (no clocks, no loop): fed one window's load and lateness at a time."""
 
-    def __init__(self, ceiling: int, floor: int, tuning: GovernorTuning) -> None:
-        self.rungs = ladder(ceiling, floor)
+    def __init__(
+        self, ceiling: int, floor: int, tuning: GovernorTuning, wideband: bool = True
+    ) -> None:
+        self.rungs = ladder(ceiling, floor, wideband)
         self.tuning = tuning
         self._window_s = tuning.probe_s * tuning.window_probes
         self._index = len(self.rungs) - 1
@@ -96,15 +130,19 @@ class ComplexityPolicy:
         self.steps_up = 0
 
     @property
-    def complexity(self) -> int:
+    def rung(self) -> Rung:
         return self.rungs[self._index]
+
+    @property
+    def complexity(self) -> int:
+        return self.rung.complexity
 
     @property
     def up_hold_s(self) -> float:
         return self._hold
 
-    def decide(self, now: float, load: float, late_s: float) -> int | None:
-        """The new complexity if this window changes it, else None."""
+    def decide(self, now: float, load: float, late_s: float) -> Rung | None:
+        """The new rung if this window changes it, else None."""
         t = self.tuning
         calm = load <= t.low_load and late_s <= t.low_late_s
         if not calm:
@@ -121,7 +159,7 @@ class ComplexityPolicy:
             self._index -= 1
             self._last_down = now
             self.steps_down += 1
-            return self.complexity
+            return self.rung
         if self._last_up > self._last_down and now - self._last_up >= t.calm_reset_s:
             self._hold = t.up_hold_s  # the last climb held: forget the flapping
         if calm and self._index < len(self.rungs) - 1:
@@ -131,12 +169,13 @@ class ComplexityPolicy:
             self._index += 1
             self._last_up = now
             self.steps_up += 1
-            return self.complexity
+            return self.rung
         return None
 
 
 class ComplexityGovernor:
-    """Holds every encoder of the process at the policy's complexity; one per process.
+    """Holds every encoder of the process at the policy's rung (complexity and band cap); one
+    per process.
 
     ``register`` an encoder when it is created (sessions, room speakers); closed encoders
     drop out by themselves. The probe timer starts with the first encoder registered on a
@@ -150,10 +189,11 @@ class ComplexityGovernor:
         floor: int,
         tuning: GovernorTuning | None = None,
         *,
+        wideband: bool = True,
         thread_time: Callable[[], float] = time.thread_time,
     ) -> None:
         self.tuning = tuning or GovernorTuning()
-        self.policy = ComplexityPolicy(ceiling, floor, self.tuning)
+        self.policy = ComplexityPolicy(ceiling, floor, self.tuning, wideband)
         self._encoders: weakref.WeakSet[OpusEncoder] = weakref.WeakSet()
         self._thread_time = thread_time  # called on the loop thread: its CPU clock
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -172,6 +212,10 @@ class ComplexityGovernor:
         return self.policy.complexity
 
     @property
+    def rung(self) -> Rung:
+        return self.policy.rung
+
+    @property
     def enabled(self) -> bool:
         return len(self.policy.rungs) > 1
 
@@ -181,11 +225,10 @@ class ComplexityGovernor:
         return sum(1 for encoder in self._encoders if not encoder.closed)
 
     def register(self, encoder: OpusEncoder) -> None:
-        """Govern ``encoder`` from now on, starting at the current complexity."""
+        """Govern ``encoder`` from now on, starting at the current rung."""
         if not self.enabled:
             return
-        if encoder.complexity != self.complexity:
-            encoder.set_complexity(self.complexity)
+        _set_rung(encoder, self.rung)
         self._encoders.add(encoder)
         self._start()
 
@@ -229,14 +272,14 @@ class ComplexityGovernor:
         self.load = self._window_busy / self._window_wall if self._window_wall > 0 else 0.0
         self._window_busy = self._window_wall = 0.0
         self._window_late.clear()
-        before = self.complexity
+        before = self.rung
         after = self.policy.decide(now, self.load, self.late_s)
         if after is None:
             return
         self._apply(after)
         log.info(
-            "loop load %.0f%%, timers %.0f ms late: Opus complexity %d -> %d for %d encoders "
-            "(next climb after %.0f s of calm)",
+            "loop load %.0f%%, timers %.0f ms late: Opus complexity %s -> %s for %d encoders "
+            "(wb: wide-band; next climb after %.0f s of calm)",
             self.load * 100,
             self.late_s * 1000,
             before,
@@ -245,10 +288,10 @@ class ComplexityGovernor:
             self.policy.up_hold_s,
         )
 
-    def _apply(self, complexity: int) -> None:
+    def _apply(self, rung: Rung) -> None:
         for encoder in list(self._encoders):
             try:
-                encoder.set_complexity(complexity)
+                _set_rung(encoder, rung)
             except OpusError:  # closed meanwhile (its session ended)
                 self._encoders.discard(encoder)
 
@@ -258,3 +301,11 @@ class ComplexityGovernor:
             self._timer.cancel()
             self._timer = None
         self._loop = None
+
+
+def _set_rung(encoder: OpusEncoder, rung: Rung) -> None:
+    if encoder.complexity != rung.complexity:
+        encoder.set_complexity(rung.complexity)
+    cap = WIDEBAND_RATE if rung.wideband else None
+    if encoder.band_cap != cap:
+        encoder.set_band_cap(cap)

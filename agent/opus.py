@@ -13,6 +13,7 @@ import glob
 import os
 import threading
 from functools import cache
+from typing import cast
 
 import av
 import numpy as np
@@ -25,6 +26,7 @@ MAX_PACKET_BYTES = 1_275  # largest Opus frame (RFC 6716 section 3.2.1)
 # an instance lives, and a type object is its own reference cycle, so creating one per
 # encoder (create_string_buffer) left garbage for the cyclic collector at every session.
 _PacketBuffer = ctypes.c_char * MAX_PACKET_BYTES
+_FrameBuffer = ctypes.c_int16 * FRAME_SAMPLES
 
 _OPUS_APPLICATION_VOIP = 2048
 _OPUS_OK = 0
@@ -140,14 +142,23 @@ class OpusEncoder:
             raise OpusError("opus_encoder_create returned NULL")
         self._lib = lib
         self._handle: int | None = handle
+        self._handle_arg = ctypes.c_void_p(handle)
         self._lock = threading.Lock()
         self._out = _PacketBuffer()
+        self._out_addr = ctypes.addressof(self._out)
+        # Each frame is copied into this buffer rather than passed by its own address:
+        # ``ndarray.ctypes.data`` costs ~1.8 us a call, the copy ~0.5 us, and any strided or
+        # read-only frame works too (measured: ~2 us of ~100 at complexity 0, per packet).
+        self._in = _FrameBuffer()
+        self._in_addr = ctypes.addressof(self._in)
+        self._in_view: npt.NDArray[np.int16] = np.frombuffer(memoryview(self._in), dtype=np.int16)
         self._bitrate = 0
         self._fec = False
         self._loss = 0
         self._dtx = False
         self._complexity = 0
         self.max_playback_rate: int | None = None
+        self.band_cap: int | None = None
         self._ctl(_SET_SIGNAL, _SIGNAL_VOICE)
         self.set_complexity(complexity)
         self.set_bitrate(bitrate)
@@ -200,9 +211,26 @@ class OpusEncoder:
 
     def set_max_playback_rate(self, hertz: int) -> None:
         """Code no wider a band than a receiver playing at ``hertz`` can reproduce."""
-        band = next((code for rate, code in _BANDWIDTH_FOR_RATE if hertz <= rate), _FULLBAND)
-        self._ctl(_SET_MAX_BANDWIDTH, band)
         self.max_playback_rate = hertz
+        self._apply_max_band()
+
+    def set_band_cap(self, hertz: int | None) -> None:
+        """Code no wider a band than ``hertz`` of playback rate would need, whatever the
+        receiver plays (None lifts the cap): the CPU governor's cheap rungs, where 16000
+        (wide-band) leaves libopus to code SILK alone, a third cheaper (agent/governor.py).
+        The narrower of this and the receiver's rate applies."""
+        self.band_cap = hertz
+        self._apply_max_band()
+
+    def _apply_max_band(self) -> None:
+        limits = [r for r in (self.max_playback_rate, self.band_cap) if r is not None]
+        hertz = min(limits, default=None)
+        band = (
+            _FULLBAND
+            if hertz is None
+            else next((code for rate, code in _BANDWIDTH_FOR_RATE if hertz <= rate), _FULLBAND)
+        )
+        self._ctl(_SET_MAX_BANDWIDTH, band)
 
     def set_complexity(self, complexity: int) -> None:
         value = int(min(10, max(0, complexity)))
@@ -236,21 +264,18 @@ class OpusEncoder:
         """Encode exactly one 20 ms frame of mono int16 PCM at 48 kHz."""
         if pcm.dtype != np.int16 or pcm.shape != (FRAME_SAMPLES,):
             raise ValueError(f"expected {FRAME_SAMPLES} int16 samples, got {pcm.dtype} {pcm.shape}")
-        frame = np.ascontiguousarray(pcm)
         with self._lock:
             if self._handle is None:
                 raise OpusError("encoder is closed")
+            self._in_view[:] = pcm
             size = _check(
                 self._lib.opus_encode(
-                    ctypes.c_void_p(self._handle),
-                    frame.ctypes.data,
-                    FRAME_SAMPLES,
-                    ctypes.addressof(self._out),
-                    MAX_PACKET_BYTES,
+                    self._handle_arg, self._in_addr, FRAME_SAMPLES, self._out_addr, MAX_PACKET_BYTES
                 ),
                 "opus_encode",
             )
-            return self._out.raw[:size]
+            # A c_char array's slice is bytes (typeshed says list); half the cost of .raw.
+            return cast(bytes, self._out[:size])
 
     def close(self) -> None:
         with self._lock:

@@ -200,6 +200,8 @@ class AgentSession:
             "send_errors": self.track.stats.direct_errors,
             "send_dropped": self.track.send_dropped,
             "complexity": self.track.encoder.complexity,
+            # The CPU governor's band cap (16000: wide-band under load), or None.
+            "band_cap_hz": self.track.encoder.band_cap,
         }
 
     def stats(self) -> dict[str, Any]:

@@ -284,8 +284,11 @@ class SpeechPipeline:
         async def put(frames: list[Int16Frame]) -> None:
             nonlocal frames_out
             for pcm in frames:
-                due = [mark for at, mark in pending_marks if at <= frames_out]
-                pending_marks[:] = [(at, mark) for at, mark in pending_marks if at > frames_out]
+                due: list[Callable[[], None]] = []
+                if pending_marks:  # most frames carry no mark: skip two list rebuilds
+                    due = [mark for at, mark in pending_marks if at <= frames_out]
+                    if due:
+                        pending_marks[:] = [(a, m) for a, m in pending_marks if a > frames_out]
                 frames_out += 1
                 await self.buffer.put(PlayoutFrame(pcm, due))
 

@@ -10,7 +10,8 @@ Two refinements over a plain clock:
   the moment it arrives instead of at the next tick (up to 20 ms sooner); the lead this
   creates is bounded and paid back by stretching later silence by 1 ms per frame;
 - no bursts: if the event loop was late by more than ``max_late_s`` the clock is moved
-  forward rather than sending a catch-up burst.
+  forward (by whole frames, so the track keeps its phase among the others) rather than
+  sending a catch-up burst.
 
 Lean send path (``use_direct``, the default for sessions): once the connection is up, the
 track paces itself with one loop timer per packet and hands each payload straight to a
@@ -216,8 +217,12 @@ class OpusPacketTrack(MediaStreamTrack):
                 self._lead -= late
                 self.stats.early_rephases += 1
         elif late > self._max_late:
-            # The loop stalled: move the clock instead of bursting packets to catch up.
-            self._start += late
+            # The loop stalled: move the clock instead of bursting packets to catch up, by
+            # whole frames, so the track keeps its phase. Moving it to "now" would give
+            # every track that one stall delayed the same phase: from then on their packets
+            # all fall due in one burst per tick, the ones served last are late, and the
+            # next stall is more likely (a saturated process then clusters all its tracks).
+            self._start += late - late % FRAME_SECONDS
             self.stats.late_rephases += 1
         return self._source.pop()
 

@@ -296,6 +296,7 @@ def _server_options(argv: Sequence[str]) -> argparse.Namespace:
     )
     p.add_argument("--complexity", type=int, default=9)
     p.add_argument("--complexity-floor", type=int, default=None, help="default: the product's")
+    p.add_argument("--full-band-under-load", action="store_true")
     p.add_argument("--encode-threads", type=int, default=0)
     p.add_argument("--bitrate", type=int, default=32_000)
     p.add_argument("--chunk-ms", type=int, default=100)
@@ -337,6 +338,7 @@ def _bench_config(opts: argparse.Namespace) -> Any:
                 if opts.complexity_floor is None
                 else opts.complexity_floor
             ),
+            wideband_under_load=not opts.full_band_under_load,
             encode_threads=opts.encode_threads,
             # ours: the product's lean send path; ours-aiortc: the same track through
             # aiortc's RTP sender task; default: aiortc's whole default path.
@@ -412,8 +414,10 @@ def bench_app(opts: argparse.Namespace, config: Any) -> Any:
                 "sessions": sessions,
                 "first_chunk_at": engine.first_chunk_at,
                 "pid": os.getpid(),
-                # The encoders' complexity now, and how often the CPU governor moved it.
+                # The encoders' complexity (and band cap) now, and how often the CPU
+                # governor moved it.
                 "complexity": governor.complexity,
+                "wideband": governor.rung.wideband,
                 "complexity_steps_down": governor.policy.steps_down,
                 "complexity_steps_up": governor.policy.steps_up,
             }
@@ -442,8 +446,9 @@ def _front_with_bench_stats(config: Any, pool: Any) -> Any:
             merged["first_chunk_at"].update(part["first_chunk_at"])
             merged["pids"].append(part["pid"])
             parts.append(part)
-        # Each worker governs its own encoders: the lowest complexity, steps summed.
+        # Each worker governs its own encoders: the cheapest rung, steps summed.
         merged["complexity"] = min((p["complexity"] for p in parts), default=None)
+        merged["wideband"] = any(p["wideband"] for p in parts)
         for key in ("complexity_steps_down", "complexity_steps_up"):
             merged[key] = sum(p[key] for p in parts)
         return web.json_response(merged)
@@ -884,14 +889,20 @@ def add_run_arguments(
         help="OpusSettings(complexity_floor=...): the CPU governor's floor (default: the "
         "product's; equal to --complexity: fixed)",
     )
+    p.add_argument(
+        "--full-band-under-load",
+        action="store_true",
+        help="OpusSettings(wideband_under_load=False): the governor steps complexity alone",
+    )
     p.add_argument("--quick", action="store_true", help=quick_help)
     p.add_argument("--json", type=Path, help="also write the raw results here")
 
 
 def complexity_floor_args(args: argparse.Namespace) -> list[str]:
-    """The bench server's ``--complexity-floor``, if the run set one."""
+    """The bench server's CPU-governor options, where the run set them."""
     floor = args.complexity_floor
-    return [] if floor is None else ["--complexity-floor", str(floor)]
+    full_band = ["--full-band-under-load"] if args.full_band_under_load else []
+    return ([] if floor is None else ["--complexity-floor", str(floor)]) + full_band
 
 
 def governor_figures(after: dict[str, Any], before: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -900,6 +911,7 @@ def governor_figures(after: dict[str, Any], before: dict[str, Any] | None = None
     before = before or {}
     return {
         "complexity": after.get("complexity"),
+        "wideband": after.get("wideband", False),
         **{
             key: after.get(key, 0) - before.get(key, 0)
             for key in ("complexity_steps_down", "complexity_steps_up")
@@ -908,12 +920,14 @@ def governor_figures(after: dict[str, Any], before: dict[str, Any] | None = None
 
 
 def complexity_cell(r: dict[str, Any]) -> str:
-    """A table cell: the complexity at the end, with the governor's steps, e.g. ``2 (-4/+1)``;
-    ``-`` for aiortc's default path (no governed encoders)."""
+    """A table cell: the complexity at the end (``wb``: capped at wide-band), with the
+    governor's steps, e.g. ``wb2 (-4/+1)``; ``-`` for aiortc's default path (no governed
+    encoders)."""
     if r["variant"] == "default" or r.get("complexity") is None:
         return "-"
     down, up = r.get("complexity_steps_down", 0), r.get("complexity_steps_up", 0)
-    return f"{r['complexity']}" + (f" (-{down}/+{up})" if down or up else "")
+    band = "wb" if r.get("wideband") else ""
+    return f"{band}{r['complexity']}" + (f" (-{down}/+{up})" if down or up else "")
 
 
 def _pin(pid: int, cpus: list[int] | None) -> None:

@@ -1,11 +1,12 @@
 """What libopus costs per 20 ms frame at each complexity, and what it sounds like.
 
 The encode is most of a speaking session's server CPU (`bench/README.md`), so this is the
-table behind ``--complexity``: for complexity 0-10 (and a few modes not adopted), encode
-time per frame (``time.process_time``; every setting runs once per round, rounds
-interleaved, median reported: this VM's steal makes single runs vary by +-30%) and, when
-the ``pesq`` and ``pystoi`` packages are importable, PESQ wide-band and STOI of the decoded
-speech against the original (``tests/data/speech.wav``: espeak-ng, 16 kHz content).
+table behind ``--complexity`` and the CPU governor's rungs: for complexity 0-10, the
+wide-band cap at 6, 2 and 0 (and a few modes not adopted), encode time per frame
+(``time.process_time``; every setting runs once per round, rounds interleaved, median
+reported: this VM's steal makes single runs vary by +-30%) and, when the ``pesq`` and
+``pystoi`` packages are importable, PESQ wide-band and STOI of the decoded speech against
+the original (``tests/data/speech.wav``: espeak-ng, 16 kHz content).
 
     .venv/bin/python bench/opus_cost.py              # cost only, or with quality if installed
     .venv/bin/pip install pesq pystoi && .venv/bin/python bench/opus_cost.py --bitrate 24000
@@ -37,6 +38,12 @@ def settings() -> dict[str, Callable[[OpusEncoder], None]]:
     table: dict[str, Callable[[OpusEncoder], None]] = {
         f"complexity {c}": (lambda e, c=c: e.set_complexity(c)) for c in range(11)
     }
+    # The CPU governor's cheap rungs (agent/governor.py): the band capped at wide-band.
+    for c in (6, 2, 0):
+        table[f"wide-band cap, c{c}"] = lambda e, c=c: (
+            e.set_complexity(c),
+            e.set_band_cap(16_000),
+        )
     table["CELT only, c9"] = lambda e: e._ctl(_FORCE_MODE, _MODE_CELT_ONLY)
     table["SILK only wide-band, c9"] = lambda e: (
         e._ctl(_FORCE_MODE, _MODE_SILK_ONLY),

@@ -114,6 +114,13 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         help="while the CPU cannot keep up, all encoders step down towards this complexity "
         "and climb back after (agent/governor.py); set it to --complexity for a fixed one",
     )
+    serve.add_argument(
+        "--full-band-under-load",
+        action="store_true",
+        default=_env_bool(env, "FULL_BAND_UNDER_LOAD"),
+        help="the CPU governor steps complexity alone; by default, below complexity 6 it "
+        "first caps the coded band at wide-band (8 kHz of audio), a third cheaper",
+    )
     adaptation = AdaptationSettings()
     serve.add_argument(
         "--no-adaptation",
@@ -366,6 +373,7 @@ def config_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> Config
             bitrate=args.bitrate,
             complexity=args.complexity,
             complexity_floor=args.complexity_floor,
+            wideband_under_load=not args.full_band_under_load,
             encode_threads=args.encode_threads,
             direct_send=_one_of(args.send_path, SEND_PATHS, "--send-path") == "direct",
         ),

@@ -194,6 +194,12 @@ def _governor_metrics(governor: ComplexityGovernor) -> Iterator[Metric]:
         "up: agent/governor.py)",
         governor.complexity,
     )
+    yield GaugeMetricFamily(
+        "voice_agent_opus_wideband",
+        "1 while the CPU governor caps this process's encoders at wide-band (8 kHz of audio, "
+        "a third cheaper than full band), else 0",
+        1 if governor.rung.wideband else 0,
+    )
     steps = CounterMetricFamily(
         "voice_agent_opus_complexity_steps",
         "Times the encoders' complexity was stepped down (CPU overload) or back up",

@@ -76,7 +76,11 @@ class SessionRegistry:
         self.encode_executor = _encode_executor(config.opus.encode_threads)
         # Every encoder of this process (sessions, room agents, room speakers) steps its
         # complexity down together while the CPU cannot keep up.
-        self.governor = ComplexityGovernor(config.opus.complexity, config.opus.complexity_floor)
+        self.governor = ComplexityGovernor(
+            config.opus.complexity,
+            config.opus.complexity_floor,
+            wideband=config.opus.wideband_under_load,
+        )
         # In a worker process ids start with "w<index>-": the front routes by the id alone.
         index = config.worker_index
         self._id_prefix = f"{WORKER_ID_PREFIX}{index}-" if index is not None else ""

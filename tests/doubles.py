@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import fractions
+import functools
 import time
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
 
 import av
 import numpy as np
+import numpy.typing as npt
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
 from agent.engine import PCM, EngineError, VoiceOptions
@@ -18,6 +20,21 @@ from agent.engine import PCM, EngineError, VoiceOptions
 def tone_frequency(text: str) -> float:
     """A frequency the test can predict from the text: 300 Hz + 20 Hz per word (capped)."""
     return 300.0 + 20.0 * min(len(text.split()), 30)
+
+
+@functools.lru_cache(maxsize=64)
+def _tone_table(
+    freq: float, sample_rate: int, chunk: int, amplitude: float
+) -> npt.NDArray[np.float32] | None:
+    """One second of the tone (plus a chunk, so no chunk wraps), or None when a whole-Hz
+    tone does not repeat every second. Computing ``sin`` per chunk was ~6% of the streams
+    bench's server time at N=100; a real engine's synthesis runs off the event loop."""
+    if not float(freq).is_integer():
+        return None
+    t = np.arange(sample_rate + chunk, dtype=np.float64) / sample_rate
+    table = (amplitude * np.sin(2 * np.pi * freq * t)).astype(np.float32)
+    table.flags.writeable = False
+    return table
 
 
 class ToneEngine:
@@ -73,10 +90,15 @@ class ToneEngine:
         try:
             if self.first_chunk_delay_s:
                 await asyncio.sleep(self.first_chunk_delay_s)
+            table = _tone_table(freq, self.sample_rate, chunk, self.amplitude)
             while done < total:
                 n = min(chunk, total - done)
-                t = (np.arange(done, done + n, dtype=np.float64)) / self.sample_rate
-                yield (self.amplitude * np.sin(2 * np.pi * freq * t)).astype(np.float32)
+                if table is None:
+                    t = (np.arange(done, done + n, dtype=np.float64)) / self.sample_rate
+                    yield (self.amplitude * np.sin(2 * np.pi * freq * t)).astype(np.float32)
+                else:
+                    start = done % self.sample_rate
+                    yield table[start : start + n].copy()
                 done += n
                 if self.chunk_delay_s:
                     await asyncio.sleep(self.chunk_delay_s)

@@ -15,7 +15,14 @@ from types import SimpleNamespace
 import pytest
 
 from agent.config import Config, OpusSettings
-from agent.governor import ComplexityGovernor, ComplexityPolicy, GovernorTuning, ladder
+from agent.governor import (
+    WIDEBAND_RATE,
+    ComplexityGovernor,
+    ComplexityPolicy,
+    GovernorTuning,
+    Rung,
+    ladder,
+)
 from agent.opus import OpusEncoder
 from agent.playout import PlayoutBuffer
 from agent.room import Room, SpeakerFeed
@@ -37,12 +44,26 @@ TUNING = GovernorTuning(
 LOAD_ONLY = dataclasses.replace(TUNING, high_late_s=10.0, low_late_s=5.0)
 
 
+def wb(complexity: int) -> Rung:
+    return Rung(complexity, wideband=True)
+
+
+def full(*complexities: int) -> tuple[Rung, ...]:
+    return tuple(Rung(c) for c in complexities)
+
+
 def test_the_ladder_spans_floor_to_ceiling_through_the_measured_rungs() -> None:
-    assert ladder(9, 0) == (0, 2, 6, 7, 9)
-    assert ladder(10, 0) == (0, 2, 6, 7, 9, 10)
-    assert ladder(5, 0) == (0, 2, 5)
-    assert ladder(9, 4) == (4, 6, 7, 9)
-    assert ladder(9, 9) == (9,)
+    # Full band down to 6, then wide-band (cheaper than full band at any complexity) down.
+    assert ladder(9, 0) == (wb(0), wb(2), wb(6), *full(6, 7, 9))
+    assert ladder(10, 0) == (wb(0), wb(2), wb(6), *full(6, 7, 9, 10))
+    assert ladder(5, 0) == (wb(0), wb(2), wb(5), *full(5))
+    assert ladder(9, 4) == (wb(4), wb(6), *full(6, 7, 9))
+    assert ladder(9, 7) == (wb(7), *full(7, 9))
+    assert ladder(9, 9) == full(9)  # fixed: not even the band moves
+    # Complexity alone (--full-band-under-load).
+    assert ladder(9, 0, wideband=False) == full(0, 2, 6, 7, 9)
+    assert ladder(9, 4, wideband=False) == full(4, 6, 7, 9)
+    assert str(wb(2)) == "wb2" and str(Rung(7)) == "7"
     for ceiling, floor in ((3, 4), (11, 0), (9, -1)):
         with pytest.raises(ValueError):
             ladder(ceiling, floor)
@@ -51,25 +72,34 @@ def test_the_ladder_spans_floor_to_ceiling_through_the_measured_rungs() -> None:
 
 
 def test_overload_steps_down_one_rung_per_interval_to_the_floor() -> None:
-    policy = ComplexityPolicy(9, 0, TUNING)
-    assert policy.decide(0.0, 0.95, 0.0) == 7
+    policy = ComplexityPolicy(9, 0, TUNING, wideband=False)
+    assert policy.decide(0.0, 0.95, 0.0) == Rung(7)
     assert policy.decide(0.1, 0.95, 0.0) is None  # the last step has not shown its effect yet
-    assert policy.decide(0.25, 0.95, 0.0) == 6
-    assert policy.decide(0.5, 0.5, 0.030) == 2  # late timers alone are overload too
-    assert policy.decide(0.75, 0.95, 0.0) == 0
+    assert policy.decide(0.25, 0.95, 0.0) == Rung(6)
+    assert policy.decide(0.5, 0.5, 0.030) == Rung(2)  # late timers alone are overload too
+    assert policy.decide(0.75, 0.95, 0.0) == Rung(0)
     assert policy.decide(1.0, 0.95, 0.0) is None  # the floor
     assert (policy.complexity, policy.steps_down, policy.steps_up) == (0, 4, 0)
 
 
+def test_under_load_the_band_narrows_before_complexity_goes_below_6() -> None:
+    policy = ComplexityPolicy(9, 0, TUNING)
+    down = [policy.decide(i * 0.25, 0.95, 0.0) for i in range(7)]
+    assert [r for r in down if r is not None] == [Rung(7), Rung(6), wb(6), wb(2), wb(0)]
+    assert policy.rung == wb(0) and policy.complexity == 0
+    up = [policy.decide(2.0 + i * 0.2, 0.1, 0.0) for i in range(20)]
+    assert [r for r in up if r is not None] == [wb(2), wb(6), Rung(6), Rung(7), Rung(9)]
+
+
 def test_calm_climbs_a_rung_per_hold_and_busy_but_coping_stays_put() -> None:
-    policy = ComplexityPolicy(9, 0, TUNING)  # windows of 0.2 s, hold 0.5 s
+    policy = ComplexityPolicy(9, 0, TUNING, wideband=False)  # windows of 0.2 s, hold 0.5 s
     for t in (0.0, 0.25, 0.5, 0.75):
         policy.decide(t, 0.95, 0.0)
     assert policy.complexity == 0
     assert policy.decide(1.0, 0.1, 0.0) is None  # calm, but not for a hold yet
-    assert policy.decide(1.3, 0.1, 0.0) == 2
+    assert policy.decide(1.3, 0.1, 0.0) == Rung(2)
     assert policy.decide(1.5, 0.1, 0.0) is None  # each climb waits a hold too
-    assert policy.decide(1.85, 0.1, 0.0) == 6
+    assert policy.decide(1.85, 0.1, 0.0) == Rung(6)
     # Between the thresholds (busy, on time): neither direction.
     for t in (2.2, 3.0, 4.0):
         assert policy.decide(t, 0.7, 0.004) is None
@@ -77,35 +107,35 @@ def test_calm_climbs_a_rung_per_hold_and_busy_but_coping_stays_put() -> None:
     # Calm must last a whole hold: one calm window after a busy spell is not enough.
     assert policy.decide(4.3, 0.1, 0.0) is None
     assert policy.decide(4.5, 0.1, 0.0) is None
-    assert policy.decide(4.6, 0.1, 0.0) == 7  # calm since 4.1 (its window began at 4.1)
-    assert policy.decide(5.1, 0.1, 0.0) == 9
+    assert policy.decide(4.6, 0.1, 0.0) == Rung(7)  # calm since 4.1 (its window began at 4.1)
+    assert policy.decide(5.1, 0.1, 0.0) == Rung(9)
     assert policy.decide(9.0, 0.0, 0.0) is None  # the ceiling
     assert policy.steps_up == 4
 
 
 def test_a_climb_that_is_undone_doubles_the_hold_until_a_calm_spell_resets_it() -> None:
-    policy = ComplexityPolicy(9, 0, TUNING)
+    policy = ComplexityPolicy(9, 0, TUNING, wideband=False)
     policy.decide(0.0, 0.95, 0.0)  # 7
     assert policy.decide(0.2, 0.1, 0.0) is None  # calm since 0.0
-    assert policy.decide(0.5, 0.1, 0.0) == 9
-    assert policy.decide(0.7, 0.95, 0.0) == 7  # the climb did not hold
+    assert policy.decide(0.5, 0.1, 0.0) == Rung(9)
+    assert policy.decide(0.7, 0.95, 0.0) == Rung(7)  # the climb did not hold
     assert policy.up_hold_s == pytest.approx(1.0)
     # The descent that follows does not double it again at every rung.
-    assert policy.decide(1.2, 0.95, 0.0) == 6
-    assert policy.decide(1.7, 0.95, 0.0) == 2
+    assert policy.decide(1.2, 0.95, 0.0) == Rung(6)
+    assert policy.decide(1.7, 0.95, 0.0) == Rung(2)
     assert policy.up_hold_s == pytest.approx(1.0)
     assert policy.decide(2.0, 0.1, 0.0) is None  # calm since 1.8: 0.2 s < 1.0 s hold
     t = 2.85
-    assert policy.decide(t, 0.1, 0.0) == 6
+    assert policy.decide(t, 0.1, 0.0) == Rung(6)
     holds = []
     for _ in range(4):  # flapping: each undone climb doubles the hold, up to the max
         t += 0.25
-        assert policy.decide(t, 0.95, 0.0) == 2
+        assert policy.decide(t, 0.95, 0.0) == Rung(2)
         holds.append(policy.up_hold_s)
         assert policy.decide(t + 0.2, 0.1, 0.0) is None  # calm from here on
         assert policy.decide(t + policy.up_hold_s - 0.05, 0.1, 0.0) is None
         t += policy.up_hold_s + 0.01
-        assert policy.decide(t, 0.1, 0.0) == 6
+        assert policy.decide(t, 0.1, 0.0) == Rung(6)
     assert holds == [2.0, 4.0, 4.0, 4.0]
     # A climb that holds for calm_reset_s: the history is forgotten.
     assert policy.decide(t + TUNING.calm_reset_s - 0.1, 0.7, 0.0) is None
@@ -144,18 +174,19 @@ async def test_every_registered_encoder_follows_the_load_down_and_back_up() -> N
         governor.register(encoder)
     try:
         cpu.busy = 0.97
-        await wait_for(lambda: governor.complexity == 0)
+        await wait_for(lambda: governor.rung == wb(0))
         assert governor.load > TUNING.high_load
-        assert [e.complexity for e in encoders] == [0, 0, 0]
+        assert [(e.complexity, e.band_cap) for e in encoders] == [(0, WIDEBAND_RATE)] * 3
         late = OpusEncoder(complexity=9)  # a session that starts now starts at the floor
         governor.register(late)
-        assert late.complexity == 0
+        assert (late.complexity, late.band_cap) == (0, WIDEBAND_RATE)
         encoders[0].close()  # a session that ended meanwhile drops out quietly
         cpu.busy = 0.05
-        await wait_for(lambda: governor.complexity == 9)
-        assert [e.complexity for e in (encoders[1], encoders[2], late)] == [9, 9, 9]
+        await wait_for(lambda: governor.rung == Rung(9))
+        climbed = (encoders[1], encoders[2], late)
+        assert [(e.complexity, e.band_cap) for e in climbed] == [(9, None)] * 3
         assert governor.encoders == 3
-        assert governor.policy.steps_down == 4 and governor.policy.steps_up == 4
+        assert governor.policy.steps_down == 5 and governor.policy.steps_up == 5
     finally:
         governor.close()
 
@@ -270,6 +301,12 @@ async def test_sessions_register_every_track_they_make_with_the_governor() -> No
         session.renew_track()  # a resumed connection's new track is governed too
         assert session.track is not first and session.track.encoder.complexity == 7
         assert governor.encoders == 1  # the old track's encoder closed and left
+        assert session.stats()["band_cap_hz"] is None
+        for t in (1.0, 2.0):
+            governor.policy.decide(t, 1.0, 0.0)  # 6, then wide-band 6
+        session.renew_track()
+        assert session.track.encoder.band_cap == WIDEBAND_RATE
+        assert session.stats()["band_cap_hz"] == WIDEBAND_RATE
     finally:
         await session.close()
         governor.close()

@@ -65,7 +65,9 @@ async def test_metrics_follow_sessions_offers_and_speech(live_server: LiveServer
             # The CPU governor's view: the complexity every encoder has now, its moves, load.
             # (The governor's probe runs meanwhile: its figures can move after the scrape.)
             governor = live_server.app[SESSIONS].governor
-            assert value(during, "voice_agent_opus_complexity") in governor.policy.rungs
+            rungs = governor.policy.rungs
+            assert value(during, "voice_agent_opus_complexity") in {r.complexity for r in rungs}
+            assert value(during, "voice_agent_opus_wideband") in (0, 1)
             down = value(during, "voice_agent_opus_complexity_steps_total", direction="down")
             assert down <= governor.policy.steps_down
             assert 0 < value(during, "voice_agent_loop_load") < 1.5

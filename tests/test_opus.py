@@ -94,3 +94,46 @@ def test_bad_frames_and_closed_encoder() -> None:
     with pytest.raises(OpusError):
         encoder.encode(np.zeros(FRAME_SAMPLES, np.int16))
     encoder.close()  # idempotent
+
+
+def coded_bands(packets: list[bytes], settle: int = 10) -> set[str]:
+    """The band each packet's TOC byte says it codes (RFC 6716 3.1), after ``settle``."""
+    names = {range(0, 4): "nb", range(4, 8): "mb", range(8, 12): "wb", range(12, 14): "swb"}
+    names |= {range(14, 16): "fb", range(16, 20): "nb", range(20, 24): "wb"}
+    names |= {range(24, 28): "swb", range(28, 32): "fb"}
+    return {
+        next(name for span, name in names.items() if p[0] >> 3 in span) for p in packets[settle:]
+    }
+
+
+def test_the_band_cap_and_the_receivers_rate_limit_the_coded_band_together() -> None:
+    pcm = speech_like(1.0)  # its noise floor reaches the top of the band
+    encoder = OpusEncoder(bitrate=32_000)
+    assert coded_bands(encode_all(encoder, pcm)) <= {"swb", "fb"}
+    encoder.set_band_cap(16_000)  # the CPU governor's wide-band rungs: at once
+    assert coded_bands(encode_all(encoder, pcm)) == {"wb"}
+    encoder.set_band_cap(None)  # and back (libopus widens again within 240 ms: measured)
+    assert coded_bands(encode_all(encoder, pcm), settle=20) <= {"swb", "fb"}
+    assert encoder.band_cap is None
+    # A receiver that plays 8 kHz: the narrower limit wins, and stays when the cap goes.
+    narrow = OpusEncoder(bitrate=32_000)
+    narrow.set_max_playback_rate(8_000)
+    narrow.set_band_cap(16_000)
+    assert coded_bands(encode_all(narrow, pcm)) == {"nb"}
+    narrow.set_band_cap(None)
+    assert coded_bands(encode_all(narrow, pcm)) == {"nb"}
+    assert narrow.max_playback_rate == 8_000
+
+
+def test_frames_are_encoded_from_any_layout_the_same() -> None:
+    """The encoder copies each frame into its own buffer: strided views and read-only
+    arrays (a cached silence frame) give the same packets as contiguous frames."""
+    pcm = speech_like(0.5)
+    frames = pcm[: len(pcm) // FRAME_SAMPLES * FRAME_SAMPLES].reshape(-1, FRAME_SAMPLES)
+    strided = np.repeat(frames, 2, axis=1)[:, ::2]
+    readonly = frames.copy()
+    readonly.flags.writeable = False
+    assert not strided[0].flags.c_contiguous
+    for layout in (strided, readonly):
+        encoder, reference = OpusEncoder(), OpusEncoder()
+        assert [encoder.encode(f) for f in layout] == [reference.encode(f) for f in frames]

@@ -14,7 +14,7 @@ from aiortc.mediastreams import MediaStreamError
 
 from agent.opus import FRAME_SAMPLES
 from agent.playout import PlayoutBuffer, PlayoutFrame
-from agent.track import OpusPacketTrack
+from agent.track import FRAME_SECONDS, OpusPacketTrack
 from tests.test_track import tone_frame
 
 
@@ -117,12 +117,18 @@ async def test_a_stalled_loop_moves_the_clock_instead_of_bursting() -> None:
         await buffer.put(PlayoutFrame(tone_frame(i)))
     parked = asyncio.ensure_future(track.recv())
     await until(lambda: len(sender.sent) >= 5)
+    start = track._start
+    assert start is not None
     time.sleep(0.25)  # the event loop is blocked
     before = len(sender.sent)
     await until(lambda: len(sender.sent) >= before + 10)
     stamps = [s[0] for s in sender.sent[before : before + 10]]
     assert int((np.diff(stamps) < 0.005).sum()) <= 1  # no catch-up burst
     assert track.stats.late_rephases >= 1
+    # The clock moved by whole frames: the track keeps its phase (tracks that one stall
+    # delayed do not all end up due at the same instant of every tick).
+    moved = (track._start - start) / FRAME_SECONDS
+    assert moved >= 9 and abs(moved - round(moved)) < 1e-6, moved
     track.stop()
     with pytest.raises(MediaStreamError):
         await parked
