@@ -21,7 +21,7 @@ class OpusSettings:
     complexity_floor: int = 0
     # ... and below complexity 6 it caps the coded band at wide-band first (8 kHz of audio:
     # SILK alone, a third cheaper than full band at the same complexity, agent/governor.py);
-    # False: the band stays full and only complexity steps.
+    # False (or a floor above 6): the band stays full and only complexity steps.
     wideband_under_load: bool = True
     fec: bool = False
     expected_loss_pct: int = 0

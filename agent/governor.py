@@ -70,11 +70,13 @@ def _between(floor: int, ceiling: int) -> list[int]:
 
 def ladder(ceiling: int, floor: int, wideband: bool = True) -> tuple[Rung, ...]:
     """The rungs the governor may use, cheapest first, from ``floor`` to ``ceiling``: full band
-    down to complexity 6 (or the floor), then, with ``wideband``, wide-band from there down
-    to the floor; one rung (nothing to govern) when ``floor == ceiling``."""
+    down to complexity 6 (or the floor), then, with ``wideband`` and a floor of 6 or less,
+    wide-band from there down to the floor; one rung (nothing to govern) when
+    ``floor == ceiling``."""
     if not 0 <= floor <= ceiling <= 10:
         raise ValueError(f"need 0 <= floor <= ceiling <= 10, got floor {floor}, ceiling {ceiling}")
-    if floor == ceiling or not wideband:
+    # A floor above 6 is an operator protecting quality: the band stays full then too.
+    if floor == ceiling or not wideband or floor > LOWEST_FULL_BAND:
         return tuple(Rung(c) for c in _between(floor, ceiling))
     lowest_full = max(floor, min(LOWEST_FULL_BAND, ceiling))
     return tuple(

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+import gc
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 
 import pytest
@@ -20,6 +21,15 @@ class LiveServer:
     app: web.Application
     engine: ToneEngine
     config: Config
+
+
+@pytest.fixture(autouse=True)
+def _unfreeze_the_heap() -> Iterator[None]:
+    """Every server a test starts freezes the heap once its engine is ready
+    (signaling/app.py): in a long test process that would keep each earlier test's garbage
+    out of the collector's reach. Hand it back after each test."""
+    yield
+    gc.unfreeze()
 
 
 @pytest.fixture

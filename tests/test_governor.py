@@ -58,7 +58,8 @@ def test_the_ladder_spans_floor_to_ceiling_through_the_measured_rungs() -> None:
     assert ladder(10, 0) == (wb(0), wb(2), wb(6), *full(6, 7, 9, 10))
     assert ladder(5, 0) == (wb(0), wb(2), wb(5), *full(5))
     assert ladder(9, 4) == (wb(4), wb(6), *full(6, 7, 9))
-    assert ladder(9, 7) == (wb(7), *full(7, 9))
+    assert ladder(9, 6) == (wb(6), *full(6, 7, 9))
+    assert ladder(9, 7) == full(7, 9)  # a floor above 6 protects quality: the band stays
     assert ladder(9, 9) == full(9)  # fixed: not even the band moves
     # Complexity alone (--full-band-under-load).
     assert ladder(9, 0, wideband=False) == full(0, 2, 6, 7, 9)
@@ -335,6 +336,13 @@ async def test_the_session_registry_shares_one_governor_with_its_rooms() -> None
     try:
         assert registry.rooms.governor is registry.governor
         assert registry.governor.enabled  # the default floor (0) is below the default 9
+        assert any(r.wideband for r in registry.governor.policy.rungs)
     finally:
         await registry.close_all()
     assert registry.governor._timer is None
+    full_band = Config(opus=OpusSettings(wideband_under_load=False))  # --full-band-under-load
+    registry = SessionRegistry(full_band, ToneEngine())
+    try:
+        assert registry.governor.policy.rungs == full(0, 2, 6, 7, 9)
+    finally:
+        await registry.close_all()

@@ -7,8 +7,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from agent.config import Config, SecuritySettings
+from agent.governor import ComplexityGovernor
 from signaling.app import build_app
 from signaling.keys import SESSIONS
+from signaling.metrics import _governor_metrics
 from tests.conftest import LiveServer
 from tests.doubles import ToneEngine
 from tests.rtc_client import RtcClient
@@ -67,7 +69,7 @@ async def test_metrics_follow_sessions_offers_and_speech(live_server: LiveServer
             governor = live_server.app[SESSIONS].governor
             rungs = governor.policy.rungs
             assert value(during, "voice_agent_opus_complexity") in {r.complexity for r in rungs}
-            assert value(during, "voice_agent_opus_wideband") in (0, 1)
+            assert value(during, "voice_agent_opus_wideband") in (0, 1)  # moves: test below
             down = value(during, "voice_agent_opus_complexity_steps_total", direction="down")
             assert down <= governor.policy.steps_down
             assert 0 < value(during, "voice_agent_loop_load") < 1.5
@@ -124,3 +126,19 @@ async def test_scraping_reads_live_state_without_a_background_task(
         assert value(await scrape(http, live_server.url), "voice_agent_engine_ready") == 1
         await live_server.engine.close()
         assert value(await scrape(http, live_server.url), "voice_agent_engine_ready") == 0
+
+
+def test_the_wideband_gauge_follows_the_governors_rung() -> None:
+    governor = ComplexityGovernor(9, 0)
+    try:
+
+        def wideband() -> float:
+            families = {m.name: m for m in _governor_metrics(governor)}
+            return families["voice_agent_opus_wideband"].samples[0].value
+
+        assert wideband() == 0
+        for t in (0.0, 1.0, 2.0):  # overloaded: 7, 6, then wide-band 6
+            governor.policy.decide(t, 1.0, 0.0)
+        assert governor.rung.wideband and wideband() == 1
+    finally:
+        governor.close()
