@@ -7,14 +7,14 @@ every packet late, gaps, every browser stretching its jitter buffer. Stepping do
 costs everyone a little quality, and only while the load lasts (WebRTC's CPU overuse
 detector does the same with video resolution).
 
-The rungs (bench/opus_cost.py, libopus 1.6, 32 kbps speech; cost relative to complexity 9,
-PESQ-WB, which hears 0-8 kHz only): full band at 9 (1.0, 3.99), 7 (0.87, 3.99), 6 (0.79,
-3.91); then the band capped at wide-band (8 kHz of audio: libopus codes SILK alone, no CELT
-layer for 8-12 kHz) at 6 (0.62, 4.25), 2 (0.41, 3.57) and 0 (0.26, 3.40). Full band at 2 or
-0 would cost 0.57 or 0.37 for 3.02 or 2.97: dearer than wide-band at the same complexity and
-worse below 8 kHz, so under load the band goes first (the speech loses its top octave, "HD
-voice" instead of super-wide-band) and the coding precision after. ``wideband=False``
-keeps the full band and steps complexity alone: 9, 7, 6, 2, 0.
+The rungs (one run of bench/opus_cost.py, libopus 1.6, 32 kbps speech; cost relative to
+complexity 9 in that run, PESQ-WB, which hears 0-8 kHz only): full band at 9 (1.0, 3.99), 7
+(0.87, 3.99), 6 (0.79, 3.91); then the band capped at wide-band (8 kHz of audio: libopus
+codes SILK alone, no CELT layer for 8-12 kHz) at 6 (0.62, 4.25), 2 (0.41, 3.57) and 0 (0.26,
+3.40). Full band at 2 or 0 would cost 0.57 or 0.37 for 3.02 or 2.97: dearer than wide-band
+at the same complexity and worse below 8 kHz, so under load the band goes first (the speech
+loses its top octave, "HD voice" instead of super-wide-band) and the coding precision after.
+``wideband=False`` keeps the full band and steps complexity alone: 9, 7, 6, 2, 0.
 
 How: a timer on the event loop wakes every ``probe_s`` and notes
 - load: the loop thread's CPU time over the wall time since the last probe. The loop is one
