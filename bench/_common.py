@@ -898,7 +898,7 @@ def add_run_arguments(
     p.add_argument("--json", type=Path, help="also write the raw results here")
 
 
-def complexity_floor_args(args: argparse.Namespace) -> list[str]:
+def governor_args(args: argparse.Namespace) -> list[str]:
     """The bench server's CPU-governor options, where the run set them."""
     floor = args.complexity_floor
     full_band = ["--full-band-under-load"] if args.full_band_under_load else []

@@ -52,7 +52,7 @@ def run_one(n: int, variant: str, args: argparse.Namespace, workdir: Path) -> di
         "latency",
         "--complexity",
         str(args.complexity),
-        *_common.complexity_floor_args(args),
+        *_common.governor_args(args),
         "--encode-threads",
         str(args.encode_threads),
         "--utterances",

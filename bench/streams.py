@@ -62,7 +62,7 @@ def run_one(
         pattern,
         "--complexity",
         str(args.complexity),
-        *_common.complexity_floor_args(args),
+        *_common.governor_args(args),
         "--encode-threads",
         str(args.encode_threads),
         "--bitrate",
