@@ -20,9 +20,10 @@ class OpusSettings:
     # complexity and climbs back after (agent/governor.py); equal to ``complexity``: fixed.
     complexity_floor: int = 0
     # ... and below complexity 6 it caps the coded band at wide-band first (8 kHz of audio:
-    # SILK alone, a third cheaper than full band at the same complexity, agent/governor.py);
-    # False (or a floor above 6): the band stays full and only complexity steps.
-    wideband_under_load: bool = True
+    # SILK alone, a third cheaper than full band at the same complexity), at medium-band (6
+    # kHz) on its last rung (agent/governor.py); False (or a floor above 6): the band stays
+    # full and only complexity steps.
+    band_cap_under_load: bool = True
     fec: bool = False
     expected_loss_pct: int = 0
     # DTX would cut idle sessions from ~14 kbps (coded digital silence) to 0.4 kbps (1-byte

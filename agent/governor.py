@@ -7,14 +7,21 @@ every packet late, gaps, every browser stretching its jitter buffer. Stepping do
 costs everyone a little quality, and only while the load lasts (WebRTC's CPU overuse
 detector does the same with video resolution).
 
-The rungs (one run of bench/opus_cost.py, libopus 1.6, 32 kbps speech; cost relative to
-complexity 9 in that run, PESQ-WB, which hears 0-8 kHz only): full band at 9 (1.0, 3.99), 7
-(0.87, 3.99), 6 (0.79, 3.91); then the band capped at wide-band (8 kHz of audio: libopus
-codes SILK alone, no CELT layer for 8-12 kHz) at 6 (0.62, 4.25), 2 (0.41, 3.57) and 0 (0.26,
-3.40). Full band at 2 or 0 would cost 0.57 or 0.37 for 3.02 or 2.97: dearer than wide-band
-at the same complexity and worse below 8 kHz, so under load the band goes first (the speech
-loses its top octave, "HD voice" instead of super-wide-band) and the coding precision after.
-``wideband=False`` keeps the full band and steps complexity alone: 9, 7, 6, 2, 0.
+The rungs (one run of bench/opus_cost.py, 2026-11-30 09:00 UTC, libopus 1.6, 32 kbps speech;
+cost relative to complexity 9 in that run, PESQ-WB, which hears 0-8 kHz only): full band at 9
+(1.0, 3.99), 7 (0.90, 3.99), 6 (0.87, 3.91); then the band capped at wide-band (8 kHz of
+audio: libopus codes SILK alone, no CELT layer for 8-12 kHz) at 6 (0.70, 4.25) and 2 (0.49,
+3.57); then medium-band (6 kHz of audio) at 0 (0.22, 3.88). Full band at 2 or 0 would cost
+0.64 or 0.43 for 3.02 or 2.97: dearer than wide-band at the same complexity and worse below
+8 kHz, so under load the band goes first (the speech loses its top octave, "HD voice"
+instead of super-wide-band) and the coding precision after. At the bottom, wide-band at 0
+(0.30, 3.40) codes worse than medium-band at 0 and costs more: at complexity 0 SILK's noise
+shaping is coarse, and a narrower band gives each hertz more of the same bits (a clip with
+more sibilants agreed: 3.80 vs 4.00, 0.28 vs 0.25; bench/README). What medium-band gives up
+is 6-8 kHz, which the wide-band rungs above keep. SILK narrows from wide- to medium-band
+through a low-pass transition: that last rung's saving arrives about 3 s after the step
+(widening back takes a quarter of a second). ``cap_band=False`` keeps the full band and
+steps complexity alone: 9, 7, 6, 2, 0.
 
 How: a timer on the event loop wakes every ``probe_s`` and notes
 - load: the loop thread's CPU time over the wall time since the last probe. The loop is one
@@ -50,37 +57,47 @@ log = logging.getLogger(__name__)
 # about what 6 does and sound worse, so the next step is 2 (26% cheaper, 3.02); 0 is a third
 # cheaper still at about the same quality as 2.
 RUNGS = (10, 9, 7, 6, 2, 0)
-# With the band cap: full band no lower than this, then wide-band from it down.
+# With the band cap: full band no lower than this, then wide-band from it down ...
 LOWEST_FULL_BAND = 6
-WIDEBAND_RATE = 16_000  # the band cap, as a playback rate (OpusEncoder.set_band_cap)
+# ... and medium-band at complexities up to this one.
+HIGHEST_MEDIUM_BAND = 1
+# The band caps, as playback rates (OpusEncoder.set_band_cap).
+WIDE_BAND_HZ = 16_000  # 8 kHz of audio
+MEDIUM_BAND_HZ = 12_000  # 6 kHz of audio
+_BAND_NAMES = {WIDE_BAND_HZ: "wb", MEDIUM_BAND_HZ: "mb"}
 
 
 @dataclass(frozen=True)
 class Rung:
     complexity: int
-    wideband: bool = False  # the coded band capped at wide-band (8 kHz of audio)
+    band_cap_hz: int | None = None  # the coded band capped (WIDE_BAND_HZ...); None: full band
 
     def __str__(self) -> str:
-        return f"wb{self.complexity}" if self.wideband else str(self.complexity)
+        band = _BAND_NAMES.get(self.band_cap_hz, "") if self.band_cap_hz is not None else ""
+        return f"{band}{self.complexity}"
+
+
+def _capped_band(complexity: int) -> int:
+    return MEDIUM_BAND_HZ if complexity <= HIGHEST_MEDIUM_BAND else WIDE_BAND_HZ
 
 
 def _between(floor: int, ceiling: int) -> list[int]:
     return sorted({floor, ceiling, *(r for r in RUNGS if floor < r < ceiling)})
 
 
-def ladder(ceiling: int, floor: int, wideband: bool = True) -> tuple[Rung, ...]:
+def ladder(ceiling: int, floor: int, cap_band: bool = True) -> tuple[Rung, ...]:
     """The rungs the governor may use, cheapest first, from ``floor`` to ``ceiling``: full band
-    down to complexity 6 (or the floor), then, with ``wideband`` and a floor of 6 or less,
-    wide-band from there down to the floor; one rung (nothing to govern) when
-    ``floor == ceiling``."""
+    down to complexity 6 (or the floor), then, with ``cap_band`` and a floor of 6 or less, a
+    capped band from there down to the floor: wide-band, medium-band at complexity 1 or 0;
+    one rung (nothing to govern) when ``floor == ceiling``."""
     if not 0 <= floor <= ceiling <= 10:
         raise ValueError(f"need 0 <= floor <= ceiling <= 10, got floor {floor}, ceiling {ceiling}")
     # A floor above 6 is an operator protecting quality: the band stays full then too.
-    if floor == ceiling or not wideband or floor > LOWEST_FULL_BAND:
+    if floor == ceiling or not cap_band or floor > LOWEST_FULL_BAND:
         return tuple(Rung(c) for c in _between(floor, ceiling))
     lowest_full = max(floor, min(LOWEST_FULL_BAND, ceiling))
     return tuple(
-        [Rung(c, wideband=True) for c in _between(floor, lowest_full)]
+        [Rung(c, _capped_band(c)) for c in _between(floor, lowest_full)]
         + [Rung(c) for c in _between(lowest_full, ceiling)]
     )
 
@@ -118,9 +135,9 @@ class ComplexityPolicy:
     """The decision alone (no clocks, no loop): fed one window's load and lateness at a time."""
 
     def __init__(
-        self, ceiling: int, floor: int, tuning: GovernorTuning, wideband: bool = True
+        self, ceiling: int, floor: int, tuning: GovernorTuning, cap_band: bool = True
     ) -> None:
-        self.rungs = ladder(ceiling, floor, wideband)
+        self.rungs = ladder(ceiling, floor, cap_band)
         self.tuning = tuning
         self._window_s = tuning.probe_s * tuning.window_probes
         self._index = len(self.rungs) - 1
@@ -191,11 +208,11 @@ class ComplexityGovernor:
         floor: int,
         tuning: GovernorTuning | None = None,
         *,
-        wideband: bool = True,
+        cap_band: bool = True,
         thread_time: Callable[[], float] = time.thread_time,
     ) -> None:
         self.tuning = tuning or GovernorTuning()
-        self.policy = ComplexityPolicy(ceiling, floor, self.tuning, wideband)
+        self.policy = ComplexityPolicy(ceiling, floor, self.tuning, cap_band)
         self._encoders: weakref.WeakSet[OpusEncoder] = weakref.WeakSet()
         self._thread_time = thread_time  # called on the loop thread: its CPU clock
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -308,6 +325,5 @@ class ComplexityGovernor:
 def _set_rung(encoder: OpusEncoder, rung: Rung) -> None:
     if encoder.complexity != rung.complexity:
         encoder.set_complexity(rung.complexity)
-    cap = WIDEBAND_RATE if rung.wideband else None
-    if encoder.band_cap != cap:
-        encoder.set_band_cap(cap)
+    if encoder.band_cap != rung.band_cap_hz:
+        encoder.set_band_cap(rung.band_cap_hz)

@@ -24,7 +24,7 @@ from agent.audio import Framer, Int16Frame, StreamResampler
 from agent.config import SpeechSettings
 from agent.engine import EngineUnavailable, TTSEngine, VoiceOptions
 from agent.opus import FRAME_SAMPLES, SAMPLE_RATE
-from agent.playout import PlayoutBuffer, PlayoutFrame
+from agent.playout import PlayoutBuffer
 from agent.protocol import MAX_ID_CHARS
 from agent.text.segment import Segmenter, split_text
 
@@ -284,13 +284,13 @@ class SpeechPipeline:
         async def put(frames: list[Int16Frame]) -> None:
             nonlocal frames_out
             for pcm in frames:
-                due: list[Callable[[], None]] = []
+                due: tuple[Callable[[], None], ...] = ()
                 if pending_marks:  # most frames carry no mark: skip two list rebuilds
-                    due = [mark for at, mark in pending_marks if at <= frames_out]
+                    due = tuple(mark for at, mark in pending_marks if at <= frames_out)
                     if due:
                         pending_marks[:] = [(a, m) for a, m in pending_marks if a > frames_out]
                 frames_out += 1
-                await self.buffer.put(PlayoutFrame(pcm, due))
+                await self.buffer.put(pcm, due)
 
         while True:
             segment = await utt.segments.get()

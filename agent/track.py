@@ -298,7 +298,7 @@ class OpusPacketTrack(MediaStreamTrack):
         if ahead is None:
             return None
         upcoming, job = ahead
-        if upcoming is frame:
+        if frame is not None and upcoming.pcm is frame.pcm:  # peek and pop: same array
             if not job.done() and job.cancel():
                 return None  # still queued behind other sessions' jobs: encode it inline
             return job.result()  # normally done already: it had 20 ms

@@ -338,7 +338,7 @@ def _bench_config(opts: argparse.Namespace) -> Any:
                 if opts.complexity_floor is None
                 else opts.complexity_floor
             ),
-            wideband_under_load=not opts.full_band_under_load,
+            band_cap_under_load=not opts.full_band_under_load,
             encode_threads=opts.encode_threads,
             # ours: the product's lean send path; ours-aiortc: the same track through
             # aiortc's RTP sender task; default: aiortc's whole default path.
@@ -417,7 +417,8 @@ def bench_app(opts: argparse.Namespace, config: Any) -> Any:
                 # The encoders' complexity (and band cap) now, and how often the CPU
                 # governor moved it.
                 "complexity": governor.complexity,
-                "wideband": governor.rung.wideband,
+                "band_cap_hz": governor.rung.band_cap_hz,
+                "rung": str(governor.rung),
                 "complexity_steps_down": governor.policy.steps_down,
                 "complexity_steps_up": governor.policy.steps_up,
             }
@@ -447,8 +448,9 @@ def _front_with_bench_stats(config: Any, pool: Any) -> Any:
             merged["pids"].append(part["pid"])
             parts.append(part)
         # Each worker governs its own encoders: the cheapest rung, steps summed.
-        merged["complexity"] = min((p["complexity"] for p in parts), default=None)
-        merged["wideband"] = any(p["wideband"] for p in parts)
+        cheapest = min(parts, key=lambda p: (p["complexity"], p["band_cap_hz"] or 48_000))
+        for key in ("complexity", "band_cap_hz", "rung"):
+            merged[key] = cheapest[key]
         for key in ("complexity_steps_down", "complexity_steps_up"):
             merged[key] = sum(p[key] for p in parts)
         return web.json_response(merged)
@@ -892,7 +894,7 @@ def add_run_arguments(
     p.add_argument(
         "--full-band-under-load",
         action="store_true",
-        help="OpusSettings(wideband_under_load=False): the governor steps complexity alone",
+        help="OpusSettings(band_cap_under_load=False): the governor steps complexity alone",
     )
     p.add_argument("--quick", action="store_true", help=quick_help)
     p.add_argument("--json", type=Path, help="also write the raw results here")
@@ -911,7 +913,8 @@ def governor_figures(after: dict[str, Any], before: dict[str, Any] | None = None
     before = before or {}
     return {
         "complexity": after.get("complexity"),
-        "wideband": after.get("wideband", False),
+        "band_cap_hz": after.get("band_cap_hz"),
+        "rung": after.get("rung"),
         **{
             key: after.get(key, 0) - before.get(key, 0)
             for key in ("complexity_steps_down", "complexity_steps_up")
@@ -920,14 +923,14 @@ def governor_figures(after: dict[str, Any], before: dict[str, Any] | None = None
 
 
 def complexity_cell(r: dict[str, Any]) -> str:
-    """A table cell: the complexity at the end (``wb``: capped at wide-band), with the
-    governor's steps, e.g. ``wb2 (-4/+1)``; ``-`` for aiortc's default path (no governed
-    encoders)."""
+    """A table cell: the governor's rung at the end (the complexity; ``wb``/``mb``: the band
+    capped at wide-/medium-band), with its steps, e.g. ``wb2 (-4/+1)``; ``-`` for aiortc's
+    default path (no governed encoders)."""
     if r["variant"] == "default" or r.get("complexity") is None:
         return "-"
     down, up = r.get("complexity_steps_down", 0), r.get("complexity_steps_up", 0)
-    band = "wb" if r.get("wideband") else ""
-    return f"{band}{r['complexity']}" + (f" (-{down}/+{up})" if down or up else "")
+    rung = r.get("rung") or str(r["complexity"])
+    return rung + (f" (-{down}/+{up})" if down or up else "")
 
 
 def _pin(pid: int, cpus: list[int] | None) -> None:

@@ -2,14 +2,18 @@
 
 The encode is most of a speaking session's server CPU (`bench/README.md`), so this is the
 table behind ``--complexity`` and the CPU governor's rungs: for complexity 0-10, the
-wide-band cap at 6, 2 and 0 (and a few modes not adopted), encode time per frame
+wide-band cap at 6, 2 and 0, the medium-band cap at 2, 1 and 0 (and a few modes not
+adopted), encode time per frame
 (``time.process_time``; every setting runs once per round, rounds interleaved, median
 reported: this VM's steal makes single runs vary by +-30%) and, when the ``pesq`` and
 ``pystoi`` packages are importable, PESQ wide-band and STOI of the decoded speech against
-the original (``tests/data/speech.wav``: espeak-ng, 16 kHz content).
+the original (``tests/data/speech.wav``: espeak-ng, 16 kHz content; ``--wav`` another mono
+16-bit clip, e.g. espeak-ng's own 22 kHz output, whose sibilants reach 11 kHz).
 
     .venv/bin/python bench/opus_cost.py              # cost only, or with quality if installed
     .venv/bin/pip install pesq pystoi && .venv/bin/python bench/opus_cost.py --bitrate 24000
+    espeak-ng -v en-us+f3 -w /tmp/s.wav "She sells sea shells by the sea shore" \
+        && .venv/bin/python bench/opus_cost.py --wav /tmp/s.wav
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import soxr
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from agent.governor import MEDIUM_BAND_HZ, WIDE_BAND_HZ
 from agent.opus import FRAME_SAMPLES, OpusDecoder, OpusEncoder
 from tests.clips import SPEECH_WAV, read_wav
 
@@ -38,12 +43,17 @@ def settings() -> dict[str, Callable[[OpusEncoder], None]]:
     table: dict[str, Callable[[OpusEncoder], None]] = {
         f"complexity {c}": (lambda e, c=c: e.set_complexity(c)) for c in range(11)
     }
-    # The CPU governor's cheap rungs (agent/governor.py): the band capped at wide-band.
-    for c in (6, 2, 0):
-        table[f"wide-band cap, c{c}"] = lambda e, c=c: (
-            e.set_complexity(c),
-            e.set_band_cap(16_000),
-        )
+    # The CPU governor's cheap rungs (agent/governor.py): the band capped at wide-band, and
+    # at medium-band (its bottom rung; wide-band 0 was, until it measured worse).
+    for name, hertz, complexities in (
+        ("wide-band", WIDE_BAND_HZ, (6, 2, 0)),
+        ("medium-band", MEDIUM_BAND_HZ, (2, 1, 0)),
+    ):
+        for c in complexities:
+            table[f"{name} cap, c{c}"] = lambda e, c=c, hertz=hertz: (
+                e.set_complexity(c),
+                e.set_band_cap(hertz),
+            )
     table["CELT only, c9"] = lambda e: e._ctl(_FORCE_MODE, _MODE_CELT_ONLY)
     table["SILK only wide-band, c9"] = lambda e: (
         e._ctl(_FORCE_MODE, _MODE_SILK_ONLY),
@@ -79,9 +89,11 @@ def main() -> int:
     )
     p.add_argument("--bitrate", type=int, default=32_000)
     p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--wav", type=Path, default=SPEECH_WAV, help="mono 16-bit speech to encode")
     args = p.parse_args()
-    speech16, rate = read_wav(SPEECH_WAV)
-    speech48 = soxr.resample(speech16, rate, 48_000)
+    speech, rate = read_wav(args.wav)
+    speech16 = soxr.resample(speech, rate, 16_000)  # what PESQ-WB and STOI score against
+    speech48 = soxr.resample(speech, rate, 48_000)
     count = len(speech48) // FRAME_SAMPLES
     frames = (speech48[: count * FRAME_SAMPLES] * 32767).astype(np.int16).reshape(count, -1)
     table = settings()

@@ -119,7 +119,8 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         action="store_true",
         default=_env_bool(env, "FULL_BAND_UNDER_LOAD"),
         help="the CPU governor steps complexity alone; by default, below complexity 6 it "
-        "first caps the coded band at wide-band (8 kHz of audio), a third cheaper",
+        "first caps the coded band at wide-band (8 kHz of audio), and at medium-band (6 kHz) "
+        "on its last rung",
     )
     adaptation = AdaptationSettings()
     serve.add_argument(
@@ -373,7 +374,7 @@ def config_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> Config
             bitrate=args.bitrate,
             complexity=args.complexity,
             complexity_floor=args.complexity_floor,
-            wideband_under_load=not args.full_band_under_load,
+            band_cap_under_load=not args.full_band_under_load,
             encode_threads=args.encode_threads,
             direct_send=_one_of(args.send_path, SEND_PATHS, "--send-path") == "direct",
         ),

@@ -195,10 +195,10 @@ def _governor_metrics(governor: ComplexityGovernor) -> Iterator[Metric]:
         governor.complexity,
     )
     yield GaugeMetricFamily(
-        "voice_agent_opus_wideband",
-        "1 while the CPU governor caps this process's encoders at wide-band (8 kHz of audio, "
-        "a third cheaper than full band), else 0",
-        1 if governor.rung.wideband else 0,
+        "voice_agent_opus_band_cap_hz",
+        "The coded band the CPU governor caps this process's encoders at, as a playback rate: "
+        "16000 wide-band (8 kHz of audio), 12000 medium-band (6 kHz); 0 while the band is full",
+        governor.rung.band_cap_hz or 0,
     )
     steps = CounterMetricFamily(
         "voice_agent_opus_complexity_steps",

@@ -79,7 +79,7 @@ class SessionRegistry:
         self.governor = ComplexityGovernor(
             config.opus.complexity,
             config.opus.complexity_floor,
-            wideband=config.opus.wideband_under_load,
+            cap_band=config.opus.band_cap_under_load,
         )
         # In a worker process ids start with "w<index>-": the front routes by the id alone.
         index = config.worker_index

@@ -16,9 +16,9 @@ def test_opus_cost_bench_prints_every_setting() -> None:
     rows = {
         line[:26].strip(): line[26:].split()
         for line in done.stdout.splitlines()
-        if line.startswith(("complexity", "wide-band", "CELT", "SILK"))
+        if line.startswith(("complexity", "wide-band", "medium-band", "CELT", "SILK"))
     }
-    assert len(rows) == 16, done.stdout
+    assert len(rows) == 19, done.stdout
     for name, cells in rows.items():
         microseconds, kbps = float(cells[0]), float(cells[1])
         assert microseconds > 0, name

@@ -42,4 +42,5 @@ def test_streams_bench_records_decrypts_and_reports(tmp_path: Path) -> None:
     # The encoders' complexity as the server's governor reports it (none on the default path).
     assert runs["ours"]["complexity"] == runs["ours-aiortc"]["complexity"] == 7
     assert runs["ours"]["complexity_steps_down"] == 0
-    assert runs["ours"]["wideband"] is False  # a fixed complexity: the band never narrows
+    assert runs["ours"]["band_cap_hz"] is None  # a fixed complexity: the band never narrows
+    assert runs["ours"]["rung"] == "7"

@@ -64,10 +64,10 @@ def test_environment_then_flags() -> None:
     with pytest.raises(ValueError, match="floor"):
         build(["serve", "--complexity", "5", "--complexity-floor", "6"])
     # Under load the band is capped at wide-band before complexity goes below 6, unless told.
-    assert defaults.opus.wideband_under_load
-    assert not build(["serve", "--full-band-under-load"]).opus.wideband_under_load
+    assert defaults.opus.band_cap_under_load
+    assert not build(["serve", "--full-band-under-load"]).opus.band_cap_under_load
     full = build(["serve"], {"VOICE_AGENT_FULL_BAND_UNDER_LOAD": "1"})
-    assert not full.opus.wideband_under_load
+    assert not full.opus.band_cap_under_load
     # argparse checks choices on the command line only: values from the env are checked too.
     for bad in (
         {"VOICE_AGENT_COMPLEXITY": "14"},

@@ -16,7 +16,8 @@ import pytest
 
 from agent.config import Config, OpusSettings
 from agent.governor import (
-    WIDEBAND_RATE,
+    MEDIUM_BAND_HZ,
+    WIDE_BAND_HZ,
     ComplexityGovernor,
     ComplexityPolicy,
     GovernorTuning,
@@ -45,7 +46,11 @@ LOAD_ONLY = dataclasses.replace(TUNING, high_late_s=10.0, low_late_s=5.0)
 
 
 def wb(complexity: int) -> Rung:
-    return Rung(complexity, wideband=True)
+    return Rung(complexity, WIDE_BAND_HZ)
+
+
+def mb(complexity: int) -> Rung:
+    return Rung(complexity, MEDIUM_BAND_HZ)
 
 
 def full(*complexities: int) -> tuple[Rung, ...]:
@@ -53,18 +58,22 @@ def full(*complexities: int) -> tuple[Rung, ...]:
 
 
 def test_the_ladder_spans_floor_to_ceiling_through_the_measured_rungs() -> None:
-    # Full band down to 6, then wide-band (cheaper than full band at any complexity) down.
-    assert ladder(9, 0) == (wb(0), wb(2), wb(6), *full(6, 7, 9))
-    assert ladder(10, 0) == (wb(0), wb(2), wb(6), *full(6, 7, 9, 10))
-    assert ladder(5, 0) == (wb(0), wb(2), wb(5), *full(5))
+    # Full band down to 6, then wide-band (cheaper than full band at any complexity) down to
+    # 2, then medium-band (at 1 or 0: cheaper than wide-band there, and it scored better).
+    assert ladder(9, 0) == (mb(0), wb(2), wb(6), *full(6, 7, 9))
+    assert ladder(10, 0) == (mb(0), wb(2), wb(6), *full(6, 7, 9, 10))
+    assert ladder(5, 0) == (mb(0), wb(2), wb(5), *full(5))
+    assert ladder(9, 1) == (mb(1), wb(2), wb(6), *full(6, 7, 9))
+    assert ladder(9, 2) == (wb(2), wb(6), *full(6, 7, 9))  # a floor of 2 keeps 8 kHz of audio
+    assert ladder(1, 0) == (mb(0), mb(1), *full(1))
     assert ladder(9, 4) == (wb(4), wb(6), *full(6, 7, 9))
     assert ladder(9, 6) == (wb(6), *full(6, 7, 9))
     assert ladder(9, 7) == full(7, 9)  # a floor above 6 protects quality: the band stays
     assert ladder(9, 9) == full(9)  # fixed: not even the band moves
     # Complexity alone (--full-band-under-load).
-    assert ladder(9, 0, wideband=False) == full(0, 2, 6, 7, 9)
-    assert ladder(9, 4, wideband=False) == full(4, 6, 7, 9)
-    assert str(wb(2)) == "wb2" and str(Rung(7)) == "7"
+    assert ladder(9, 0, cap_band=False) == full(0, 2, 6, 7, 9)
+    assert ladder(9, 4, cap_band=False) == full(4, 6, 7, 9)
+    assert str(wb(2)) == "wb2" and str(mb(0)) == "mb0" and str(Rung(7)) == "7"
     for ceiling, floor in ((3, 4), (11, 0), (9, -1)):
         with pytest.raises(ValueError):
             ladder(ceiling, floor)
@@ -73,7 +82,7 @@ def test_the_ladder_spans_floor_to_ceiling_through_the_measured_rungs() -> None:
 
 
 def test_overload_steps_down_one_rung_per_interval_to_the_floor() -> None:
-    policy = ComplexityPolicy(9, 0, TUNING, wideband=False)
+    policy = ComplexityPolicy(9, 0, TUNING, cap_band=False)
     assert policy.decide(0.0, 0.95, 0.0) == Rung(7)
     assert policy.decide(0.1, 0.95, 0.0) is None  # the last step has not shown its effect yet
     assert policy.decide(0.25, 0.95, 0.0) == Rung(6)
@@ -86,14 +95,14 @@ def test_overload_steps_down_one_rung_per_interval_to_the_floor() -> None:
 def test_under_load_the_band_narrows_before_complexity_goes_below_6() -> None:
     policy = ComplexityPolicy(9, 0, TUNING)
     down = [policy.decide(i * 0.25, 0.95, 0.0) for i in range(7)]
-    assert [r for r in down if r is not None] == [Rung(7), Rung(6), wb(6), wb(2), wb(0)]
-    assert policy.rung == wb(0) and policy.complexity == 0
+    assert [r for r in down if r is not None] == [Rung(7), Rung(6), wb(6), wb(2), mb(0)]
+    assert policy.rung == mb(0) and policy.complexity == 0
     up = [policy.decide(2.0 + i * 0.2, 0.1, 0.0) for i in range(20)]
     assert [r for r in up if r is not None] == [wb(2), wb(6), Rung(6), Rung(7), Rung(9)]
 
 
 def test_calm_climbs_a_rung_per_hold_and_busy_but_coping_stays_put() -> None:
-    policy = ComplexityPolicy(9, 0, TUNING, wideband=False)  # windows of 0.2 s, hold 0.5 s
+    policy = ComplexityPolicy(9, 0, TUNING, cap_band=False)  # windows of 0.2 s, hold 0.5 s
     for t in (0.0, 0.25, 0.5, 0.75):
         policy.decide(t, 0.95, 0.0)
     assert policy.complexity == 0
@@ -115,7 +124,7 @@ def test_calm_climbs_a_rung_per_hold_and_busy_but_coping_stays_put() -> None:
 
 
 def test_a_climb_that_is_undone_doubles_the_hold_until_a_calm_spell_resets_it() -> None:
-    policy = ComplexityPolicy(9, 0, TUNING, wideband=False)
+    policy = ComplexityPolicy(9, 0, TUNING, cap_band=False)
     policy.decide(0.0, 0.95, 0.0)  # 7
     assert policy.decide(0.2, 0.1, 0.0) is None  # calm since 0.0
     assert policy.decide(0.5, 0.1, 0.0) == Rung(9)
@@ -175,12 +184,12 @@ async def test_every_registered_encoder_follows_the_load_down_and_back_up() -> N
         governor.register(encoder)
     try:
         cpu.busy = 0.97
-        await wait_for(lambda: governor.rung == wb(0))
+        await wait_for(lambda: governor.rung == mb(0))
         assert governor.load > TUNING.high_load
-        assert [(e.complexity, e.band_cap) for e in encoders] == [(0, WIDEBAND_RATE)] * 3
+        assert [(e.complexity, e.band_cap) for e in encoders] == [(0, MEDIUM_BAND_HZ)] * 3
         late = OpusEncoder(complexity=9)  # a session that starts now starts at the floor
         governor.register(late)
-        assert (late.complexity, late.band_cap) == (0, WIDEBAND_RATE)
+        assert (late.complexity, late.band_cap) == (0, MEDIUM_BAND_HZ)
         encoders[0].close()  # a session that ended meanwhile drops out quietly
         cpu.busy = 0.05
         await wait_for(lambda: governor.rung == Rung(9))
@@ -306,8 +315,8 @@ async def test_sessions_register_every_track_they_make_with_the_governor() -> No
         for t in (1.0, 2.0):
             governor.policy.decide(t, 1.0, 0.0)  # 6, then wide-band 6
         session.renew_track()
-        assert session.track.encoder.band_cap == WIDEBAND_RATE
-        assert session.stats()["band_cap_hz"] == WIDEBAND_RATE
+        assert session.track.encoder.band_cap == WIDE_BAND_HZ
+        assert session.stats()["band_cap_hz"] == WIDE_BAND_HZ
     finally:
         await session.close()
         governor.close()
@@ -336,11 +345,11 @@ async def test_the_session_registry_shares_one_governor_with_its_rooms() -> None
     try:
         assert registry.rooms.governor is registry.governor
         assert registry.governor.enabled  # the default floor (0) is below the default 9
-        assert any(r.wideband for r in registry.governor.policy.rungs)
+        assert registry.governor.policy.rungs == ladder(9, 0)  # the band is capped under load
     finally:
         await registry.close_all()
     assert registry.governor._timer is None
-    full_band = Config(opus=OpusSettings(wideband_under_load=False))  # --full-band-under-load
+    full_band = Config(opus=OpusSettings(band_cap_under_load=False))  # --full-band-under-load
     registry = SessionRegistry(full_band, ToneEngine())
     try:
         assert registry.governor.policy.rungs == full(0, 2, 6, 7, 9)

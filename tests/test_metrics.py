@@ -69,7 +69,7 @@ async def test_metrics_follow_sessions_offers_and_speech(live_server: LiveServer
             governor = live_server.app[SESSIONS].governor
             rungs = governor.policy.rungs
             assert value(during, "voice_agent_opus_complexity") in {r.complexity for r in rungs}
-            assert value(during, "voice_agent_opus_wideband") in (0, 1)  # moves: test below
+            assert value(during, "voice_agent_opus_band_cap_hz") in (0, 16000, 12000)  # below
             down = value(during, "voice_agent_opus_complexity_steps_total", direction="down")
             assert down <= governor.policy.steps_down
             assert 0 < value(during, "voice_agent_loop_load") < 1.5
@@ -128,17 +128,20 @@ async def test_scraping_reads_live_state_without_a_background_task(
         assert value(await scrape(http, live_server.url), "voice_agent_engine_ready") == 0
 
 
-def test_the_wideband_gauge_follows_the_governors_rung() -> None:
+def test_the_band_cap_gauge_follows_the_governors_rung() -> None:
     governor = ComplexityGovernor(9, 0)
     try:
 
-        def wideband() -> float:
+        def band_cap() -> float:
             families = {m.name: m for m in _governor_metrics(governor)}
-            return families["voice_agent_opus_wideband"].samples[0].value
+            return families["voice_agent_opus_band_cap_hz"].samples[0].value
 
-        assert wideband() == 0
+        assert band_cap() == 0
         for t in (0.0, 1.0, 2.0):  # overloaded: 7, 6, then wide-band 6
             governor.policy.decide(t, 1.0, 0.0)
-        assert governor.rung.wideband and wideband() == 1
+        assert str(governor.rung) == "wb6" and band_cap() == 16000
+        for t in (3.0, 4.0):  # wide-band 2, then medium-band 0
+            governor.policy.decide(t, 1.0, 0.0)
+        assert str(governor.rung) == "mb0" and band_cap() == 12000
     finally:
         governor.close()

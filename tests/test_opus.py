@@ -112,7 +112,17 @@ def test_the_band_cap_and_the_receivers_rate_limit_the_coded_band_together() -> 
     assert coded_bands(encode_all(encoder, pcm)) <= {"swb", "fb"}
     encoder.set_band_cap(16_000)  # the CPU governor's wide-band rungs: at once
     assert coded_bands(encode_all(encoder, pcm)) == {"wb"}
-    encoder.set_band_cap(None)  # and back (libopus widens again within 240 ms: measured)
+    # ... and its medium-band rung: SILK lowers its internal rate through a low-pass
+    # transition (measured: 2.9 s from wide-band; at once from full band), and back within
+    # 13 frames.
+    encoder.set_band_cap(12_000)
+    assert coded_bands(encode_all(encoder, speech_like(4.0)), settle=175) == {"mb"}
+    encoder.set_band_cap(16_000)
+    assert coded_bands(encode_all(encoder, pcm), settle=20) == {"wb"}
+    # Full band again: libopus widens within 240 ms once SILK's own widening is over (4.6 s
+    # after medium-band, measured), and the governor holds each rung 5 s before climbing.
+    encode_all(encoder, speech_like(5.0))
+    encoder.set_band_cap(None)
     assert coded_bands(encode_all(encoder, pcm), settle=20) <= {"swb", "fb"}
     assert encoder.band_cap is None
     # A receiver that plays 8 kHz: the narrower limit wins, and stays when the cap goes.

@@ -11,7 +11,7 @@ from aiortc.mediastreams import MediaStreamError
 
 from agent.config import OpusSettings
 from agent.opus import FRAME_SAMPLES
-from agent.playout import PlayoutBuffer, PlayoutFrame
+from agent.playout import PlayoutBuffer
 from agent.track import FRAME_SECONDS, OpusPacketTrack
 
 
@@ -44,7 +44,7 @@ async def test_speech_frames_are_encoded_and_marks_fire_on_send() -> None:
     track = OpusPacketTrack(buffer)
     fired: list[int] = []
     for i in range(10):
-        await buffer.put(PlayoutFrame(tone_frame(i), [lambda i=i: fired.append(i)]))
+        await buffer.put(tone_frame(i), (lambda i=i: fired.append(i),))
     sizes = []
     for i in range(10):
         packet = await track.recv()
@@ -71,7 +71,7 @@ async def test_speech_onset_after_silence(rephase: bool) -> None:
         async def arrive(delay: float = delay, put_at: list[float] = put_at) -> None:
             await asyncio.sleep(delay)
             put_at.append(time.monotonic())
-            await buffer.put(PlayoutFrame(tone_frame()))
+            await buffer.put(tone_frame())
 
         task = loop.create_task(arrive())
         while True:
@@ -98,7 +98,7 @@ async def test_onset_lead_is_bounded_and_paid_back() -> None:
     track = OpusPacketTrack(buffer, max_lead_s=0.03)
     for _ in range(20):
         await track.recv()
-        await buffer.put(PlayoutFrame(tone_frame()))  # onset right after each tick
+        await buffer.put(tone_frame())  # onset right after each tick
         await track.recv()
     assert track._lead <= 0.03 + 1e-9
     lead = track._lead
@@ -112,7 +112,7 @@ async def test_a_stalled_loop_does_not_cause_a_burst() -> None:
     buffer = PlayoutBuffer(500)
     track = OpusPacketTrack(buffer)
     for i in range(300):
-        await buffer.put(PlayoutFrame(tone_frame(i)))
+        await buffer.put(tone_frame(i))
     for _ in range(5):
         await track.recv()
     start = track._start
@@ -193,7 +193,7 @@ async def test_silence_after_speech_stops_costing_encodes(complexity: int) -> No
     track = OpusPacketTrack(buffer, OpusSettings(complexity=complexity), rephase_on_onset=False)
     for round_ in range(2):
         for i in range(25):
-            await buffer.put(PlayoutFrame(tone_frame(i)))
+            await buffer.put(tone_frame(i))
         for _ in range(25 + 20):
             await track.recv()
         calls = track.stats.encode_calls
@@ -213,7 +213,7 @@ async def test_encoding_ahead_in_a_worker_gives_the_same_packets() -> None:
             buffer = PlayoutBuffer(100)
             track = OpusPacketTrack(buffer, rephase_on_onset=False, encode_executor=executor)
             for i in range(30):
-                await buffer.put(PlayoutFrame(tone_frame(i)))
+                await buffer.put(tone_frame(i))
             streams.append([bytes(await track.recv()) for _ in range(35)])
             track.stop()
     inline, ahead = streams
@@ -228,7 +228,7 @@ async def test_interrupt_drops_a_frame_being_encoded_ahead() -> None:
         track = OpusPacketTrack(buffer, encode_executor=pool)
         sent: list[str] = []
         for i in range(10):
-            await buffer.put(PlayoutFrame(tone_frame(i), [lambda i=i: sent.append(f"old{i}")]))
+            await buffer.put(tone_frame(i), (lambda i=i: sent.append(f"old{i}"),))
         for _ in range(3):
             await track.recv()
         assert track._ahead is not None  # frame 3 is being encoded ahead
@@ -237,7 +237,7 @@ async def test_interrupt_drops_a_frame_being_encoded_ahead() -> None:
         await track.recv()
         assert track.stats.silence_packets == silences + 1  # silence, not the dropped frame
         for i in range(3):
-            await buffer.put(PlayoutFrame(tone_frame(i), [lambda i=i: sent.append(f"new{i}")]))
+            await buffer.put(tone_frame(i), (lambda i=i: sent.append(f"new{i}"),))
         for _ in range(3):
             await track.recv()
         track.stop()

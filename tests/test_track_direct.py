@@ -13,7 +13,7 @@ import pytest
 from aiortc.mediastreams import MediaStreamError
 
 from agent.opus import FRAME_SAMPLES
-from agent.playout import PlayoutBuffer, PlayoutFrame
+from agent.playout import PlayoutBuffer
 from agent.track import FRAME_SECONDS, OpusPacketTrack
 from tests.test_track import tone_frame
 
@@ -88,7 +88,7 @@ async def test_speech_marks_fire_after_their_packet_left_and_onset_rephases() ->
         sent_at_mark.append(len(sender.sent))
 
     for i in range(5):
-        await buffer.put(PlayoutFrame(tone_frame(i), [mark]))
+        await buffer.put(tone_frame(i), (mark,))
     await until(lambda: len(sent_at_mark) == 5)
     first_speech = next(i for i, s in enumerate(sender.sent) if len(s[1]) > 40)
     # Sent as it arrived, not at the next tick (up to 20 ms later).
@@ -114,7 +114,7 @@ async def test_a_stalled_loop_moves_the_clock_instead_of_bursting() -> None:
     sender = RecordingSender()
     track = direct_track(buffer, sender)
     for i in range(300):
-        await buffer.put(PlayoutFrame(tone_frame(i)))
+        await buffer.put(tone_frame(i))
     parked = asyncio.ensure_future(track.recv())
     await until(lambda: len(sender.sent) >= 5)
     start = track._start
@@ -181,7 +181,7 @@ async def test_encoding_ahead_on_the_lean_path_gives_the_same_packets() -> None:
             sender = RecordingSender()
             track = direct_track(buffer, sender, rephase_on_onset=False, encode_executor=executor)
             for i in range(30):
-                await buffer.put(PlayoutFrame(tone_frame(i)))
+                await buffer.put(tone_frame(i))
             parked = asyncio.ensure_future(track.recv())
             await until(lambda sender=sender: len(sender.sent) >= 35)  # type: ignore[misc]
             track.stop()
@@ -199,7 +199,7 @@ async def test_a_failing_encode_loses_one_packet_and_the_clock_goes_on() -> None
     track = direct_track(buffer, sender, rephase_on_onset=False)
     marked: list[int] = []
     for i in range(20):
-        await buffer.put(PlayoutFrame(tone_frame(i), [lambda i=i: marked.append(i)]))
+        await buffer.put(tone_frame(i), (lambda i=i: marked.append(i),))
     real_encode = track.encoder.encode
     calls = [0]
 
