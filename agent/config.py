@@ -20,9 +20,9 @@ class OpusSettings:
     # complexity and climbs back after (agent/governor.py); equal to ``complexity``: fixed.
     complexity_floor: int = 0
     # ... and below complexity 6 it caps the coded band at wide-band first (8 kHz of audio:
-    # SILK alone, a third cheaper than full band at the same complexity), at medium-band (6
-    # kHz) on its last rung (agent/governor.py); False (or a floor above 6): the band stays
-    # full and only complexity steps.
+    # SILK alone, a fifth to a third cheaper than full band at the same complexity), and at
+    # medium-band (6 kHz) at complexity 1 or 0 (agent/governor.py); False (or a floor above
+    # 6): the band stays full and only complexity steps.
     band_cap_under_load: bool = True
     fec: bool = False
     expected_loss_pct: int = 0

@@ -7,21 +7,24 @@ every packet late, gaps, every browser stretching its jitter buffer. Stepping do
 costs everyone a little quality, and only while the load lasts (WebRTC's CPU overuse
 detector does the same with video resolution).
 
-The rungs (one run of bench/opus_cost.py, 2026-11-30 09:00 UTC, libopus 1.6, 32 kbps speech;
+The rungs (one run of bench/opus_cost.py, 2026-11-30 07:45 UTC, libopus 1.6, 32 kbps speech;
 cost relative to complexity 9 in that run, PESQ-WB, which hears 0-8 kHz only): full band at 9
 (1.0, 3.99), 7 (0.90, 3.99), 6 (0.87, 3.91); then the band capped at wide-band (8 kHz of
 audio: libopus codes SILK alone, no CELT layer for 8-12 kHz) at 6 (0.70, 4.25) and 2 (0.49,
 3.57); then medium-band (6 kHz of audio) at 0 (0.22, 3.88). Full band at 2 or 0 would cost
 0.64 or 0.43 for 3.02 or 2.97: dearer than wide-band at the same complexity and worse below
 8 kHz, so under load the band goes first (the speech loses its top octave, "HD voice"
-instead of super-wide-band) and the coding precision after. At the bottom, wide-band at 0
-(0.30, 3.40) codes worse than medium-band at 0 and costs more: at complexity 0 SILK's noise
-shaping is coarse, and a narrower band gives each hertz more of the same bits (a clip with
-more sibilants agreed: 3.80 vs 4.00, 0.28 vs 0.25; bench/README). What medium-band gives up
-is 6-8 kHz, which the wide-band rungs above keep. SILK narrows from wide- to medium-band
-through a low-pass transition: that last rung's saving arrives about 3 s after the step
-(widening back takes a quarter of a second). ``cap_band=False`` keeps the full band and
-steps complexity alone: 9, 7, 6, 2, 0.
+instead of super-wide-band) and the coding precision after.
+
+At the bottom, medium-band at 0 replaces wide-band at 0 (0.30, 3.40): cheaper, and it scored
+better (a clip with more sibilants agreed: 4.00 vs 3.80, for 0.25 vs 0.28; bench/README).
+PESQ-WB prefers medium-band at 2 over wide-band at 2 as well (3.95 vs 3.57, for less); wide-
+band 2 stays on the ladder as a judgement, not a measurement: it keeps 6-8 kHz (sibilants),
+which PESQ-WB barely hears, and only the last rung gives that up. Medium-band at 1 costs
+about what 0 does (a floor of 1 ends there). SILK narrows from wide- to medium-band through
+a low-pass transition: the last rung's saving arrives about 3 s after the step (widening
+back takes a quarter of a second). ``cap_band=False`` keeps the full band and steps
+complexity alone: 9, 7, 6, 2, 0.
 
 How: a timer on the event loop wakes every ``probe_s`` and notes
 - load: the loop thread's CPU time over the wall time since the last probe. The loop is one
@@ -52,10 +55,10 @@ from agent.opus import OpusEncoder, OpusError
 
 log = logging.getLogger(__name__)
 
-# The complexities worth stopping at (bench/opus_cost.py, libopus 1.6, 32 kbps speech):
-# 7 codes as well as 9 (PESQ 3.99) for 12% less; 6 is 15% cheaper again (3.91); 3-5 cost
-# about what 6 does and sound worse, so the next step is 2 (26% cheaper, 3.02); 0 is a third
-# cheaper still at about the same quality as 2.
+# The complexities worth stopping at (bench/opus_cost.py, libopus 1.6, 32 kbps speech; the
+# module docstring has one run's figures): 7 codes as well as 9 for less; 6 is cheaper again;
+# 3-5 cost about what 6 does and sound worse, so the next step is 2; 0 is a third cheaper
+# still at about the same quality as 2.
 RUNGS = (10, 9, 7, 6, 2, 0)
 # With the band cap: full band no lower than this, then wide-band from it down ...
 LOWEST_FULL_BAND = 6
@@ -298,7 +301,7 @@ class ComplexityGovernor:
         self._apply(after)
         log.info(
             "loop load %.0f%%, timers %.0f ms late: Opus complexity %s -> %s for %d encoders "
-            "(wb: wide-band; next climb after %.0f s of calm)",
+            "(wb/mb: band capped at wide-/medium-band; next climb after %.0f s of calm)",
             self.load * 100,
             self.late_s * 1000,
             before,

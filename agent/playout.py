@@ -67,7 +67,10 @@ class PlayoutBuffer:
             mark()
 
     async def put(self, pcm: Int16Frame, marks: tuple[Mark, ...] = ()) -> None:
-        """Queue one frame, and the marks to fire when it is sent; waits while full."""
+        """Queue one frame, and the marks to fire when it is sent; waits while full.
+
+        ``pcm`` is the buffer's from now on: a new array per frame, never changed after (the
+        track tells the frame it encoded ahead from the one it pops by this array)."""
         while len(self._frames) >= self.capacity:
             self._space.clear()
             await self._space.wait()

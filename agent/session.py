@@ -200,7 +200,7 @@ class AgentSession:
             "send_errors": self.track.stats.direct_errors,
             "send_dropped": self.track.send_dropped,
             "complexity": self.track.encoder.complexity,
-            # The CPU governor's band cap (16000: wide-band under load), or None.
+            # The CPU governor's band cap (16000: wide-band, 12000: medium-band), or None.
             "band_cap_hz": self.track.encoder.band_cap,
         }
 

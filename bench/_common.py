@@ -450,7 +450,7 @@ def _front_with_bench_stats(config: Any, pool: Any) -> Any:
         # Each worker governs its own encoders: the cheapest rung, steps summed.
         cheapest = min(parts, key=lambda p: (p["complexity"], p["band_cap_hz"] or 48_000))
         for key in ("complexity", "band_cap_hz", "rung"):
-            merged[key] = cheapest[key]
+            merged[key] = cheapest.get(key)
         for key in ("complexity_steps_down", "complexity_steps_up"):
             merged[key] = sum(p[key] for p in parts)
         return web.json_response(merged)

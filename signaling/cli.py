@@ -120,7 +120,7 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         default=_env_bool(env, "FULL_BAND_UNDER_LOAD"),
         help="the CPU governor steps complexity alone; by default, below complexity 6 it "
         "first caps the coded band at wide-band (8 kHz of audio), and at medium-band (6 kHz) "
-        "on its last rung",
+        "at complexity 1 or 0",
     )
     adaptation = AdaptationSettings()
     serve.add_argument(

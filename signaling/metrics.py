@@ -195,7 +195,7 @@ def _governor_metrics(governor: ComplexityGovernor) -> Iterator[Metric]:
         governor.complexity,
     )
     yield GaugeMetricFamily(
-        "voice_agent_opus_band_cap_hz",
+        "voice_agent_opus_band_cap_hertz",
         "The coded band the CPU governor caps this process's encoders at, as a playback rate: "
         "16000 wide-band (8 kHz of audio), 12000 medium-band (6 kHz); 0 while the band is full",
         governor.rung.band_cap_hz or 0,

@@ -69,7 +69,7 @@ async def test_metrics_follow_sessions_offers_and_speech(live_server: LiveServer
             governor = live_server.app[SESSIONS].governor
             rungs = governor.policy.rungs
             assert value(during, "voice_agent_opus_complexity") in {r.complexity for r in rungs}
-            assert value(during, "voice_agent_opus_band_cap_hz") in (0, 16000, 12000)  # below
+            assert value(during, "voice_agent_opus_band_cap_hertz") in (0, 16000, 12000)  # below
             down = value(during, "voice_agent_opus_complexity_steps_total", direction="down")
             assert down <= governor.policy.steps_down
             assert 0 < value(during, "voice_agent_loop_load") < 1.5
@@ -134,7 +134,7 @@ def test_the_band_cap_gauge_follows_the_governors_rung() -> None:
 
         def band_cap() -> float:
             families = {m.name: m for m in _governor_metrics(governor)}
-            return families["voice_agent_opus_band_cap_hz"].samples[0].value
+            return families["voice_agent_opus_band_cap_hertz"].samples[0].value
 
         assert band_cap() == 0
         for t in (0.0, 1.0, 2.0):  # overloaded: 7, 6, then wide-band 6

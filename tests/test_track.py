@@ -243,3 +243,46 @@ async def test_interrupt_drops_a_frame_being_encoded_ahead() -> None:
         track.stop()
     assert sent == ["old0", "old1", "old2", "new0", "new1", "new2"]
     assert track.stats.speech_packets == 6
+
+
+async def test_new_speech_right_after_an_interrupt_is_not_sent_as_the_dropped_frame() -> None:
+    """The frame encoded ahead was dropped and another took its place before the tick: the
+    ahead payload (the dropped frame's audio) must not go out for it."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1) as pool:
+        buffer = PlayoutBuffer(100)
+        track = OpusPacketTrack(buffer, rephase_on_onset=False, encode_executor=pool)
+        for i in range(10):
+            await buffer.put(tone_frame(i))
+        for _ in range(3):
+            await track.recv()
+        assert track._ahead is not None
+        stale = track._ahead[1].result()
+        buffer.clear()  # interrupt, and the next utterance's first frame at once
+        await buffer.put(tone_frame(100))
+        packet = bytes(await track.recv())
+        track.stop()
+    assert packet != stale
+    assert track.stats.speech_packets == 4
+
+
+async def test_a_mark_added_after_the_frame_was_encoded_ahead_fires_with_it() -> None:
+    """``at_playout_end`` replaces the buffered frame's entry after the track peeked it: the
+    track still sends the ahead payload for it (same audio) and fires the new mark."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1) as pool:
+        buffer = PlayoutBuffer(100)
+        track = OpusPacketTrack(buffer, rephase_on_onset=False, encode_executor=pool)
+        fired: list[str] = []
+        for i in range(2):
+            await buffer.put(tone_frame(i))
+        await track.recv()
+        assert track._ahead is not None  # frame 1, peeked and being encoded
+        buffer.at_playout_end(lambda: fired.append("end"))
+        ahead = track._ahead[1].result()
+        packet = bytes(await track.recv())
+        track.stop()
+    assert fired == ["end"]
+    assert packet == ahead  # not encoded a second time on the loop
