@@ -67,7 +67,7 @@ HIGHEST_MEDIUM_BAND = 1
 # The band caps, as playback rates (OpusEncoder.set_band_cap).
 WIDE_BAND_HZ = 16_000  # 8 kHz of audio
 MEDIUM_BAND_HZ = 12_000  # 6 kHz of audio
-_BAND_NAMES = {WIDE_BAND_HZ: "wb", MEDIUM_BAND_HZ: "mb"}
+_BAND_NAMES: dict[int | None, str] = {None: "", WIDE_BAND_HZ: "wb", MEDIUM_BAND_HZ: "mb"}
 
 
 @dataclass(frozen=True)
@@ -76,8 +76,7 @@ class Rung:
     band_cap_hz: int | None = None  # the coded band capped (WIDE_BAND_HZ...); None: full band
 
     def __str__(self) -> str:
-        band = _BAND_NAMES.get(self.band_cap_hz, "") if self.band_cap_hz is not None else ""
-        return f"{band}{self.complexity}"
+        return f"{_BAND_NAMES[self.band_cap_hz]}{self.complexity}"
 
 
 def _capped_band(complexity: int) -> int:
