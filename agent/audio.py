@@ -1,4 +1,4 @@
-"""Resampling to 48 kHz and cutting into 20 ms frames."""
+"""Resampling to the encoder's input rate and cutting into 20 ms frames."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ Int16Frame = npt.NDArray[np.int16]
 
 
 class StreamResampler:
-    """Streaming resampler (soxr) from an engine's rate to 48 kHz; a no-op at 48 kHz.
+    """Streaming resampler (soxr) from an engine's rate to ``output_rate``; a no-op when
+    they are equal.
 
     One instance per utterance: soxr keeps filter state across chunks, so chunk seams are
     continuous, and ``flush`` returns the tail the filter was still holding.

@@ -59,13 +59,15 @@ class AgentSession:
         self.config = config
         self.hooks = hooks or SessionHooks()
         self.pipeline = SpeechPipeline(
-            engine, config.speech, self.send_event, on_first_audio=self.hooks.first_audio
+            engine,
+            config.speech,
+            self.send_event,
+            on_first_audio=self.hooks.first_audio,
+            rate=config.opus.input_rate,
         )
         self._encode_executor = encode_executor
         self._governor = governor
-        self.track = OpusPacketTrack(
-            self.pipeline.buffer, config.opus, encode_executor=encode_executor, governor=governor
-        )
+        self.track = self._new_track()
         self.outbox = EventOutbox(expects_channel, f"session {session_id}")
         self.network = NetworkAdaptation(self.track, config.adaptation, ReceiverOpus())
         self._stats_task: asyncio.Task[None] | None = None
@@ -92,13 +94,17 @@ class AgentSession:
         """
         stats = self.track.stats
         self.track.stop()
-        self.track = OpusPacketTrack(
+        self.track = self._new_track()
+        self.track.stats = stats
+
+    def _new_track(self) -> OpusPacketTrack:
+        return OpusPacketTrack(
             self.pipeline.buffer,
             self.config.opus,
             encode_executor=self._encode_executor,
             governor=self._governor,
+            sample_rate=self.pipeline.rate,
         )
-        self.track.stats = stats
 
     def start(self) -> None:
         self.pipeline.start()

@@ -23,7 +23,7 @@ from typing import Any
 from agent.audio import Framer, Int16Frame, StreamResampler
 from agent.config import SpeechSettings
 from agent.engine import EngineUnavailable, TTSEngine, VoiceOptions
-from agent.opus import FRAME_SAMPLES, SAMPLE_RATE
+from agent.opus import FRAMES_PER_SECOND, INPUT_RATES, frame_samples, input_rate_for
 from agent.playout import PlayoutBuffer
 from agent.protocol import MAX_ID_CHARS
 from agent.text.segment import Segmenter, split_text
@@ -33,7 +33,6 @@ log = logging.getLogger(__name__)
 Event = dict[str, Any]
 EventSink = Callable[[Event], None]
 
-FRAMES_PER_SECOND = 50
 MAX_SEGMENT_CHARS = 200
 
 
@@ -83,8 +82,16 @@ class SpeechPipeline:
         emit: EventSink,
         voice: VoiceOptions | None = None,
         on_first_audio: Callable[[float], None] | None = None,
+        rate: int | None = None,
     ) -> None:
         self.engine = engine
+        # The frames' rate, which is the encoder's input rate: None picks the engine's own
+        # when libopus encodes from it (ChatTTS's 24 kHz: no resampling, a cheaper encode),
+        # else the next rate up. An engine whose rate changes later is resampled to this.
+        self.rate = input_rate_for(engine.sample_rate) if rate is None else rate
+        if self.rate not in INPUT_RATES:
+            raise ValueError(f"the speech path's rate must be one of {INPUT_RATES}, not {rate}")
+        self.frame_samples = frame_samples(self.rate)
         self._on_first_audio = on_first_audio
         self.settings = settings
         self.voice = voice or VoiceOptions()
@@ -271,8 +278,8 @@ class SpeechPipeline:
 
     async def _speak(self, utt: Utterance) -> bool:
         """Generate ``utt`` into the buffer; True if the engine failed part-way."""
-        resampler = StreamResampler(self.engine.sample_rate, SAMPLE_RATE)
-        framer = Framer()
+        resampler = StreamResampler(self.engine.sample_rate, self.rate)
+        framer = Framer(self.frame_samples)
         engine_samples = 0
         # (index of the frame that carries it, mark): a caption fires with the frame holding
         # its segment's first sample, not with the first frame produced after the segment
@@ -301,7 +308,9 @@ class SpeechPipeline:
             # The segment's place on the utterance's audio timeline, counted in engine samples
             # (the resampler's filter delay would skew a count of output samples).
             start_ms = round(engine_samples * 1000 / self.engine.sample_rate)
-            frame_index = engine_samples * SAMPLE_RATE // self.engine.sample_rate // FRAME_SAMPLES
+            frame_index = (
+                engine_samples * self.rate // self.engine.sample_rate // self.frame_samples
+            )
             caption = {
                 "type": "speech.segment",
                 "id": utt.id,

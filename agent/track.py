@@ -36,10 +36,12 @@ import fractions
 import logging
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass
+from functools import cache
 from typing import Any
 
 import av
 import numpy as np
+import numpy.typing as npt
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
 from agent.config import OpusSettings
@@ -52,8 +54,6 @@ log = logging.getLogger(__name__)
 
 TIME_BASE = fractions.Fraction(1, SAMPLE_RATE)
 FRAME_SECONDS = FRAME_SAMPLES / SAMPLE_RATE
-_ZERO_FRAME = np.zeros(FRAME_SAMPLES, dtype=np.int16)
-_ZERO_FRAME.flags.writeable = False
 # Silence frames encoded after speech before the encoder is reset: they carry the speech
 # tail (libopus's 6.5 ms lookahead) and let the decoder fade out.
 SILENCE_SETTLE_FRAMES = 3
@@ -90,7 +90,10 @@ class OpusPacketTrack(MediaStreamTrack):
         max_late_s: float = 0.06,
         encode_executor: Executor | None = None,
         governor: ComplexityGovernor | None = None,
+        sample_rate: int = SAMPLE_RATE,
     ) -> None:
+        """``sample_rate``: the rate of ``source``'s frames (the speech pipeline's ``rate``);
+        the RTP clock is 48 kHz whatever it is."""
         super().__init__()
         settings = opus or OpusSettings()
         self.encoder = OpusEncoder(
@@ -99,6 +102,7 @@ class OpusPacketTrack(MediaStreamTrack):
             fec=settings.fec,
             expected_loss_pct=settings.expected_loss_pct,
             dtx=settings.dtx,
+            sample_rate=sample_rate,
         )
         if governor is not None:
             governor.register(self.encoder)  # complexity follows the process's CPU load
@@ -365,7 +369,7 @@ class OpusPacketTrack(MediaStreamTrack):
                 self._spoke = False
                 self._silence_run.clear()
             stats.encode_calls += 1
-            payload = self.encoder.encode(_ZERO_FRAME)
+            payload = self.encoder.encode(_zero_frame(self.encoder.frame_samples))
             run = self._silence_run
             run.append(payload)
             # With DTX the encoder switches to 1-byte "no data" packets after ~200 ms of
@@ -410,6 +414,13 @@ class OpusPacketTrack(MediaStreamTrack):
             self._take_ahead(None)
         finally:
             self.encoder.close()
+
+
+@cache
+def _zero_frame(samples: int) -> npt.NDArray[np.int16]:
+    frame = np.zeros(samples, dtype=np.int16)
+    frame.flags.writeable = False
+    return frame
 
 
 def _resolve(fut: asyncio.Future[None]) -> None:

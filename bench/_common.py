@@ -136,9 +136,6 @@ def _make_default_track_class() -> type:
     from agent.opus import OpusEncoder
     from agent.track import TrackStats
 
-    time_base = fractions.Fraction(1, SAMPLE_RATE)
-    zero = np.zeros((1, FRAME), dtype=np.int16)
-
     class _DefaultPathTrack(MediaStreamTrack):
         """aiortc's default path fed by the product pipeline: s16 mono 48 kHz AudioFrames.
 
@@ -149,9 +146,14 @@ def _make_default_track_class() -> type:
 
         kind = "audio"
 
-        def __init__(self, source: Any, opus: Any = None, **_: Any) -> None:
+        def __init__(
+            self, source: Any, opus: Any = None, *, sample_rate: int = SAMPLE_RATE, **_: Any
+        ) -> None:
             super().__init__()
             self._source = source
+            self._rate = sample_rate
+            self._zero = np.zeros((1, sample_rate // 50), dtype=np.int16)
+            self._time_base = fractions.Fraction(1, sample_rate)
             self._start: float | None = None
             self._pts = 0
             self.stats = TrackStats()
@@ -185,11 +187,11 @@ def _make_default_track_class() -> type:
             if self.readyState != "live":
                 raise MediaStreamError
             frame = self._source.pop()
-            pcm = zero if frame is None else frame.pcm.reshape(1, -1)
+            pcm = self._zero if frame is None else frame.pcm.reshape(1, -1)
             out = AudioFrame.from_ndarray(pcm, format="s16", layout="mono")
-            out.sample_rate = SAMPLE_RATE
-            out.pts = self._pts
-            out.time_base = time_base
+            out.sample_rate = self._rate
+            out.pts = self._pts * self._rate // SAMPLE_RATE
+            out.time_base = self._time_base
             self.stats.packets += 1
             if frame is None:
                 self.stats.silence_packets += 1
@@ -298,6 +300,12 @@ def _server_options(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--complexity-floor", type=int, default=None, help="default: the product's")
     p.add_argument("--full-band-under-load", action="store_true")
     p.add_argument("--encode-threads", type=int, default=0)
+    p.add_argument(
+        "--input-rate",
+        default="auto",
+        help="the encoder's input rate (auto: the product's default); the default variant "
+        "always gets 48000, the speech path it was measured with before this option",
+    )
     p.add_argument("--bitrate", type=int, default=32_000)
     p.add_argument("--chunk-ms", type=int, default=100)
     p.add_argument("--chunk-delay", type=float, default=0.05)
@@ -343,6 +351,15 @@ def _bench_config(opts: argparse.Namespace) -> Any:
             # ours: the product's lean send path; ours-aiortc: the same track through
             # aiortc's RTP sender task; default: aiortc's whole default path.
             direct_send=opts.variant in ("ours", "norephase"),
+            # aiortc's default path is fed 48 kHz frames as it always was (a rate change
+            # there would move the baseline that every ratio in bench/README divides by).
+            input_rate=(
+                48_000
+                if opts.variant == "default"
+                else None
+                if opts.input_rate == "auto"
+                else int(opts.input_rate)
+            ),
         ),
     )
 
@@ -866,6 +883,13 @@ def add_run_arguments(
         type=int,
         default=0,
         help="OpusSettings(encode_threads=...): 0 inline on the loop, -1 one per core but one",
+    )
+    p.add_argument(
+        "--input-rate",
+        choices=("auto", "8000", "12000", "16000", "24000", "48000"),
+        default="auto",
+        help="OpusSettings(input_rate=...) for our tracks (auto: the engine's 24 kHz); "
+        "aiortc's default path is always fed 48 kHz frames",
     )
     p.add_argument("--seed", type=int, default=1)
     p.add_argument(

@@ -55,6 +55,8 @@ def run_one(n: int, variant: str, args: argparse.Namespace, workdir: Path) -> di
         *_common.governor_args(args),
         "--encode-threads",
         str(args.encode_threads),
+        "--input-rate",
+        args.input_rate,
         "--utterances",
         str(args.utterances),
         "--gap-min",

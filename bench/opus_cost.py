@@ -9,11 +9,13 @@ reported: this VM's steal makes single runs vary by +-30%) and, when the ``pesq`
 ``pystoi`` packages are importable, PESQ wide-band and STOI of the decoded speech against
 the original (``tests/data/speech.wav``: espeak-ng, 16 kHz content; ``--wav`` another mono
 16-bit clip, e.g. espeak-ng's own 22 kHz output, whose sibilants reach 11 kHz).
+``--input-rates 48000,24000`` runs every setting at each encoder input rate too (the clip
+resampled to it; ``OpusSettings.input_rate``: ChatTTS's 24 kHz is encoded as generated).
 
     .venv/bin/python bench/opus_cost.py              # cost only, or with quality if installed
     .venv/bin/pip install pesq pystoi && .venv/bin/python bench/opus_cost.py --bitrate 24000
     espeak-ng -v en-us+f3 -w /tmp/s.wav "She sells sea shells by the sea shore" \
-        && .venv/bin/python bench/opus_cost.py --wav /tmp/s.wav
+        && .venv/bin/python bench/opus_cost.py --wav /tmp/s.wav --input-rates 48000,24000
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import soxr
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from agent.governor import MEDIUM_BAND_HZ, WIDE_BAND_HZ
-from agent.opus import FRAME_SAMPLES, OpusDecoder, OpusEncoder
+from agent.opus import INPUT_RATES, SAMPLE_RATE, OpusDecoder, OpusEncoder, frame_samples
 from tests.clips import SPEECH_WAV, read_wav
 
 # libopus's private opus_private.h request (not in the public API): force a coding mode.
@@ -62,6 +64,14 @@ def settings() -> dict[str, Callable[[OpusEncoder], None]]:
     return table
 
 
+def speech_frames(speech: np.ndarray, rate: int, input_rate: int) -> np.ndarray:
+    """``speech`` at ``rate`` as 20 ms int16 frames at ``input_rate``, one per row."""
+    resampled = soxr.resample(speech, rate, input_rate)
+    size = frame_samples(input_rate)
+    count = len(resampled) // size
+    return (resampled[: count * size] * 32767).astype(np.int16).reshape(count, size)
+
+
 def quality_scorer() -> Callable[[np.ndarray, np.ndarray], tuple[float, float]] | None:
     try:
         from pesq import pesq
@@ -90,38 +100,49 @@ def main() -> int:
     p.add_argument("--bitrate", type=int, default=32_000)
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--wav", type=Path, default=SPEECH_WAV, help="mono 16-bit speech to encode")
+    p.add_argument(
+        "--input-rates",
+        default=str(SAMPLE_RATE),
+        help="comma-separated encoder input rates (Hz) to run every setting at",
+    )
     args = p.parse_args()
+    input_rates = [int(r) for r in args.input_rates.split(",")]
+    if not set(input_rates) <= set(INPUT_RATES):
+        p.error(f"--input-rates: each one of {INPUT_RATES}")
     speech, rate = read_wav(args.wav)
     speech16 = soxr.resample(speech, rate, 16_000)  # what PESQ-WB and STOI score against
-    speech48 = soxr.resample(speech, rate, 48_000)
-    count = len(speech48) // FRAME_SAMPLES
-    frames = (speech48[: count * FRAME_SAMPLES] * 32767).astype(np.int16).reshape(count, -1)
-    table = settings()
-    times: dict[str, list[float]] = {name: [] for name in table}
+    frames_at = {r: speech_frames(speech, rate, r) for r in input_rates}
+    count = min(len(frames) for frames in frames_at.values())
+    table = {
+        (name if r == SAMPLE_RATE else f"{name} @{r // 1000}k", r): apply
+        for name, apply in settings().items()
+        for r in input_rates
+    }
+    times: dict[tuple[str, int], list[float]] = {key: [] for key in table}
     for _ in range(args.rounds):
-        for name, apply in table.items():
-            encoder = OpusEncoder(bitrate=args.bitrate)
+        for (name, r), apply in table.items():
+            encoder = OpusEncoder(bitrate=args.bitrate, sample_rate=r)
             apply(encoder)
             started = time.process_time()
-            for frame in frames:
+            for frame in frames_at[r][:count]:
                 encoder.encode(frame)
-            times[name].append((time.process_time() - started) / count)
+            times[name, r].append((time.process_time() - started) / count)
             encoder.close()
     score = quality_scorer()
     print(f"# libopus encode, {args.bitrate} bit/s mono, {count} frames of speech x {args.rounds}")
-    print(f"{'setting':26s} {'us/frame':>9s} {'kbit/s':>7s} {'PESQ-WB':>8s} {'STOI':>6s}")
-    for name, apply in table.items():
-        encoder, decoder = OpusEncoder(bitrate=args.bitrate), OpusDecoder()
+    print(f"{'setting':31s} {'us/frame':>9s} {'kbit/s':>7s} {'PESQ-WB':>8s} {'STOI':>6s}")
+    for (name, r), apply in table.items():
+        encoder, decoder = OpusEncoder(bitrate=args.bitrate, sample_rate=r), OpusDecoder()
         apply(encoder)
-        packets = [encoder.encode(frame) for frame in frames]
+        packets = [encoder.encode(frame) for frame in frames_at[r][:count]]
         kbps = sum(map(len, packets)) * 8 / (count * 0.02) / 1000
         quality = "       -      -"
         if score is not None:
             decoded = np.concatenate([decoder.decode(pk) for pk in packets]) / 32768.0
             pesq_wb, stoi_ = score(speech16, decoded.astype(np.float32))
             quality = f"{pesq_wb:8.2f} {stoi_:6.3f}"
-        median = float(np.median(times[name])) * 1e6
-        print(f"{name:26s} {median:9.0f} {kbps:7.1f} {quality}")
+        median = float(np.median(times[name, r])) * 1e6
+        print(f"{name:31s} {median:9.0f} {kbps:7.1f} {quality}")
     if score is None:
         print("(quality columns: pip install pesq pystoi)")
     return 0

@@ -65,6 +65,8 @@ def run_one(
         *_common.governor_args(args),
         "--encode-threads",
         str(args.encode_threads),
+        "--input-rate",
+        args.input_rate,
         "--bitrate",
         str(args.bitrate),
         "--chunk-delay",

@@ -25,6 +25,7 @@ from agent.config import (
     SecuritySettings,
 )
 from agent.engines import ENGINE_NAMES
+from agent.opus import INPUT_RATES as OPUS_INPUT_RATES
 from signaling.auth import mint_token
 from signaling.conversation_flags import add_conversation_flags, conversation_settings
 from signaling.logs import configure_logging
@@ -33,6 +34,7 @@ ENV_PREFIX = "VOICE_AGENT_"
 
 
 SEND_PATHS = ("direct", "aiortc")
+INPUT_RATE_CHOICES = ("auto", *(str(rate) for rate in OPUS_INPUT_RATES))
 
 
 def _env(env: Mapping[str, str], name: str, default: str | None = None) -> str | None:
@@ -121,6 +123,15 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         help="the CPU governor steps complexity alone; by default, below complexity 6 it "
         "first caps the coded band at wide-band (8 kHz of audio), and at medium-band (6 kHz) "
         "at complexity 1 or 0",
+    )
+    serve.add_argument(
+        "--opus-input-rate",
+        choices=INPUT_RATE_CHOICES,
+        default=_env(env, "OPUS_INPUT_RATE", "auto"),
+        help="the rate speech is handed to the encoder at (Hz): auto takes the engine's own "
+        "when libopus does (ChatTTS: 24000, no resampling and 5-14%% less encoder time than "
+        "upsampled to 48000, same quality), else the next one up; 48000 resamples "
+        "everything to 48 kHz",
     )
     adaptation = AdaptationSettings()
     serve.add_argument(
@@ -349,6 +360,10 @@ def _one_of(value: str, allowed: Sequence[str], flag: str) -> str:
     return value
 
 
+def _input_rate(choice: str) -> int | None:
+    return None if choice == "auto" else int(choice)
+
+
 def config_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> Config:
     ice = args.ice_servers
     if ice is None:
@@ -377,6 +392,9 @@ def config_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> Config
             band_cap_under_load=not args.full_band_under_load,
             encode_threads=args.encode_threads,
             direct_send=_one_of(args.send_path, SEND_PATHS, "--send-path") == "direct",
+            input_rate=_input_rate(
+                _one_of(args.opus_input_rate, INPUT_RATE_CHOICES, "--opus-input-rate")
+            ),
         ),
         adaptation=replace(
             base.adaptation,

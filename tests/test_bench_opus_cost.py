@@ -2,24 +2,34 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+SETTINGS = 19  # complexity 0-10, 3 wide-band and 3 medium-band rungs, CELT only, SILK only
+# A row: the setting (padded to 31 columns, so two spaces end it), us/frame, kbit/s.
+ROW = re.compile(r"^((?:complexity|wide-band|medium-band|CELT|SILK).*?)\s{2,}(\d+)\s+([\d.]+)\s")
 
 
-def test_opus_cost_bench_prints_every_setting() -> None:
-    cmd = [sys.executable, str(ROOT / "bench" / "opus_cost.py"), "--rounds", "1"]
-    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, str(ROOT / "bench" / "opus_cost.py"), "--rounds", "1", *args]
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+
+def test_opus_cost_bench_prints_every_setting_at_every_input_rate() -> None:
+    done = run("--input-rates", "48000,24000")
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    rows = {
-        line[:26].strip(): line[26:].split()
-        for line in done.stdout.splitlines()
-        if line.startswith(("complexity", "wide-band", "medium-band", "CELT", "SILK"))
-    }
-    assert len(rows) == 19, done.stdout
-    for name, cells in rows.items():
-        microseconds, kbps = float(cells[0]), float(cells[1])
+    rows = {m[1]: (float(m[2]), float(m[3])) for m in map(ROW.match, done.stdout.splitlines()) if m}
+    assert len(rows) == 2 * SETTINGS, done.stdout
+    assert sum(name.endswith(" @24k") for name in rows) == SETTINGS
+    assert "complexity 9" in rows and "complexity 9 @24k" in rows
+    for name, (microseconds, kbps) in rows.items():
         assert microseconds > 0, name
         assert 20 < kbps < 36, (name, kbps)  # near the 32 kbps asked for, never far above
+
+
+def test_opus_cost_bench_refuses_a_rate_libopus_does_not_take() -> None:
+    done = run("--input-rates", "44100")
+    assert done.returncode == 2 and "--input-rates" in done.stderr

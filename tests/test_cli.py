@@ -68,8 +68,16 @@ def test_environment_then_flags() -> None:
     assert not build(["serve", "--full-band-under-load"]).opus.band_cap_under_load
     full = build(["serve"], {"VOICE_AGENT_FULL_BAND_UNDER_LOAD": "1"})
     assert not full.opus.band_cap_under_load
+    # The encoder's input rate: the engine's own by default (None), or one libopus takes.
+    assert defaults.opus.input_rate is None
+    assert build(["serve", "--opus-input-rate", "48000"]).opus.input_rate == 48_000
+    assert build(["serve"], {"VOICE_AGENT_OPUS_INPUT_RATE": "16000"}).opus.input_rate == 16_000
+    assert build(["serve"], {"VOICE_AGENT_OPUS_INPUT_RATE": "auto"}).opus.input_rate is None
+    with pytest.raises(SystemExit):
+        build(["serve", "--opus-input-rate", "22050"])
     # argparse checks choices on the command line only: values from the env are checked too.
     for bad in (
+        {"VOICE_AGENT_OPUS_INPUT_RATE": "44100"},
         {"VOICE_AGENT_COMPLEXITY": "14"},
         {"VOICE_AGENT_COMPLEXITY_FLOOR": "11"},
         {"VOICE_AGENT_SEND_PATH": "Direct"},

@@ -5,13 +5,14 @@ from __future__ import annotations
 import av
 import numpy as np
 import pytest
+import soxr
 
-from agent.opus import FRAME_SAMPLES, OpusEncoder, OpusError
+from agent.opus import FRAME_SAMPLES, OpusEncoder, OpusError, input_rate_for
 
 
-def speech_like(seconds: float, seed: int = 0) -> np.ndarray:
+def speech_like(seconds: float, seed: int = 0, rate: int = 48_000) -> np.ndarray:
     rng = np.random.default_rng(seed)
-    t = np.arange(int(48_000 * seconds)) / 48_000
+    t = np.arange(int(rate * seconds)) / rate
     voiced = np.sin(2 * np.pi * 180 * t) + 0.5 * np.sin(2 * np.pi * 360 * t + 1)
     envelope = 0.5 + 0.5 * np.sin(2 * np.pi * 3 * t)
     x = 0.3 * voiced * envelope + 0.02 * rng.standard_normal(t.size)
@@ -19,8 +20,8 @@ def speech_like(seconds: float, seed: int = 0) -> np.ndarray:
 
 
 def encode_all(encoder: OpusEncoder, pcm: np.ndarray) -> list[bytes]:
-    frames = pcm[: len(pcm) // FRAME_SAMPLES * FRAME_SAMPLES].reshape(-1, FRAME_SAMPLES)
-    return [encoder.encode(f) for f in frames]
+    size = encoder.frame_samples
+    return [encoder.encode(f) for f in pcm[: len(pcm) // size * size].reshape(-1, size)]
 
 
 def decode_all(packets: list[bytes]) -> np.ndarray:
@@ -40,8 +41,12 @@ def decode_all(packets: list[bytes]) -> np.ndarray:
 def test_round_trip_preserves_the_signal() -> None:
     pcm = speech_like(1.0)
     packets = encode_all(OpusEncoder(bitrate=32_000), pcm)
+    assert_decodes_to(packets, pcm.astype(np.float32) / 32768.0)
+
+
+def assert_decodes_to(packets: list[bytes], reference: np.ndarray) -> None:
+    """``packets`` decode (at 48 kHz) to ``reference`` (48 kHz float), give or take a codec."""
     decoded = decode_all(packets)
-    reference = pcm.astype(np.float32) / 32768.0
     # Opus has a 6.5 ms algorithmic delay; align by cross-correlation, then compare.
     lag = int(np.argmax(np.correlate(decoded[:4800], reference[:2400], mode="valid")))
     aligned = decoded[lag : lag + len(reference) - 960]
@@ -51,6 +56,45 @@ def test_round_trip_preserves_the_signal() -> None:
     assert correlation > 0.85, correlation
     level = float(np.sqrt(np.mean(aligned**2)) / np.sqrt(np.mean(ref**2)))
     assert 0.85 < level < 1.15, level
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        (8_000, 8_000),
+        (11_025, 12_000),
+        (16_000, 16_000),
+        (22_050, 24_000),
+        (24_000, 24_000),
+        (32_000, 48_000),
+        (44_100, 48_000),
+        (96_000, 48_000),
+    ],
+)
+def test_the_input_rate_is_the_lowest_libopus_takes_that_keeps_the_source(
+    source: int, expected: int
+) -> None:
+    assert input_rate_for(source) == expected
+
+
+def test_an_encoder_fed_at_24khz_sends_the_same_signal_coded_up_to_super_wideband() -> None:
+    """ChatTTS's rate, encoded as generated: 10 ms of samples a frame fewer, the packets still
+    decode at 48 kHz to the signal, and the band stops at 12 kHz (all a 24 kHz source has)."""
+    encoder = OpusEncoder(bitrate=32_000, sample_rate=24_000)
+    assert (encoder.sample_rate, encoder.frame_samples) == (24_000, 480)
+    with pytest.raises(ValueError, match="480"):
+        encoder.encode(np.zeros(FRAME_SAMPLES, np.int16))
+    pcm = speech_like(1.0, rate=24_000)  # its noise floor reaches 12 kHz
+    packets = encode_all(encoder, pcm)
+    assert len(packets) == 50
+    assert coded_bands(packets) == {"swb"}
+    # The same signal fed at 48 kHz is coded full band: the input rate made the difference.
+    assert "fb" in coded_bands(encode_all(OpusEncoder(bitrate=32_000), speech_like(1.0)))
+    reference = soxr.resample(pcm.astype(np.float32) / 32768.0, 24_000, 48_000)
+    assert_decodes_to(packets, reference.astype(np.float32))
+    for rate in (22_050, 44_100, 0):
+        with pytest.raises(ValueError, match="libopus encodes from"):
+            OpusEncoder(sample_rate=rate)
 
 
 def test_bitrate_changes_take_effect_mid_stream() -> None:

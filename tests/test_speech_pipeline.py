@@ -7,11 +7,12 @@ from collections.abc import AsyncGenerator
 from typing import Any
 
 import numpy as np
+import pytest
 
 from agent.config import SpeechSettings
 from agent.engine import PCM, VoiceOptions
 from agent.speech import SpeechError, SpeechPipeline
-from tests.doubles import ToneEngine
+from tests.doubles import ToneEngine, tone_frequency
 
 
 class Drain:
@@ -80,6 +81,52 @@ async def test_event_order_and_segment_times() -> None:
     segments = [e for e in events if e["type"] == "speech.segment"]
     assert [s["text"] for s in segments] == ["One two.", "Three four five six.", "Seven."]
     assert [s["start_ms"] for s in segments] == [0, 500, 0]
+    await pipeline.close()
+
+
+def dominant_frequency(samples: np.ndarray, rate: int) -> float:
+    spectrum = np.abs(np.fft.rfft(samples * np.hanning(len(samples))))
+    return float(np.fft.rfftfreq(len(samples), 1 / rate)[int(np.argmax(spectrum))])
+
+
+@pytest.mark.parametrize(
+    ("engine_rate", "rate", "expected"),
+    [
+        (24_000, None, 24_000),  # ChatTTS: encoded as generated
+        (16_000, None, 16_000),
+        (22_050, None, 24_000),  # not a rate libopus takes: the next one up
+        (44_100, None, 48_000),
+        (24_000, 48_000, 48_000),  # --opus-input-rate 48000
+    ],
+)
+async def test_frames_come_at_the_encoders_input_rate_with_captions_in_place(
+    engine_rate: int, rate: int | None, expected: int
+) -> None:
+    played: list[np.ndarray] = []
+    captions: list[tuple[str, int]] = []  # (text, frames played when its caption fired)
+
+    def emit(event: dict[str, Any]) -> None:
+        if event["type"] == "speech.segment":
+            captions.append((event["text"], len(played)))
+        events.append(event)
+
+    events: list[dict[str, Any]] = []
+    pipeline = SpeechPipeline(
+        ToneEngine(sample_rate=engine_rate), SpeechSettings(), emit, rate=rate
+    )
+    assert (pipeline.rate, pipeline.frame_samples) == (expected, expected // 50)
+    pipeline.start()
+    drain = Drain(pipeline)
+    drain.frames = played
+    pipeline.say("One two. Three four five six.", "a")  # 0.5 s, then 1 s of another tone
+    await wait_for(lambda: any(e["type"] == "speech.ended" for e in events))
+    drain.stop()
+    assert all(f.dtype == np.int16 and f.shape == (expected // 50,) for f in played)
+    assert 75 <= len(played) <= 76  # 1.5 s (and the resampler's tail, padded)
+    # The second caption goes with the frame holding its first sample: frame 25 (0.5 s).
+    assert captions == [("One two.", 1), ("Three four five six.", 26)]
+    middle = np.concatenate(played[35:65]).astype(np.float32) / 32768
+    assert abs(dominant_frequency(middle, expected) - tone_frequency("Three four five six.")) < 5
     await pipeline.close()
 
 
@@ -221,7 +268,8 @@ class OddRateEngine(ToneEngine):
 
 async def test_worker_survives_a_failure_outside_the_engine() -> None:
     events: list[dict[str, Any]] = []
-    pipeline = SpeechPipeline(OddRateEngine(), SpeechSettings(), events.append)
+    # The rate given: the pipeline would otherwise read the engine's to pick one.
+    pipeline = SpeechPipeline(OddRateEngine(), SpeechSettings(), events.append, rate=24_000)
     pipeline.start()
     drain = Drain(pipeline)
     pipeline.say("broken", "a")
