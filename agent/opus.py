@@ -60,7 +60,7 @@ def input_rate_for(source_rate: int) -> int:
     """The lowest rate libopus encodes from that keeps all of a ``source_rate`` signal.
 
     A 24 kHz engine (ChatTTS) is then encoded as it comes, with no resampling: measured with
-    libopus 1.6 at 32 kbps and complexity 9, 5-14% less encoder time than the same audio
+    libopus 1.6 at 32 kbps and complexity 9, 3-14% less encoder time than the same audio
     upsampled to 48 kHz, at the same PESQ (bench/README, "Encoding at the engine's rate").
     """
     return next((rate for rate in INPUT_RATES if rate >= source_rate), SAMPLE_RATE)

@@ -1,4 +1,4 @@
-"""Per-session speech pipeline: queued utterances -> engine -> 48 kHz frames -> playout buffer.
+"""Per-session speech pipeline: queued utterances -> engine -> encoder-rate frames -> playout.
 
 One worker task speaks utterances in order. Each utterance is a stream of text segments
 (all known at once for ``say``, arriving over time for ``text.delta``); each segment is

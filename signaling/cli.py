@@ -129,7 +129,7 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         choices=INPUT_RATE_CHOICES,
         default=_env(env, "OPUS_INPUT_RATE", "auto"),
         help="the rate speech is handed to the encoder at (Hz): auto takes the engine's own "
-        "when libopus does (ChatTTS: 24000, no resampling and 5-14%% less encoder time than "
+        "when libopus does (ChatTTS: 24000, no resampling and 3-14%% less encoder time than "
         "upsampled to 48000, same quality), else the next one up; 48000 resamples "
         "everything to 48 kHz",
     )
