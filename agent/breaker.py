@@ -40,7 +40,6 @@ class CircuitBreaker:
     ) -> None:
         self.inner = engine
         self.name = engine.name
-        self.sample_rate = engine.sample_rate
         self.settings = settings
         self._clock = clock
         self.state = "closed"  # closed | open | half_open
@@ -52,6 +51,11 @@ class CircuitBreaker:
         self._probe: asyncio.Task[None] | None = None
 
     # --- TTSEngine -------------------------------------------------------------------------
+    @property
+    def sample_rate(self) -> int:
+        # Read through, not copied: an engine can learn its rate at start (agent/raytts).
+        return self.inner.sample_rate
+
     @property
     def ready(self) -> bool:
         return self.inner.ready

@@ -50,7 +50,11 @@ class TTSEngine(Protocol):
     """
 
     name: str
-    sample_rate: int
+
+    @property
+    def sample_rate(self) -> int:
+        """The rate of ``synthesize``'s chunks (an engine may learn it at ``start``)."""
+        ...
 
     @property
     def ready(self) -> bool:

@@ -11,7 +11,9 @@ from typing import Any
 import aiohttp
 import pytest
 
-from agent.config import BreakerSettings, Config
+from agent.breaker import CircuitBreaker
+from agent.config import BreakerSettings, Config, SpeechSettings
+from agent.speech import SpeechPipeline
 from tests.conftest import LiveServer
 from tests.doubles import FailingEngine, ToneEngine
 from tests.rtc_client import RtcClient
@@ -140,3 +142,13 @@ async def test_interrupts_are_not_failures(live_server: LiveServer) -> None:
             assert (await readyz(http, live_server.url))[0] == 200
         finally:
             await client.close()
+
+
+def test_the_breaker_reports_the_rate_its_engine_learned_at_start() -> None:
+    """A Ray engine learns its rate from the replica at start, after the breaker wrapped it:
+    the speech path must resample from (and encode at) that rate, not the one at wrapping."""
+    engine = ToneEngine(sample_rate=24_000)
+    breaker = CircuitBreaker(engine, BREAKER)
+    engine.sample_rate = 16_000  # what agent/raytts/engine.py does in start()
+    assert breaker.sample_rate == 16_000
+    assert SpeechPipeline(breaker, SpeechSettings(), lambda event: None).rate == 16_000
