@@ -7,7 +7,6 @@ import numpy.typing as npt
 import soxr
 
 from agent.engine import PCM
-from agent.opus import FRAME_SAMPLES, SAMPLE_RATE
 
 Int16Frame = npt.NDArray[np.int16]
 
@@ -20,7 +19,7 @@ class StreamResampler:
     continuous, and ``flush`` returns the tail the filter was still holding.
     """
 
-    def __init__(self, input_rate: int, output_rate: int = SAMPLE_RATE) -> None:
+    def __init__(self, input_rate: int, output_rate: int) -> None:
         self._passthrough = input_rate == output_rate
         self._stream = (
             None
@@ -49,7 +48,7 @@ def to_int16(samples: PCM) -> Int16Frame:
 class Framer:
     """Collects float samples and hands out complete 20 ms int16 frames."""
 
-    def __init__(self, frame_samples: int = FRAME_SAMPLES) -> None:
+    def __init__(self, frame_samples: int) -> None:
         self._frame = frame_samples
         self._pending = np.zeros(0, dtype=np.float32)
 

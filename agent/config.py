@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from agent.conversation_config import ListenSettings, ServiceSettings
-from agent.opus import INPUT_RATES as OPUS_INPUT_RATES
+from agent.opus_rates import INPUT_RATES as OPUS_INPUT_RATES
 
 STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
 
@@ -41,7 +41,7 @@ class OpusSettings:
     encode_threads: int = 0
     # The rate the speech path hands to the encoder (one libopus takes: 8, 12, 16, 24 or
     # 48 kHz). None: the engine's own rate when libopus takes it (ChatTTS: 24 kHz, encoded
-    # as generated), else the next one up: no resampling, and 3-14% less encoder time than
+    # as generated), else the next one up: no resampling, and 3-12% less encoder time than
     # the same audio upsampled to 48 kHz at the same quality (nothing above 12 kHz is lost:
     # a 24 kHz engine has nothing there). 48000: everything is resampled to 48 kHz.
     input_rate: int | None = None

@@ -19,12 +19,10 @@ import av
 import numpy as np
 import numpy.typing as npt
 
-SAMPLE_RATE = 48_000  # Opus's RTP clock and decoder rate, whatever the encoder's input rate
-FRAME_SAMPLES = 960  # 20 ms at 48 kHz: the RTP timestamp step of every packet the track sends
-FRAMES_PER_SECOND = SAMPLE_RATE // FRAME_SAMPLES
-# The rates libopus encodes from (RFC 6716 section 2.1.1). The packets are the same Opus
-# packets whatever the input rate; a lower one just caps the coded band at half of it.
-INPUT_RATES = (8_000, 12_000, 16_000, 24_000, 48_000)
+from agent.opus_rates import FRAME_SAMPLES as FRAME_SAMPLES  # re-exported for its users
+from agent.opus_rates import INPUT_RATES, frame_samples
+from agent.opus_rates import SAMPLE_RATE as SAMPLE_RATE  # re-exported for its users
+
 MAX_PACKET_BYTES = 1_275  # largest Opus frame (RFC 6716 section 3.2.1)
 # One array type for every encoder's output buffer: ctypes caches ``c_char * n`` only while
 # an instance lives, and a type object is its own reference cycle, so creating one per
@@ -54,21 +52,6 @@ MAX_BITRATE = 510_000
 
 class OpusError(RuntimeError):
     pass
-
-
-def input_rate_for(source_rate: int) -> int:
-    """The lowest rate libopus encodes from that keeps all of a ``source_rate`` signal.
-
-    A 24 kHz engine (ChatTTS) is then encoded as it comes, with no resampling: measured with
-    libopus 1.6 at 32 kbps and complexity 9, 3-14% less encoder time than the same audio
-    upsampled to 48 kHz, at the same PESQ (bench/README, "Encoding at the engine's rate").
-    """
-    return next((rate for rate in INPUT_RATES if rate >= source_rate), SAMPLE_RATE)
-
-
-def frame_samples(rate: int) -> int:
-    """Samples in one 20 ms frame at ``rate``."""
-    return rate // FRAMES_PER_SECOND
 
 
 @cache

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from agent.audio import Int16Frame
+from agent.opus_rates import SAMPLE_RATE
 
 Mark = Callable[[], None]
 
@@ -36,10 +37,12 @@ _Stored = tuple[Int16Frame, tuple[Mark, ...]]
 
 
 class PlayoutBuffer:
-    def __init__(self, capacity_frames: int) -> None:
+    def __init__(self, capacity_frames: int, sample_rate: int = SAMPLE_RATE) -> None:
+        """``sample_rate``: the frames' rate, which the track's encoder is created for."""
         if capacity_frames < 1:
             raise ValueError("capacity must be at least one frame")
         self.capacity = capacity_frames
+        self.sample_rate = sample_rate
         self._frames: deque[_Stored] = deque()
         self._space = asyncio.Event()
         self._space.set()

@@ -91,11 +91,7 @@ class Room:
             engine, config.speech, self.broadcast, rate=config.opus.input_rate
         )
         self.agent_track = OpusPacketTrack(
-            self.pipeline.buffer,
-            config.opus,
-            encode_executor=encode_executor,
-            governor=governor,
-            sample_rate=self.pipeline.rate,
+            self.pipeline.buffer, config.opus, encode_executor=encode_executor, governor=governor
         )
         self.agent = FanoutSource(AGENT_ID, self._apply_agent_target)
         self.members: dict[str, RoomMember] = {}  # by participant id

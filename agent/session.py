@@ -103,7 +103,6 @@ class AgentSession:
             self.config.opus,
             encode_executor=self._encode_executor,
             governor=self._governor,
-            sample_rate=self.pipeline.rate,
         )
 
     def start(self) -> None:

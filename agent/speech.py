@@ -23,7 +23,7 @@ from typing import Any
 from agent.audio import Framer, Int16Frame, StreamResampler
 from agent.config import SpeechSettings
 from agent.engine import EngineUnavailable, TTSEngine, VoiceOptions
-from agent.opus import FRAMES_PER_SECOND, INPUT_RATES, frame_samples, input_rate_for
+from agent.opus_rates import FRAMES_PER_SECOND, frame_samples, input_rate_for
 from agent.playout import PlayoutBuffer
 from agent.protocol import MAX_ID_CHARS
 from agent.text.segment import Segmenter, split_text
@@ -88,14 +88,15 @@ class SpeechPipeline:
         # The frames' rate, which is the encoder's input rate: None picks the engine's own
         # when libopus encodes from it (ChatTTS's 24 kHz: no resampling, a cheaper encode),
         # else the next rate up. An engine whose rate changes later is resampled to this.
+        # The buffer carries it to the track, whose encoder checks that libopus takes it.
         self.rate = input_rate_for(engine.sample_rate) if rate is None else rate
-        if self.rate not in INPUT_RATES:
-            raise ValueError(f"the speech path's rate must be one of {INPUT_RATES}, not {rate}")
         self.frame_samples = frame_samples(self.rate)
         self._on_first_audio = on_first_audio
         self.settings = settings
         self.voice = voice or VoiceOptions()
-        self.buffer = PlayoutBuffer(max(1, int(settings.max_buffer_ahead_s * FRAMES_PER_SECOND)))
+        self.buffer = PlayoutBuffer(
+            max(1, int(settings.max_buffer_ahead_s * FRAMES_PER_SECOND)), self.rate
+        )
         self.stats = SpeechStats()
         self._emit = emit
         self._queue: deque[Utterance] = deque()
@@ -308,9 +309,7 @@ class SpeechPipeline:
             # The segment's place on the utterance's audio timeline, counted in engine samples
             # (the resampler's filter delay would skew a count of output samples).
             start_ms = round(engine_samples * 1000 / self.engine.sample_rate)
-            frame_index = (
-                engine_samples * self.rate // self.engine.sample_rate // self.frame_samples
-            )
+            frame_index = engine_samples * FRAMES_PER_SECOND // self.engine.sample_rate
             caption = {
                 "type": "speech.segment",
                 "id": utt.id,

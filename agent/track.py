@@ -90,10 +90,7 @@ class OpusPacketTrack(MediaStreamTrack):
         max_late_s: float = 0.06,
         encode_executor: Executor | None = None,
         governor: ComplexityGovernor | None = None,
-        sample_rate: int = SAMPLE_RATE,
     ) -> None:
-        """``sample_rate``: the rate of ``source``'s frames (the speech pipeline's ``rate``);
-        the RTP clock is 48 kHz whatever it is."""
         super().__init__()
         settings = opus or OpusSettings()
         self.encoder = OpusEncoder(
@@ -102,7 +99,8 @@ class OpusPacketTrack(MediaStreamTrack):
             fec=settings.fec,
             expected_loss_pct=settings.expected_loss_pct,
             dtx=settings.dtx,
-            sample_rate=sample_rate,
+            # The frames' rate (the RTP clock is 48 kHz whatever it is).
+            sample_rate=source.sample_rate,
         )
         if governor is not None:
             governor.register(self.encoder)  # complexity follows the process's CPU load

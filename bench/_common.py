@@ -52,8 +52,11 @@ if str(ROOT) not in sys.path:
 
 import numpy as np  # noqa: E402
 
+from agent.opus_rates import INPUT_RATES  # noqa: E402
+
 SAMPLE_RATE = 48_000
 FRAME = 960
+INPUT_RATE_CHOICES = ("auto", *(str(rate) for rate in INPUT_RATES))  # OpusSettings.input_rate
 SILENCE_RMS = 0.01  # decoded per-packet RMS below this is silence (the tone is at 0.35)
 
 
@@ -136,6 +139,9 @@ def _make_default_track_class() -> type:
     from agent.opus import OpusEncoder
     from agent.track import TrackStats
 
+    time_base = fractions.Fraction(1, SAMPLE_RATE)
+    zero = np.zeros((1, FRAME), dtype=np.int16)
+
     class _DefaultPathTrack(MediaStreamTrack):
         """aiortc's default path fed by the product pipeline: s16 mono 48 kHz AudioFrames.
 
@@ -146,14 +152,9 @@ def _make_default_track_class() -> type:
 
         kind = "audio"
 
-        def __init__(
-            self, source: Any, opus: Any = None, *, sample_rate: int = SAMPLE_RATE, **_: Any
-        ) -> None:
+        def __init__(self, source: Any, opus: Any = None, **_: Any) -> None:
             super().__init__()
             self._source = source
-            self._rate = sample_rate
-            self._zero = np.zeros((1, sample_rate // 50), dtype=np.int16)
-            self._time_base = fractions.Fraction(1, sample_rate)
             self._start: float | None = None
             self._pts = 0
             self.stats = TrackStats()
@@ -187,11 +188,11 @@ def _make_default_track_class() -> type:
             if self.readyState != "live":
                 raise MediaStreamError
             frame = self._source.pop()
-            pcm = self._zero if frame is None else frame.pcm.reshape(1, -1)
+            pcm = zero if frame is None else frame.pcm.reshape(1, -1)
             out = AudioFrame.from_ndarray(pcm, format="s16", layout="mono")
-            out.sample_rate = self._rate
-            out.pts = self._pts * self._rate // SAMPLE_RATE
-            out.time_base = self._time_base
+            out.sample_rate = SAMPLE_RATE
+            out.pts = self._pts
+            out.time_base = time_base
             self.stats.packets += 1
             if frame is None:
                 self.stats.silence_packets += 1
@@ -300,12 +301,7 @@ def _server_options(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--complexity-floor", type=int, default=None, help="default: the product's")
     p.add_argument("--full-band-under-load", action="store_true")
     p.add_argument("--encode-threads", type=int, default=0)
-    p.add_argument(
-        "--input-rate",
-        default="auto",
-        help="the encoder's input rate (auto: the product's default); the default variant "
-        "always gets 48000, the speech path it was measured with before this option",
-    )
+    p.add_argument("--input-rate", choices=INPUT_RATE_CHOICES, default="auto")
     p.add_argument("--bitrate", type=int, default=32_000)
     p.add_argument("--chunk-ms", type=int, default=100)
     p.add_argument("--chunk-delay", type=float, default=0.05)
@@ -351,17 +347,17 @@ def _bench_config(opts: argparse.Namespace) -> Any:
             # ours: the product's lean send path; ours-aiortc: the same track through
             # aiortc's RTP sender task; default: aiortc's whole default path.
             direct_send=opts.variant in ("ours", "norephase"),
-            # aiortc's default path is fed 48 kHz frames as it always was (a rate change
-            # there would move the baseline that every ratio in bench/README divides by).
-            input_rate=(
-                48_000
-                if opts.variant == "default"
-                else None
-                if opts.input_rate == "auto"
-                else int(opts.input_rate)
-            ),
+            input_rate=_input_rate(opts),
         ),
     )
+
+
+def _input_rate(opts: argparse.Namespace) -> int | None:
+    if opts.variant == "default":
+        # aiortc's default path is fed 48 kHz frames, as it always was: a rate change there
+        # would move the baseline that every ratio in bench/README divides by.
+        return SAMPLE_RATE
+    return None if opts.input_rate == "auto" else int(opts.input_rate)
 
 
 def bench_app(opts: argparse.Namespace, config: Any) -> Any:
@@ -886,7 +882,7 @@ def add_run_arguments(
     )
     p.add_argument(
         "--input-rate",
-        choices=("auto", "8000", "12000", "16000", "24000", "48000"),
+        choices=INPUT_RATE_CHOICES,
         default="auto",
         help="OpusSettings(input_rate=...) for our tracks (auto: the engine's 24 kHz); "
         "aiortc's default path is always fed 48 kHz frames",

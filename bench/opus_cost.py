@@ -32,7 +32,8 @@ import soxr
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from agent.governor import MEDIUM_BAND_HZ, WIDE_BAND_HZ
-from agent.opus import INPUT_RATES, SAMPLE_RATE, OpusDecoder, OpusEncoder, frame_samples
+from agent.opus import OpusDecoder, OpusEncoder
+from agent.opus_rates import INPUT_RATES, SAMPLE_RATE, frame_samples
 from tests.clips import SPEECH_WAV, read_wav
 
 # libopus's private opus_private.h request (not in the public API): force a coding mode.

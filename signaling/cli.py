@@ -25,7 +25,7 @@ from agent.config import (
     SecuritySettings,
 )
 from agent.engines import ENGINE_NAMES
-from agent.opus import INPUT_RATES as OPUS_INPUT_RATES
+from agent.opus_rates import INPUT_RATES as OPUS_INPUT_RATES
 from signaling.auth import mint_token
 from signaling.conversation_flags import add_conversation_flags, conversation_settings
 from signaling.logs import configure_logging
@@ -129,7 +129,7 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         choices=INPUT_RATE_CHOICES,
         default=_env(env, "OPUS_INPUT_RATE", "auto"),
         help="the rate speech is handed to the encoder at (Hz): auto takes the engine's own "
-        "when libopus does (ChatTTS: 24000, no resampling and 3-14%% less encoder time than "
+        "when libopus does (ChatTTS: 24000, no resampling and 3-12%% less encoder time than "
         "upsampled to 48000, same quality), else the next one up; 48000 resamples "
         "everything to 48 kHz",
     )

@@ -1,4 +1,4 @@
-"""Resampling to 48 kHz and cutting into 20 ms int16 frames (agent/audio.py)."""
+"""Resampling to the encoder's input rate and cutting into 20 ms int16 frames (agent/audio.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from agent.opus import FRAME_SAMPLES
 def test_frames_are_the_stream_cut_at_960_whatever_the_chunk_sizes() -> None:
     rng = np.random.default_rng(3)
     stream = rng.uniform(-1.2, 1.2, 48_000).astype(np.float32)  # some beyond full scale
-    framer = Framer()
+    framer = Framer(FRAME_SAMPLES)
     frames: list[np.ndarray] = []
     position = 0
     sizes = [1, 959, 960, 961, 2400, 7, 10_000, 3_333, 0]
@@ -26,7 +26,7 @@ def test_frames_are_the_stream_cut_at_960_whatever_the_chunk_sizes() -> None:
 
 
 def test_flush_pads_the_remainder_with_silence() -> None:
-    framer = Framer()
+    framer = Framer(FRAME_SAMPLES)
     assert framer.push(np.full(1000, 0.5, np.float32))[0].shape == (FRAME_SAMPLES,)
     (last,) = framer.flush()
     assert (last[:40] == to_int16(np.float32(0.5))).all() and (last[40:] == 0).all()
@@ -37,12 +37,12 @@ def test_resampling_keeps_the_tone_and_the_length() -> None:
     rate = 24_000
     t = np.arange(rate) / rate
     tone = (0.5 * np.sin(2 * np.pi * 440 * t)).astype(np.float32)
-    resampler = StreamResampler(rate)
+    resampler = StreamResampler(rate, 48_000)
     out = np.concatenate(
         [resampler.process(tone[i : i + 2400]) for i in range(0, rate, 2400)] + [resampler.flush()]
     )
     assert abs(len(out) - 48_000) <= 1
     spectrum = np.abs(np.fft.rfft(out * np.hanning(len(out))))
     assert abs(np.fft.rfftfreq(len(out), 1 / 48_000)[np.argmax(spectrum)] - 440) < 2
-    passthrough = StreamResampler(48_000)
+    passthrough = StreamResampler(48_000, 48_000)
     assert passthrough.process(tone) is not None and np.array_equal(passthrough.process(tone), tone)

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 import soxr
 
-from agent.opus import FRAME_SAMPLES, OpusEncoder, OpusError, input_rate_for
+from agent.opus import FRAME_SAMPLES, OpusEncoder, OpusError
+from agent.opus_rates import input_rate_for
 
 
 def speech_like(seconds: float, seed: int = 0, rate: int = 48_000) -> np.ndarray:
@@ -75,6 +76,12 @@ def test_the_input_rate_is_the_lowest_libopus_takes_that_keeps_the_source(
     source: int, expected: int
 ) -> None:
     assert input_rate_for(source) == expected
+
+
+def test_an_engine_without_a_rate_is_an_error_not_narrowband() -> None:
+    for rate in (0, -24_000):
+        with pytest.raises(ValueError, match="positive"):
+            input_rate_for(rate)
 
 
 def test_an_encoder_fed_at_24khz_sends_the_same_signal_coded_up_to_super_wideband() -> None:

@@ -15,14 +15,22 @@ from agent.playout import PlayoutBuffer
 from agent.track import FRAME_SECONDS, OpusPacketTrack
 
 
-def tone_frame(i: int = 0) -> np.ndarray:
-    t = (np.arange(FRAME_SAMPLES) + i * FRAME_SAMPLES) / 48_000
+def tone_frame(i: int = 0, rate: int = 48_000) -> np.ndarray:
+    size = rate // 50
+    t = (np.arange(size) + i * size) / rate
     return (np.sin(2 * np.pi * 440 * t) * 12_000).astype(np.int16)
 
 
-async def test_packets_are_paced_gapless_and_silent_when_idle() -> None:
-    buffer = PlayoutBuffer(100)
+# The track encodes at its buffer's rate (24 kHz: ChatTTS's frames as generated); its
+# packets and their timestamps are the same 48 kHz-clock Opus either way.
+RATES = pytest.mark.parametrize("rate", [48_000, 24_000], ids=["48k", "24k"])
+
+
+@RATES
+async def test_packets_are_paced_gapless_and_silent_when_idle(rate: int) -> None:
+    buffer = PlayoutBuffer(100, rate)
     track = OpusPacketTrack(buffer)
+    assert (track.encoder.sample_rate, track.encoder.frame_samples) == (rate, rate // 50)
     packets = []
     started = time.monotonic()
     for _ in range(50):
@@ -39,18 +47,19 @@ async def test_packets_are_paced_gapless_and_silent_when_idle() -> None:
     track.stop()
 
 
-async def test_speech_frames_are_encoded_and_marks_fire_on_send() -> None:
-    buffer = PlayoutBuffer(100)
+@RATES
+async def test_speech_frames_are_encoded_and_marks_fire_on_send(rate: int) -> None:
+    buffer = PlayoutBuffer(100, rate)
     track = OpusPacketTrack(buffer)
     fired: list[int] = []
     for i in range(10):
-        await buffer.put(tone_frame(i), (lambda i=i: fired.append(i),))
-    sizes = []
+        await buffer.put(tone_frame(i, rate), (lambda i=i: fired.append(i),))
+    packets = []
     for i in range(10):
-        packet = await track.recv()
-        sizes.append(len(bytes(packet)))
+        packets.append(await track.recv())
         assert fired == list(range(i + 1))  # a frame's marks fire exactly when it is sent
-    assert min(sizes[2:]) > 40  # real speech packets at 32 kbps (~80 bytes), not silence
+    assert min(len(bytes(p)) for p in packets[2:]) > 40  # speech at 32 kbps (~80 bytes)
+    assert [p.pts for p in packets] == [i * FRAME_SAMPLES for i in range(10)]
     assert track.stats.speech_packets == 10
     track.stop()
 
@@ -169,9 +178,10 @@ async def test_setters_change_the_encoder_and_reset_the_silence_cache() -> None:
     track.stop()
 
 
+@RATES
 @pytest.mark.parametrize("dtx", [False, True])
-async def test_idle_silence_is_cached_and_tiny_with_dtx(dtx: bool) -> None:
-    buffer = PlayoutBuffer(10)
+async def test_idle_silence_is_cached_and_tiny_with_dtx(dtx: bool, rate: int) -> None:
+    buffer = PlayoutBuffer(10, rate)
     track = OpusPacketTrack(buffer, OpusSettings(dtx=dtx))
     packets = [bytes(await track.recv()) for _ in range(30)]
     calls = track.stats.encode_calls
@@ -185,15 +195,17 @@ async def test_idle_silence_is_cached_and_tiny_with_dtx(dtx: bool) -> None:
     track.stop()
 
 
-@pytest.mark.parametrize("complexity", [5, 9, 10])
-async def test_silence_after_speech_stops_costing_encodes(complexity: int) -> None:
+@pytest.mark.parametrize(
+    ("complexity", "rate"), [(5, 48_000), (9, 48_000), (10, 48_000), (5, 24_000), (9, 24_000)]
+)
+async def test_silence_after_speech_stops_costing_encodes(complexity: int, rate: int) -> None:
     """libopus's silence after speech keeps changing (at complexity 5 it cycles): the track
     resets the encoder once the speech tail is out, then replays the silence cycle."""
-    buffer = PlayoutBuffer(100)
+    buffer = PlayoutBuffer(100, rate)
     track = OpusPacketTrack(buffer, OpusSettings(complexity=complexity), rephase_on_onset=False)
     for round_ in range(2):
         for i in range(25):
-            await buffer.put(tone_frame(i))
+            await buffer.put(tone_frame(i, rate))
         for _ in range(25 + 20):
             await track.recv()
         calls = track.stats.encode_calls
