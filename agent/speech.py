@@ -85,17 +85,16 @@ class SpeechPipeline:
         rate: int | None = None,
     ) -> None:
         self.engine = engine
+        self._on_first_audio = on_first_audio
+        self.settings = settings
+        self.voice = voice or VoiceOptions()
         # The frames' rate, which is the encoder's input rate: None picks the engine's own
         # when libopus encodes from it (ChatTTS's 24 kHz: no resampling, a cheaper encode),
         # else the next rate up. An engine whose rate changes later is resampled to this.
         # The buffer carries it to the track, whose encoder checks that libopus takes it.
-        self.rate = input_rate_for(engine.sample_rate) if rate is None else rate
-        self.frame_samples = frame_samples(self.rate)
-        self._on_first_audio = on_first_audio
-        self.settings = settings
-        self.voice = voice or VoiceOptions()
         self.buffer = PlayoutBuffer(
-            max(1, int(settings.max_buffer_ahead_s * FRAMES_PER_SECOND)), self.rate
+            max(1, int(settings.max_buffer_ahead_s * FRAMES_PER_SECOND)),
+            input_rate_for(engine.sample_rate) if rate is None else rate,
         )
         self.stats = SpeechStats()
         self._emit = emit
@@ -109,6 +108,15 @@ class SpeechPipeline:
         self._wakeup = asyncio.Event()
         self._worker: asyncio.Task[None] | None = None
         self._closed = False
+
+    @property
+    def rate(self) -> int:
+        """The frames' rate (the encoder's input rate), kept by the buffer."""
+        return self.buffer.sample_rate
+
+    @property
+    def frame_samples(self) -> int:
+        return frame_samples(self.buffer.sample_rate)
 
     # --- requests ------------------------------------------------------------------------
     def start(self) -> None:
