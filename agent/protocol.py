@@ -131,10 +131,12 @@ def _config_fields(obj: dict[str, Any]) -> dict[str, Any]:
             fields[name] = None
             continue
         ok_type = isinstance(value, int | float) and not isinstance(value, bool)
-        if kind is int:
-            ok_type = ok_type and float(value).is_integer()
-        if not ok_type or not math.isfinite(value) or not low <= value <= high:
+        # Range first: an integer too large for a float (JSON allows 400 digits) is out
+        # of range, not an OverflowError from float() or isfinite().
+        if not ok_type or not low <= value <= high or not math.isfinite(value):
             raise ProtocolError("bad_config", f"'{name}' must be a number in [{low}, {high}]")
+        if kind is int and not float(value).is_integer():
+            raise ProtocolError("bad_config", f"'{name}' must be an integer in [{low}, {high}]")
         fields[name] = kind(value)
     unknown = set(obj) - {"type", "voice", "barge_in", *_CONFIG_FIELDS}
     if unknown:

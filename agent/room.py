@@ -26,6 +26,7 @@ import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import Executor
+from functools import partial
 from typing import Any
 
 import av
@@ -193,6 +194,10 @@ class Room:
     async def leave(self, member: RoomMember) -> None:
         if self.members.pop(member.participant_id, None) is None:
             return
+        # A text stream left open would hold the room's agent (and every other writer)
+        # forever: what was streamed is spoken, as if the leaver had sent text.end.
+        with contextlib.suppress(SpeechError):
+            self.pipeline.text_end(owner=member.participant_id)
         if member.slot is not None:
             feed = self.slots[member.slot]
             self.slots[member.slot] = None
@@ -522,7 +527,9 @@ class RoomMember:
             message = parse_message(raw, self.room.config.speech.max_message_bytes)
             if not self.may_instruct:
                 raise ProtocolError("forbidden", "only hosts may instruct the agent in this room")
-            admit_speech(message, self.pipeline.opens_stream, self.hooks)
+            admit_speech(
+                message, partial(self.pipeline.opens_stream, owner=self.participant_id), self.hooks
+            )
             self._apply(message)
         except (ProtocolError, SpeechError) as exc:
             self.send_error(exc.code, exc.message, getattr(message, "id", None))
@@ -536,7 +543,7 @@ class RoomMember:
             return False
         try:
             obj = json.loads(raw)
-        except ValueError:
+        except (ValueError, RecursionError):  # deep nesting: parse_message says bad_json
             return False
         if not isinstance(obj, dict) or obj.get("type") != "mute":
             return False
@@ -553,10 +560,12 @@ class RoomMember:
         match message:
             case Say(text=text, id=utt_id):
                 pipeline.say(text, utt_id)
+            # A participant's text stream is its own: another's text.end or id-less delta
+            # gets no_stream / stream_open rather than cutting or joining it.
             case TextDelta(delta=delta, id=utt_id):
-                pipeline.text_delta(delta, utt_id)
+                pipeline.text_delta(delta, utt_id, owner=self.participant_id)
             case TextEnd():
-                pipeline.text_end()
+                pipeline.text_end(owner=self.participant_id)
             case Interrupt():
                 pipeline.interrupt()
             case Chat(text=text):

@@ -34,6 +34,10 @@ Event = dict[str, Any]
 EventSink = Callable[[Event], None]
 
 MAX_SEGMENT_CHARS = 200
+# Who writes a text stream: a session's client unless the caller names another writer (a
+# brain reply, a room participant). Only the stream's writer may continue or end it, so a
+# stray ``text.end`` or id-less delta cannot cut or join someone else's utterance.
+CLIENT = "client"
 
 
 def discard_event(event: Event) -> None:
@@ -103,8 +107,10 @@ class SpeechPipeline:
         # the one generating and those whose last frames are still buffered).
         self._active: list[Utterance] = []
         self._stream: Utterance | None = None  # the open text.delta utterance
+        self._stream_owner = CLIENT  # ... and who writes it
         self._segmenter: Segmenter | None = None
-        self._discarding_stream_id: str | None = None  # interrupted stream: drop its deltas
+        # The interrupted stream (writer, id) whose further deltas are dropped until its end.
+        self._discarding: tuple[str, str] | None = None
         self._wakeup = asyncio.Event()
         self._worker: asyncio.Task[None] | None = None
         self._closed = False
@@ -125,22 +131,30 @@ class SpeechPipeline:
 
     def say(self, text: str, utterance_id: str | None = None) -> str:
         text = self._check_text(text)
+        segments = split_text(text, MAX_SEGMENT_CHARS)
+        if not segments:  # e.g. only quotes or dashes: nothing the engine could speak
+            raise SpeechError("empty_text", "'text' has nothing to speak")
         utt = self._enqueue(utterance_id)
         utt.chars = len(text)
-        for segment in split_text(text, MAX_SEGMENT_CHARS):
+        for segment in segments:
             utt.segments.put_nowait(segment)
         utt.segments.put_nowait(None)
         return utt.id
 
-    def text_delta(self, delta: str, utterance_id: str | None = None) -> str | None:
-        """Add streamed text; returns the utterance id (None if the stream was interrupted)."""
+    def text_delta(
+        self, delta: str, utterance_id: str | None = None, owner: str = CLIENT
+    ) -> str | None:
+        """Add streamed text from ``owner``; returns the utterance id (None if the stream
+        was interrupted)."""
         if not isinstance(delta, str):
             raise SpeechError("bad_message", "'delta' must be a string")
-        if self._discarding_stream_id is not None:
-            if utterance_id is None or utterance_id == self._discarding_stream_id:
+        if self._discarding is not None and self._discarding[0] == owner:
+            if utterance_id is None or utterance_id == self._discarding[1]:
                 return None  # the rest of an interrupted answer: not spoken, by design
-            self._discarding_stream_id = None
-        if self._stream is not None and utterance_id not in (None, self._stream.id):
+            self._discarding = None
+        if self._stream is not None and (
+            self._stream_owner != owner or utterance_id not in (None, self._stream.id)
+        ):
             raise SpeechError("stream_open", f"text stream {self._stream.id!r} is still open")
         # Checked before a stream is opened: a refused delta leaves nothing behind.
         so_far = self._stream.chars if self._stream is not None else 0
@@ -151,6 +165,7 @@ class SpeechPipeline:
             )
         if self._stream is None:
             self._stream = self._enqueue(utterance_id)
+            self._stream_owner = owner
             self._segmenter = Segmenter(max_chars=MAX_SEGMENT_CHARS)
         utt, segmenter = self._stream, self._segmenter
         assert segmenter is not None
@@ -159,17 +174,27 @@ class SpeechPipeline:
             utt.segments.put_nowait(segment)
         return utt.id
 
-    def opens_stream(self, utterance_id: str | None) -> bool:
-        """Would a text delta with this id start a new utterance (rather than continue one)?"""
+    def opens_stream(self, utterance_id: str | None, owner: str = CLIENT) -> bool:
+        """Would a text delta with this id from ``owner`` start a new utterance (rather than
+        continue one, be dropped, or be refused)?"""
         if self._stream is not None:
             return False
-        discarding = self._discarding_stream_id
-        return discarding is None or utterance_id not in (None, discarding)
+        discarding = self._discarding
+        return (
+            discarding is None
+            or discarding[0] != owner
+            or utterance_id
+            not in (
+                None,
+                discarding[1],
+            )
+        )
 
-    def text_end(self) -> str | None:
-        if self._stream is None:
-            if self._discarding_stream_id is not None:
-                self._discarding_stream_id = None
+    def text_end(self, owner: str = CLIENT) -> str | None:
+        """End ``owner``'s text stream (or forget its interrupted one)."""
+        if self._stream is None or self._stream_owner != owner:
+            if self._discarding is not None and self._discarding[0] == owner:
+                self._discarding = None
                 return None
             raise SpeechError("no_stream", "text.end without a text.delta stream")
         utt, segmenter = self._stream, self._segmenter
@@ -188,7 +213,7 @@ class SpeechPipeline:
         self._active.clear()
         self._queue.clear()
         if self._stream is not None:
-            self._discarding_stream_id = self._stream.id
+            self._discarding = (self._stream_owner, self._stream.id)
             self._stream = None
             self._segmenter = None
         if self._worker is not None:
@@ -324,7 +349,9 @@ class SpeechPipeline:
                 "text": segment,
                 "start_ms": start_ms,
             }
-            pending_marks.append((frame_index, partial(self._emit, caption)))
+            caption_mark = (frame_index, partial(self._emit, caption))
+            pending_marks.append(caption_mark)
+            segment_start = engine_samples
             try:
                 async with aclosing(self.engine.synthesize(segment, utt.voice)) as chunks:
                     async for chunk in chunks:
@@ -345,6 +372,10 @@ class SpeechPipeline:
                     raise  # an engine whose aclose() failed while we were being cancelled
                 log.warning("engine failed on utterance %s: %s", utt.id, exc, exc_info=True)
                 self._emit_failure(utt, exc)
+                if engine_samples == segment_start:
+                    # Not a sample of this segment was made: its caption would announce
+                    # text nobody hears (and a reply's history would record it as said).
+                    pending_marks.remove(caption_mark)
                 await put(framer.push(resampler.flush()) + framer.flush())
                 self._fire_now(pending_marks)
                 return True

@@ -177,6 +177,12 @@ class Conversation:
             raise SpeechError("text_too_long", f"'text' is limited to {limit} characters")
         if self._closed:
             raise SpeechError("closed", "the session is closed")
+        # Each chat waits for the replies before it (and costs an LLM call when its turn
+        # comes): bounded like the utterances queued for ``say``.
+        waiting = self.pipeline.queued + sum(not t.done() for t in self._reply_tasks)
+        limit = self.pipeline.settings.max_queued_utterances
+        if waiting >= limit:
+            raise SpeechError("queue_full", f"{limit} utterances are already waiting")
         self._add_user(text)
         return self._start_reply()
 
@@ -215,11 +221,13 @@ class Conversation:
         return [dict(m) for m in self.history if m is not reply.slot and m["content"]]
 
     async def _run_reply(self, reply: Reply, previous: asyncio.Task[None] | None) -> None:
-        if previous is not None:
-            await asyncio.wait([previous])  # one reply at a time, in order
         try:
+            if previous is not None:
+                await asyncio.wait([previous])  # one reply at a time, in order
             async for delta in self.brain.reply(self._request_history(reply)):
-                self.pipeline.text_delta(delta, reply.id)
+                # The reply owns its stream: a client's text.end or id-less delta cannot
+                # end or join it, and its own end cannot end a client's stream.
+                self.pipeline.text_delta(delta, reply.id, owner=reply.id)
                 if not reply.opened:
                     reply.opened = reply.stream_open = True
                     self._replies[reply.id] = reply
@@ -245,7 +253,7 @@ class Conversation:
         if reply.stream_open:
             reply.stream_open = False
             with contextlib.suppress(SpeechError):
-                self.pipeline.text_end()
+                self.pipeline.text_end(owner=reply.id)
 
     def _drop_slot(self, reply: Reply) -> None:
         for i, message in enumerate(self.history):

@@ -25,6 +25,9 @@ async def test_bad_messages_get_error_events_and_session_lives_on(live_server: L
         (json.dumps({"type": "say", "text": "x" * 20_000}), "too_large"),
         ('{"type": "text.end"}', "no_stream"),
         ('{"type": "config", "speed": 42}', "bad_config"),
+        ('{"type": "config", "speed": 1' + "0" * 400 + "}", "bad_config"),  # no float for it
+        ('{"type": "config", "temperature": -1' + "0" * 400 + "}", "bad_config"),
+        ('{"type": "say", "text": "\u201d\u201d"}', "empty_text"),  # quotes: nothing to say
         ('{"type": "config", "colour": "blue"}', "bad_config"),
         ('{"type": "config", "voice": "seed:abc"}', "bad_config"),
         ('{"type": "text.delta", "delta": 5}', "bad_message"),

@@ -1,0 +1,291 @@
+"""Text streams have one writer: a client, a brain reply, a room participant.
+
+Only the writer of the open stream may continue or end it. Before this, a stray ``text.end``
+or id-less delta cut or joined whichever stream was open (a brain reply's, another room
+participant's), and an interrupted reply's clean-up ended the client's next stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from agent.config import Config, SpeechSettings
+from agent.engine import EngineError, VoiceOptions
+from agent.llm import Message
+from agent.room import Room
+from agent.session import AgentSession
+from agent.speech import SpeechError, SpeechPipeline
+from tests.doubles import ToneEngine
+from tests.test_speech_pipeline import Drain, wait_for
+
+Event = dict[str, Any]
+
+
+class SlowBrain:
+    """An LLM-like brain: its reply's pieces arrive ``delay`` seconds apart."""
+
+    name = "slow"
+
+    def __init__(self, deltas: list[str], delay: float = 0.05) -> None:
+        self.deltas = deltas
+        self.delay = delay
+
+    async def reply(self, history: list[Message]) -> AsyncIterator[str]:
+        for delta in self.deltas:
+            await asyncio.sleep(self.delay)
+            yield delta
+
+
+REPLY = ["One two three. ", "Four five six. ", "Seven."]
+
+
+def make_session(brain: SlowBrain) -> tuple[AgentSession, list[Event], Drain]:
+    session = AgentSession("s", ToneEngine(seconds_per_word=0.05), Config())
+    events: list[Event] = []
+    session.outbox.send = events.append  # type: ignore[method-assign]
+    session.conversation._brain = brain
+    session.pipeline.start()
+    return session, events, Drain(session.pipeline)
+
+
+def msg(**fields: Any) -> str:
+    return json.dumps(fields)
+
+
+def of(events: list[Event], kind: str, utterance_id: str | None = None) -> list[Event]:
+    return [
+        e for e in events if e["type"] == kind and (utterance_id is None or e["id"] == utterance_id)
+    ]
+
+
+def spoken(events: list[Event]) -> list[str]:
+    return [e["text"] for e in of(events, "speech.segment")]
+
+
+def balanced(events: list[Event]) -> None:
+    """Every utterance started once and ended once, in that order."""
+    starts = [e["id"] for e in of(events, "speech.started")]
+    ends = [e["id"] for e in of(events, "speech.ended")]
+    assert len(starts) == len(set(starts)), starts
+    assert sorted(starts) == sorted(ends), (starts, ends)
+
+
+def pipeline(events: list[Event], engine: ToneEngine | None = None) -> SpeechPipeline:
+    p = SpeechPipeline(engine or ToneEngine(seconds_per_word=0.05), SpeechSettings(), events.append)
+    p.start()
+    return p
+
+
+# --- the pipeline ----------------------------------------------------------------------------
+async def test_only_the_writer_continues_or_ends_its_stream() -> None:
+    events: list[Event] = []
+    p = pipeline(events)
+    drain = Drain(p)
+    assert p.opens_stream(None, owner="A")
+    p.text_delta("One two. ", "a", owner="A")
+    assert not p.opens_stream(None, owner="B")
+    with pytest.raises(SpeechError) as refused:
+        p.text_end(owner="B")
+    assert refused.value.code == "no_stream"
+    with pytest.raises(SpeechError) as refused:
+        p.text_delta("Intruder. ", owner="B")  # no id: would have joined A's stream
+    assert refused.value.code == "stream_open"
+    assert p.text_delta("Three four.", owner="A") == "a"  # the writer, id-less: continues
+    assert p.text_end(owner="A") == "a"
+    await wait_for(lambda: of(events, "speech.ended"))
+    drain.stop()
+    await p.close()
+    assert [(e["type"], e["id"]) for e in events if e["type"] != "speech.segment"] == [
+        ("speech.started", "a"),
+        ("speech.ended", "a"),
+    ]
+    assert spoken(events) == ["One two.", "Three four."]
+
+
+async def test_an_interrupted_stream_discards_only_its_writers_deltas() -> None:
+    events: list[Event] = []
+    p = pipeline(events)
+    drain = Drain(p)
+    p.text_delta("First writer. ", "a", owner="A")
+    p.interrupt()
+    # B is not A: B's id-less delta opens B's stream instead of being thrown away as A's.
+    assert p.opens_stream(None, owner="B") and not p.opens_stream(None, owner="A")
+    b = p.text_delta("Second writer. ", owner="B")
+    assert b is not None and b != "a"
+    assert p.text_delta("rest of A", owner="A") is None  # A's remainder: dropped
+    assert p.text_end(owner="A") is None  # A's end forgets A's stream, leaves B's open
+    assert p.text_delta("Still B.", owner="B") == b
+    assert p.text_end(owner="B") == b
+    await wait_for(lambda: of(events, "speech.ended", b))
+    drain.stop()
+    await p.close()
+    assert spoken(events) == ["Second writer.", "Still B."]
+    assert [e["interrupted"] for e in of(events, "speech.ended")] == [True, False]
+
+
+async def test_say_with_nothing_to_speak_is_refused() -> None:
+    events: list[Event] = []
+    p = pipeline(events)
+    with pytest.raises(SpeechError) as refused:
+        p.say("\u201d\u201d\u201d")  # closing quotes only: no segment to synthesize
+    assert refused.value.code == "empty_text"
+    assert not p.busy
+    await p.close()
+
+
+class FailsOn(ToneEngine):
+    """Fails on any segment containing ``word``, before producing audio."""
+
+    def __init__(self, word: str) -> None:
+        super().__init__(seconds_per_word=0.05)
+        self.word = word
+
+    async def synthesize(self, text: str, voice: VoiceOptions) -> AsyncIterator[Any]:
+        if self.word in text:
+            raise EngineError(f"cannot say {text!r}")
+        async for chunk in super().synthesize(text, voice):
+            yield chunk
+
+
+async def test_no_caption_for_a_segment_the_engine_never_spoke() -> None:
+    events: list[Event] = []
+    p = pipeline(events, FailsOn("Two"))
+    drain = Drain(p)
+    p.say("One. Two three four.", "a")
+    await wait_for(lambda: of(events, "speech.ended"))
+    drain.stop()
+    await p.close()
+    assert spoken(events) == ["One."]  # not "Two three four.", which was never heard
+    assert [e["code"] for e in of(events, "error")] == ["tts_failed"]
+    assert of(events, "speech.ended")[0]["interrupted"] is True
+
+
+# --- a session: the client and the brain's replies -------------------------------------------
+async def test_a_cancelled_reply_does_not_end_the_clients_next_stream() -> None:
+    session, events, drain = make_session(SlowBrain(REPLY))
+    session.handle_message(msg(type="chat", text="hello"))
+    await wait_for(lambda: of(events, "speech.started"))  # the reply's stream is open
+    # The client barges in and streams its own text at once (one SCTP packet).
+    session.handle_message(msg(type="interrupt"))
+    session.handle_message(msg(type="text.delta", id="x", delta="Alpha beta. "))
+    await asyncio.sleep(0.05)  # the cancelled reply's clean-up runs meanwhile
+    session.handle_message(msg(type="text.delta", id="x", delta="Gamma delta. "))
+    session.handle_message(msg(type="text.end"))
+    await wait_for(lambda: of(events, "speech.ended", "x"))
+    drain.stop()
+    await session.close()
+    assert len(of(events, "speech.started", "x")) == 1  # one utterance, not two
+    assert [e["text"] for e in of(events, "speech.segment", "x")] == ["Alpha beta.", "Gamma delta."]
+    assert not of(events, "error")
+    balanced(events)
+
+
+async def test_after_barge_in_the_clients_id_less_stream_is_not_thrown_away() -> None:
+    session, events, drain = make_session(SlowBrain(REPLY))
+    session.handle_message(msg(type="chat", text="hello"))
+    await wait_for(lambda: of(events, "speech.started"))
+    session.handle_message(msg(type="interrupt"))
+    session.handle_message(msg(type="text.delta", delta="Alpha beta. "))
+    await asyncio.sleep(0.05)
+    session.handle_message(msg(type="text.delta", delta="Gamma delta. "))
+    session.handle_message(msg(type="text.end"))
+    await wait_for(lambda: len(of(events, "speech.ended")) == 2)
+    drain.stop()
+    await session.close()
+    assert "Alpha beta." in spoken(events) and "Gamma delta." in spoken(events)
+    assert not of(events, "error")
+    balanced(events)
+
+
+async def test_a_client_cannot_end_or_join_the_brains_reply() -> None:
+    session, events, drain = make_session(SlowBrain(REPLY))
+    session.handle_message(msg(type="chat", text="hello"))
+    await wait_for(lambda: of(events, "speech.started"))
+    session.handle_message(msg(type="text.end"))
+    session.handle_message(msg(type="text.delta", delta="Intruder. "))
+    await wait_for(lambda: of(events, "speech.ended"))
+    drain.stop()
+    await session.close()
+    assert [e["code"] for e in of(events, "error")] == ["no_stream", "stream_open"]
+    (started,) = of(events, "speech.started")  # one reply, one utterance
+    reply_id = started["id"]
+    assert [e["text"] for e in of(events, "speech.segment", reply_id)] == [
+        "One two three.",
+        "Four five six.",
+        "Seven.",
+    ]
+    assert "Intruder." not in spoken(events)
+    history = session.conversation.history
+    assert history[-1] == {"role": "assistant", "content": "One two three. Four five six. Seven."}
+    balanced(events)
+
+
+async def test_a_reply_cancelled_while_waiting_leaves_no_history_slot() -> None:
+    session, _events, drain = make_session(SlowBrain(["One two. ", "Three."], delay=0.2))
+    session.handle_message(msg(type="chat", text="first"))
+    session.handle_message(msg(type="chat", text="second"))  # waits for the first reply
+    await asyncio.sleep(0.05)
+    session.handle_message(msg(type="interrupt"))
+    await wait_for(lambda: all(t.done() for t in session.conversation._reply_tasks))
+    drain.stop()
+    await session.close()
+    assert session.conversation.history == [
+        {"role": "user", "content": "first"},
+        {"role": "user", "content": "second"},
+    ]
+
+
+async def test_chat_requests_are_bounded_like_say() -> None:
+    session, events, drain = make_session(SlowBrain(["One. "], delay=5.0))
+    limit = session.config.speech.max_queued_utterances
+    for i in range(limit + 10):
+        session.handle_message(msg(type="chat", text=f"question {i}"))
+    pending = [t for t in session.conversation._reply_tasks if not t.done()]
+    codes = [e["code"] for e in of(events, "error")]
+    drain.stop()
+    await session.close()
+    assert len(pending) == limit
+    assert codes == ["queue_full"] * 10
+    # A refused chat is not in the history either (no question left unanswered).
+    asked = [m["content"] for m in session.conversation.history if m["role"] == "user"]
+    assert asked[-1] == f"question {limit - 1}"
+
+
+# --- a room: one stream at a time, each participant's own ------------------------------------
+async def test_a_room_participant_cannot_end_or_join_anothers_stream() -> None:
+    room = Room("r", ToneEngine(seconds_per_word=0.05), Config())
+    a = room.join("sa", speaking=False, host=True, expects_channel=False)
+    b = room.join("sb", speaking=False, host=True, expects_channel=False)
+    sent: dict[str, list[Event]] = {"a": [], "b": []}
+    a.outbox.send = sent["a"].append  # type: ignore[method-assign]
+    b.outbox.send = sent["b"].append  # type: ignore[method-assign]
+    a.handle_message(msg(type="text.delta", id="s", delta="From A. "))
+    b.handle_message(msg(type="text.end"))
+    b.handle_message(msg(type="text.delta", delta="From B. "))
+    assert [e["code"] for e in of(sent["b"], "error")] == ["no_stream", "stream_open"]
+    assert not of(sent["a"], "error")
+    assert room.pipeline.queued == 1 and not room.pipeline.opens_stream(
+        None, owner=a.participant_id
+    )
+    # A leaves mid-stream: the stream ends (what A sent is spoken), B may open the next one.
+    await room.leave(a)
+    assert room.pipeline.opens_stream(None, owner=b.participant_id)
+    b.handle_message(msg(type="text.delta", delta="Now B. "))
+    assert not of(sent["b"], "error")[2:]
+    assert room.pipeline.queued == 2
+    await room.leave(b)
+
+
+async def test_a_deeply_nested_room_message_is_bad_json_not_internal() -> None:
+    room = Room("r", ToneEngine(), Config())
+    member = room.join("s", speaking=False, host=True, expects_channel=False)
+    sent: list[Event] = []
+    member.outbox.send = sent.append  # type: ignore[method-assign]
+    member.handle_message('{"type":"mute","x":' + "[" * 5000 + "]" * 5000 + "}")
+    assert [e["code"] for e in of(sent, "error")] == ["bad_json"]
+    await room.leave(member)
