@@ -58,6 +58,7 @@ SAMPLE_RATE = 48_000
 FRAME = 960
 INPUT_RATE_CHOICES = ("auto", *(str(rate) for rate in INPUT_RATES))  # OpusSettings.input_rate
 SILENCE_RMS = 0.01  # decoded per-packet RMS below this is silence (the tone is at 0.35)
+SIGNALS = ("tone", "speech")  # what the bench engine speaks (--signal)
 
 
 # ==========================================================================================
@@ -208,11 +209,45 @@ def _make_default_track_class() -> type:
 DefaultPathTrack: Any = None  # set in serve()
 
 
-def _bench_engine_class() -> type:
-    from tests.doubles import ToneEngine
+SPEECH_CLIP = ROOT / "tests" / "data" / "speech.wav"
+SPEECH_CLIP_RATE = 24_000  # ChatTTS's rate: the speech path runs as it does with ChatTTS
+SPEECH_CLIP_PEAK = 0.5  # the tone's amplitude
 
-    class BenchEngine(ToneEngine):
-        """ToneEngine that records when the first chunk of each text leaves it.
+
+def speech_clip() -> Any:
+    """``tests/data/speech.wav`` (espeak-ng, 3.5 s) at 24 kHz, float32, peak 0.5."""
+    import wave
+
+    import soxr
+
+    with wave.open(str(SPEECH_CLIP)) as clip:
+        if clip.getnchannels() != 1 or clip.getsampwidth() != 2:
+            raise ValueError(f"{SPEECH_CLIP}: expected mono 16-bit PCM")
+        rate = clip.getframerate()
+        pcm = np.frombuffer(clip.readframes(clip.getnframes()), dtype="<i2")
+    audio = soxr.resample(pcm.astype(np.float32) / 32768, rate, SPEECH_CLIP_RATE)
+    return (audio * (SPEECH_CLIP_PEAK / float(np.abs(audio).max()))).astype(np.float32)
+
+
+def _bench_engine(opts: argparse.Namespace) -> Any:
+    """The bench engine for ``--signal``: a 900 Hz-ish tone, or recorded speech looped."""
+    from tests.doubles import ClipEngine, ToneEngine
+
+    pacing = {
+        "chunk_ms": opts.chunk_ms,
+        "chunk_delay_s": opts.chunk_delay,
+        "seconds_per_word": opts.seconds_per_word,
+    }
+    if opts.signal == "speech":
+        return _bench_engine_class(ClipEngine)(
+            clip=speech_clip(), sample_rate=SPEECH_CLIP_RATE, **pacing
+        )
+    return _bench_engine_class(ToneEngine)(**pacing)
+
+
+def _bench_engine_class(base: type) -> type:
+    class BenchEngine(base):  # type: ignore[valid-type,misc]
+        """An engine that records when the first chunk of each text leaves it.
 
         The first word of a latency utterance is its unique token; ``first_chunk_at[token]``
         is ``time.monotonic()`` just before that chunk is yielded to the pipeline.
@@ -303,6 +338,7 @@ def _server_options(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--encode-threads", type=int, default=0)
     p.add_argument("--input-rate", choices=INPUT_RATE_CHOICES, default="auto")
     p.add_argument("--bitrate", type=int, default=32_000)
+    p.add_argument("--signal", choices=SIGNALS, default="tone")
     p.add_argument("--chunk-ms", type=int, default=100)
     p.add_argument("--chunk-delay", type=float, default=0.05)
     p.add_argument("--seconds-per-word", type=float, default=0.25)
@@ -377,11 +413,7 @@ def bench_app(opts: argparse.Namespace, config: Any) -> Any:
     from signaling.app import build_app
     from signaling.keys import SESSIONS
 
-    engine = _bench_engine_class()(
-        chunk_ms=opts.chunk_ms,
-        chunk_delay_s=opts.chunk_delay,
-        seconds_per_word=opts.seconds_per_word,
-    )
+    engine = _bench_engine(opts)
     app = build_app(config, engine)
     state: dict[str, Any] = {"done": set(), "drivers": {}}
 

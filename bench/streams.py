@@ -69,6 +69,8 @@ def run_one(
         args.input_rate,
         "--bitrate",
         str(args.bitrate),
+        "--signal",
+        args.signal,
         "--chunk-delay",
         str(args.chunk_delay),
         "--seed",
@@ -130,6 +132,8 @@ def run_one(
         "workers": workers,
         "variant": variant,
         "pattern": pattern,
+        "signal": args.signal,
+        "input_rate": args.input_rate,
         "window_s": wall,
         "connected": client.flowing,
         "connect_s": client.connect_s,
@@ -245,6 +249,13 @@ def main() -> int:
     p.add_argument("--complexity", type=int, default=9, help="OpusSettings(complexity=...)")
     p.add_argument("--bitrate", type=int, default=32_000)
     p.add_argument(
+        "--signal",
+        choices=_common.SIGNALS,
+        default="tone",
+        help="what every session speaks: a tone (a few hundred Hz), or recorded speech "
+        "(tests/data/speech.wav at 24 kHz, looped; its pauses lower 'speech %%')",
+    )
+    p.add_argument(
         "--patterns", default="continuous,intermittent", help="continuous and/or intermittent"
     )
     p.add_argument("--talk", type=float, default=2.0, help="intermittent: seconds of speech")
@@ -290,8 +301,9 @@ def main() -> int:
     started = time.time()
     print(
         f"# bench/streams.py  N={ns}  window={args.seconds:g}s  complexity={args.complexity}  "
-        f"bitrate={args.bitrate}  engine chunk_delay={args.chunk_delay}s/100ms  "
-        f"pin={args.pin}  {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
+        f"bitrate={args.bitrate}  signal={args.signal}  "
+        f"engine chunk_delay={args.chunk_delay}s/100ms  pin={args.pin}  "
+        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
         flush=True,
     )
     with tempfile.TemporaryDirectory(prefix="bench-streams-") as tmp:
