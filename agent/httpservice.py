@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import aiohttp
@@ -26,9 +27,16 @@ def endpoint(base_url: str, path: str) -> str:
     return base_url.rstrip("/") + path
 
 
-async def describe_failure(response: aiohttp.ClientResponse) -> str:
-    """``HTTP 401: <the service's error message>`` (never the request, so never a key)."""
-    text = await response.text(errors="replace")
+async def describe_failure(response: aiohttp.ClientResponse, timeout_s: float) -> str:
+    """``HTTP 401: <the service's error message>`` (never the request, so never a key).
+
+    Reading the body is bounded by ``timeout_s``: a service that stalls or cuts its error
+    body is still reported as the failure it is, not waited for or turned into another."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            text = await response.text(errors="replace")
+    except (TimeoutError, aiohttp.ClientError):
+        return f"HTTP {response.status} (its error body could not be read)"
     detail = text[:MAX_ERROR_BODY]
     try:
         body = json.loads(text)
@@ -37,6 +45,6 @@ async def describe_failure(response: aiohttp.ClientResponse) -> str:
             detail = error["message"][:MAX_ERROR_BODY]
         elif isinstance(error, str):
             detail = error[:MAX_ERROR_BODY]
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested too deep to parse
         pass
     return f"HTTP {response.status}: {detail}".strip()

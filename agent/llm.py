@@ -2,8 +2,10 @@
 
 Server-sent events are read line by line as they arrive; each ``data:`` line's
 ``choices[0].delta.content`` is yielded at once, so the speech pipeline can speak the first
-sentence while the model is still writing. A timeout applies to the wait for every line
-(the first token included), so a stalled stream fails instead of hanging the turn.
+sentence while the model is still writing. A timeout applies to the wait for every event
+(the first included; keep-alive comments do not count), so a stalled stream fails instead of
+hanging the turn. A server that ignores ``stream`` and answers ``application/json`` has its
+whole completion spoken.
 """
 
 from __future__ import annotations
@@ -48,23 +50,39 @@ class ChatCompletions:
             raise ServiceError("llm_failed", f"the LLM is unreachable: {exc}") from None
         async with response:
             if response.status != 200:
-                raise ServiceError(
-                    "llm_failed", f"the LLM failed: {await describe_failure(response)}"
-                )
+                detail = await describe_failure(response, s.llm_timeout_s)
+                raise ServiceError("llm_failed", f"the LLM failed: {detail}")
+            if response.content_type == "application/json":
+                # A server that ignores "stream": true answers with one whole completion.
+                answer = await _whole_answer(response, s.llm_timeout_s)
+                if answer:
+                    yield answer
+                return
+            loop = asyncio.get_running_loop()
+            # Only events count as progress: an upstream that sends ': keep-alive' comments
+            # while it queues must still time out.
+            deadline = loop.time() + s.llm_timeout_s
+            events = 0
             while True:
                 try:
-                    line = await asyncio.wait_for(response.content.readline(), s.llm_timeout_s)
+                    line = await asyncio.wait_for(
+                        response.content.readline(), max(0.0, deadline - loop.time())
+                    )
                 except TimeoutError:
                     raise _timeout(s.llm_timeout_s) from None
                 except (aiohttp.ClientError, ValueError) as exc:
                     raise ServiceError("llm_failed", f"the LLM stream broke: {exc}") from None
                 if not line:
+                    if not events:
+                        raise ServiceError("llm_failed", "the LLM answered without any event")
                     return  # the server closed the stream (some omit [DONE])
                 if len(line) > MAX_SSE_LINE:
                     raise ServiceError("llm_failed", "the LLM sent an oversized event")
                 text = line.decode("utf-8", "replace").strip()
                 if not text.startswith("data:"):
                     continue  # blank separators, ': keep-alive' comments, event:/id: fields
+                events += 1
+                deadline = loop.time() + s.llm_timeout_s
                 data = text[5:].strip()
                 if data == "[DONE]":
                     return
@@ -73,14 +91,37 @@ class ChatCompletions:
                     yield delta
 
 
+async def _whole_answer(response: aiohttp.ClientResponse, timeout_s: float) -> str:
+    """The message of a non-streamed completion (bounded in size and time)."""
+    body = bytearray()
+    try:
+        async with asyncio.timeout(timeout_s):
+            while chunk := await response.content.read(65536):
+                body += chunk
+                if len(body) > MAX_SSE_LINE:
+                    raise ServiceError("llm_failed", "the LLM sent an oversized answer")
+    except TimeoutError:
+        raise _timeout(timeout_s) from None
+    except aiohttp.ClientError as exc:
+        raise ServiceError("llm_failed", f"the LLM answer broke off: {exc}") from None
+    answer = _parse(body.decode("utf-8", "replace"))
+    choices = answer.get("choices")
+    message = choices[0].get("message") if isinstance(choices, list) and choices else None
+    content = message.get("content") if isinstance(message, dict) else None
+    if not isinstance(content, str):
+        raise ServiceError("llm_failed", "the LLM answer has no choices[0].message.content")
+    return content
+
+
 def _timeout(seconds: float) -> ServiceError:
     return ServiceError("llm_timeout", f"the LLM sent nothing for {seconds:g} s")
 
 
-def _delta_content(data: str) -> str | None:
+def _parse(data: str) -> dict[str, Any]:
+    """One JSON object from the LLM; an ``error`` object in it is raised as the failure."""
     try:
         event: Any = json.loads(data)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested too deep to parse
         raise ServiceError("llm_failed", "the LLM sent an event that is not JSON") from None
     if not isinstance(event, dict):
         raise ServiceError("llm_failed", "the LLM sent an event that is not an object")
@@ -88,6 +129,11 @@ def _delta_content(data: str) -> str | None:
     if error is not None:
         message = error.get("message") if isinstance(error, dict) else error
         raise ServiceError("llm_failed", f"the LLM reported an error: {str(message)[:300]}")
+    return event
+
+
+def _delta_content(data: str) -> str | None:
+    event = _parse(data)
     choices = event.get("choices")
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
         return None  # e.g. a usage-only chunk

@@ -56,7 +56,8 @@ class Transcriber:
                     if response.status != 200:
                         raise ServiceError(
                             "stt_failed",
-                            f"speech-to-text failed: {await describe_failure(response)}",
+                            "speech-to-text failed: "
+                            + await describe_failure(response, s.stt_timeout_s),
                         )
                     body = await response.json(content_type=None)
         except TimeoutError:
@@ -65,7 +66,7 @@ class Transcriber:
             ) from None
         except aiohttp.ClientError as exc:
             raise ServiceError("stt_failed", f"speech-to-text unreachable: {exc}") from None
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: JSON nested too deep
             raise ServiceError("stt_failed", "speech-to-text answered with invalid JSON") from None
         text = body.get("text") if isinstance(body, dict) else None
         if not isinstance(text, str):

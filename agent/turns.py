@@ -158,6 +158,10 @@ class Conversation:
         except ServiceError as exc:
             self._error(exc.code, exc.message, turn_id)
             return
+        except Exception:  # a bug must not leave the turn unanswered without a word
+            log.exception("turn %s: transcription failed", turn_id)
+            self._error("internal", "the transcription failed", turn_id)
+            return
         self.stats.transcripts += 1
         self._emit({"type": "user.transcript", "id": turn_id, "text": text})
         if text:

@@ -19,6 +19,9 @@ RTPFB = 205
 TWCC_FMT = 15
 _TICK_US = 250  # receive deltas count 250 µs ticks
 _REF_UNIT_US = 64_000  # the reference time counts 64 ms units
+# The 24-bit reference wraps every 2^24 x 64 ms (~12.4 days of the receiver's clock; libwebrtc
+# writes it modulo that), so a long-running receiver crosses a wrap at some point in a call.
+REFERENCE_WRAP_US = (1 << 24) * _REF_UNIT_US
 _MAX_RUN = 0x1FFF  # 13-bit run length of a run-length chunk
 # Most packets one feedback may report. Chrome reports ~100 ms of packets per feedback (a
 # handful for audio); 16 bytes of run-length chunks could claim 65535 and cost tens of ms to
@@ -180,11 +183,12 @@ def build_transport_feedback(
 ) -> bytes:
     """Serialise a complete RTCP transport feedback packet; arrivals are µs, None = lost.
 
-    reference_time_us must be a multiple of 64 ms; arrivals are rounded to 250 µs.
+    reference_time_us must be a multiple of 64 ms, written modulo 2^24 units as libwebrtc
+    does (its parsed value is then off by whole wrap periods); arrivals are rounded to 250 µs.
     """
     reference, remainder = divmod(reference_time_us, _REF_UNIT_US)
-    if remainder or not -(1 << 23) <= reference < (1 << 23):
-        raise ValueError(f"reference time {reference_time_us} µs is not a 24-bit multiple of 64 ms")
+    if remainder:
+        raise ValueError(f"reference time {reference_time_us} µs is not a multiple of 64 ms")
     if len(arrivals) > 0xFFFF:
         raise ValueError(f"{len(arrivals)} packets do not fit one feedback (max 65535)")
     statuses, deltas = _encode_deltas(reference_time_us, arrivals)
@@ -277,6 +281,21 @@ class FeedbackEstimator:
         self._minima: deque[tuple[int, int]] = deque(maxlen=1024)  # (now, delay), rising delay
         self._trend: deque[tuple[int, int]] = deque(maxlen=trend_packets)  # (send, delay)
         self._rate: deque[tuple[int, int]] = deque(maxlen=4096)  # (arrival, size)
+        self._reference_us: int | None = None  # the last feedback's reference, unwrapped
+        self._reference_shift_us = 0  # added to this feedback's arrivals to unwrap them
+
+    def _unwrap_reference(self, reference_us: int) -> None:
+        """Keep arrivals on one continuous clock across the reference's wrap, as libwebrtc's
+        ``GetBaseDelta`` does: the step from the last reference is taken modulo the wrap
+        period, the shortest way round."""
+        if self._reference_us is None:
+            self._reference_us = reference_us
+            return
+        step = (reference_us + self._reference_shift_us - self._reference_us) % REFERENCE_WRAP_US
+        if step > REFERENCE_WRAP_US // 2:
+            step -= REFERENCE_WRAP_US  # an older reference (reordered feedback)
+        self._reference_us += step
+        self._reference_shift_us = self._reference_us - reference_us
 
     def on_feedback(
         self, feedback: TransportFeedback, history: SendHistory, now_us: int
@@ -284,7 +303,10 @@ class FeedbackEstimator:
         packets = lost = recovered = 0
         delays: list[int] = []
         known = False
-        for seq, arrival in feedback.packets:
+        self._unwrap_reference(feedback.reference_time_us)
+        shift = self._reference_shift_us
+        for seq, reported in feedback.packets:
+            arrival = None if reported is None else reported + shift
             sent = history.get(seq)
             if sent is None:
                 continue

@@ -246,7 +246,8 @@ def _simulate(
     delay_us: object,
     lost: object = None,
     per_feedback: int = 5,
-    size: int = 80,
+    size: object = 80,
+    offset_us: int = OFFSET_US,
 ) -> list[FeedbackSummary]:
     """Send a packet every 20 ms; feed back every `per_feedback` packets through the wire."""
     history, estimator = SendHistory(), FeedbackEstimator()
@@ -255,10 +256,10 @@ def _simulate(
     for start in range(0, n, per_feedback):
         arrivals: list[int | None] = []
         for seq in range(start, start + per_feedback):
-            history.record(seq, seq * 20_000, size)
+            history.record(seq, seq * 20_000, size(seq) if callable(size) else size)
             gone = callable(lost) and lost(seq)
-            arrivals.append(None if gone else OFFSET_US + seq * 20_000 + delay_us(seq))
-        first = next((a for a in arrivals if a is not None), OFFSET_US)
+            arrivals.append(None if gone else offset_us + seq * 20_000 + delay_us(seq))
+        first = next((a for a in arrivals if a is not None), offset_us)
         packet = build_transport_feedback(start, first // 64_000 * 64_000, start, arrivals)
         [(_, _, fci)] = list(iter_transport_feedback(packet))
         now = (start + per_feedback) * 20_000 + 60_000
@@ -296,6 +297,44 @@ def test_receive_rate() -> None:
     summaries = _simulate(200, lambda seq: 30_000)  # 50 packets/s of 80 bytes
     assert summaries[-1].receive_rate_bps == pytest.approx(32_000, rel=0.02)
     assert _simulate(1, lambda seq: 0, per_feedback=1)[0].receive_rate_bps is None
+
+
+@pytest.mark.parametrize("wrap_units", [1 << 23, 1 << 24], ids=["signed", "unsigned"])
+def test_the_reference_time_wrapping_does_not_freeze_the_estimates(wrap_units: int) -> None:
+    # The receiver's clock crosses the 24-bit reference's wrap (read signed, 2^23 units
+    # flips the sign; 2^24 is the full period) 2 s into the call; the packets double in
+    # size at 3 s. Read naively, arrivals jump back ~18 min or ~12 days there: the rate
+    # froze at its old value and the delay trend read about -3e9 ms/s.
+    summaries = _simulate(
+        300,
+        lambda seq: 30_000,
+        size=lambda seq: 100 if seq < 150 else 200,
+        offset_us=wrap_units * 64_000 - 2_000_000,
+    )
+    for summary in summaries[1:]:
+        assert summary.delay_trend_ms_per_s is not None
+        assert abs(summary.delay_trend_ms_per_s) < 1
+        assert summary.queuing_delay_ms is not None and summary.queuing_delay_ms < 1
+    assert summaries[25].receive_rate_bps == pytest.approx(40_000, rel=0.02)
+    assert summaries[-1].receive_rate_bps == pytest.approx(80_000, rel=0.02)
+
+
+def test_a_reordered_older_feedback_is_unwrapped_backwards() -> None:
+    history, estimator = SendHistory(), FeedbackEstimator()
+    period_us = (1 << 24) * 64_000
+    for seq in range(4):
+        history.record(seq, seq * 20_000, 100)
+    arrival = {seq: period_us - 34_000 + seq * 20_000 for seq in range(4)}  # 0-1 before
+    # the wrap, 2-3 after it; the report of 2-3 comes first, the late one of 0-1 after it:
+    # its arrivals are 40 ms earlier, not ~12 days later.
+    for base, reference in ((2, period_us), (0, period_us - 64_000)):
+        packet = build_transport_feedback(base, reference, base, [arrival[base], arrival[base + 1]])
+        [(_, _, fci)] = list(iter_transport_feedback(packet))
+        summary = estimator.on_feedback(parse_transport_feedback(fci), history, 100_000)
+        assert summary is not None
+        assert summary.queuing_delay_ms is not None and abs(summary.queuing_delay_ms) < 1
+    assert summary.delay_trend_ms_per_s is not None
+    assert abs(summary.delay_trend_ms_per_s) < 1  # one constant delay throughout
 
 
 def test_duplicate_reports_not_double_counted() -> None:

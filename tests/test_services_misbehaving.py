@@ -1,0 +1,179 @@
+"""LLM and speech-to-text services that misbehave: every failure is a ServiceError, in time.
+
+A real HTTP server on loopback answers each request with one kind of misbehaviour: JSON
+nested too deep to parse, an error body that stalls or is cut off, an SSE stream of
+keep-alive comments only, a whole JSON completion instead of a stream, an empty stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import aiohttp
+import numpy as np
+import pytest
+from aiohttp import web
+
+from agent.conversation_config import ListenSettings, ServiceSettings
+from agent.httpservice import ServiceError
+from agent.llm import ChatCompletions
+from agent.stt import Transcriber
+from agent.turns import Conversation
+from agent.vad import Activity, ActivityEvent
+
+NESTED = "[" * 5000 + "]" * 5000  # json.loads raises RecursionError, not ValueError
+TIMEOUT_S = 0.5
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+async def nested_event(request: web.Request) -> web.StreamResponse:
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await response.prepare(request)
+    await response.write(f"data: {NESTED}\n\n".encode())
+    return response
+
+
+async def nested_error(request: web.Request) -> web.StreamResponse:
+    await request.read()
+    return web.Response(status=500, text=NESTED, content_type="application/json")
+
+
+async def nested_body(request: web.Request) -> web.StreamResponse:
+    await request.read()
+    return web.Response(text=NESTED, content_type="application/json")
+
+
+async def stalled_error(request: web.Request) -> web.StreamResponse:
+    response = web.StreamResponse(status=500, headers={"Content-Length": "100"})
+    await response.prepare(request)
+    await response.write(b"{")
+    await asyncio.sleep(30)  # the rest never comes
+    return response
+
+
+async def cut_error(request: web.Request) -> web.StreamResponse:
+    response = web.StreamResponse(status=502, headers={"Content-Length": "1000"})
+    await response.prepare(request)
+    await response.write(b'{"error"')
+    assert request.transport is not None
+    request.transport.close()  # the connection drops mid-body
+    return response
+
+
+async def keep_alive_only(request: web.Request) -> web.StreamResponse:
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await response.prepare(request)
+    for _ in range(100):  # 20 s of comments, never a token
+        await response.write(b": keep-alive\n\n")
+        await asyncio.sleep(0.2)
+    return response
+
+
+async def whole_completion(request: web.Request) -> web.StreamResponse:
+    await request.read()
+    return web.json_response({"choices": [{"message": {"content": "Hello there."}}]})
+
+
+async def empty_stream(request: web.Request) -> web.StreamResponse:
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await response.prepare(request)
+    return response
+
+
+async def serve(handler: Handler) -> tuple[web.AppRunner, str]:
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", handler)
+    app.router.add_post("/v1/audio/transcriptions", handler)
+    runner = web.AppRunner(app, shutdown_timeout=0.1)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    return runner, f"http://127.0.0.1:{port}/v1"
+
+
+async def llm_deltas(handler: Handler) -> tuple[list[str], ServiceError | None, float]:
+    runner, base = await serve(handler)
+    settings = ServiceSettings(llm_base_url=base, llm_timeout_s=TIMEOUT_S)
+    deltas: list[str] = []
+    failure = None
+    started = time.monotonic()
+    try:
+        async with aiohttp.ClientSession() as http:
+            stream: AsyncIterator[str] = ChatCompletions(settings, http).stream(
+                [{"role": "user", "content": "hi"}]
+            )
+            async with asyncio.timeout(10):  # the test's own guard, far above TIMEOUT_S
+                async for delta in stream:
+                    deltas.append(delta)
+    except ServiceError as exc:
+        failure = exc
+    finally:
+        await runner.cleanup()
+    return deltas, failure, time.monotonic() - started
+
+
+@pytest.mark.parametrize(
+    ("handler", "code", "says"),
+    [
+        (nested_event, "llm_failed", "not JSON"),
+        (nested_error, "llm_failed", "HTTP 500"),
+        (stalled_error, "llm_failed", "HTTP 500 (its error body could not be read)"),
+        (cut_error, "llm_failed", "HTTP 502 (its error body could not be read)"),
+        (keep_alive_only, "llm_timeout", "sent nothing for 0.5 s"),
+        (empty_stream, "llm_failed", "without any event"),
+    ],
+)
+async def test_a_misbehaving_llm_is_a_service_error_in_time(
+    handler: Handler, code: str, says: str
+) -> None:
+    deltas, failure, took = await llm_deltas(handler)
+    assert deltas == []
+    assert failure is not None and failure.code == code and says in failure.message
+    assert took < 3 * TIMEOUT_S + 1  # not aiohttp's 300 s default, not forever
+
+
+async def test_a_whole_json_completion_is_spoken() -> None:
+    deltas, failure, _ = await llm_deltas(whole_completion)
+    assert failure is None
+    assert deltas == ["Hello there."]
+
+
+@pytest.mark.parametrize(("handler", "says"), [(nested_body, "invalid JSON"), (nested_error, "")])
+async def test_a_misbehaving_stt_is_a_service_error(handler: Handler, says: str) -> None:
+    runner, base = await serve(handler)
+    settings = ServiceSettings(stt_base_url=base, stt_timeout_s=TIMEOUT_S)
+    try:
+        async with aiohttp.ClientSession() as http:
+            with pytest.raises(ServiceError) as failed:
+                await Transcriber(settings, http).transcribe(np.zeros(1600, np.float32))
+    finally:
+        await runner.cleanup()
+    assert failed.value.code == "stt_failed" and says in failed.value.message
+
+
+class _Idle:
+    busy = False
+
+
+async def test_a_turn_whose_transcription_crashes_still_gets_an_error_event(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    async def crash(self: Transcriber, audio: object) -> str:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(Transcriber, "transcribe", crash)
+    events: list[dict[str, object]] = []
+    settings = ServiceSettings(stt_base_url="http://127.0.0.1:9/v1")
+    conversation = Conversation(_Idle(), ListenSettings(), settings, events.append)  # type: ignore[arg-type]
+    conversation.user_started(ActivityEvent(Activity.STARTED, 0))
+    conversation.user_ended(np.zeros(16000, np.float32), ActivityEvent(Activity.ENDED, 10))
+    (task,) = conversation._turn_tasks
+    await asyncio.wait([task])
+    await conversation.close()
+    assert task.exception() is None
+    errors = [e for e in events if e["type"] == "error"]
+    assert [(e["code"], e["id"]) for e in errors] == [("internal", events[0]["id"])]
