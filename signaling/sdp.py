@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import ipaddress
+import re
 from collections.abc import Callable
 
 from signaling.errors import ApiError
 
 MAX_SDP_BYTES = 64 * 1024
+_DIGITS = re.compile(r"[0-9]{1,10}")  # a candidate priority: up to 2**31 - 1
 
 
 def check_offer_sdp(sdp: object) -> str:
@@ -158,7 +160,10 @@ def add_mdns_fallback(sdp: str, peer_ip: str | None, host_ips: Callable[[], list
             for index, address in enumerate(addresses):
                 twin = list(parts)
                 twin[0] = f"{parts[0]}m{index}"[:44]
-                twin[3] = str(max(0, int(parts[3]) - 1 - index)) if parts[3].isdigit() else parts[3]
+                priority = parts[3]
+                # ASCII digits only: str.isdigit() also accepts "²", which int() refuses.
+                if _DIGITS.fullmatch(priority):
+                    twin[3] = str(max(0, int(priority) - 1 - index))
                 twin[4] = address
                 out.append(" ".join(twin))
     return newline.join(out) + (newline if sdp.endswith(newline) else "")
