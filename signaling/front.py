@@ -120,7 +120,7 @@ def _token_room(request: web.Request, body_token: str | None) -> str | None:
         return None
     try:
         claims = jwt.decode(token, options={"verify_signature": False})
-    except jwt.PyJWTError:
+    except (jwt.PyJWTError, UnicodeError):  # UnicodeError: see signaling/auth.py
         return None
     room = claims.get("room") if isinstance(claims, dict) else None
     return room if isinstance(room, str) and room else None

@@ -287,7 +287,9 @@ async def get_metrics(request: web.Request) -> web.Response:
     if expected is not None:
         scheme, _, given = request.headers.get("Authorization", "").partition(" ")
         if scheme.lower() != "bearer" or not hmac.compare_digest(
-            given.strip().encode(), expected.encode()
+            # surrogatepass: a header's non-UTF-8 bytes arrive as lone surrogates.
+            given.strip().encode("utf-8", "surrogatepass"),
+            expected.encode("utf-8", "surrogatepass"),
         ):
             raise ApiError(
                 401, "unauthorized", "/metrics needs 'Authorization: Bearer <metrics token>'"
