@@ -16,9 +16,11 @@ from aiohttp import web
 from signaling.errors import Handler, error_response
 
 ALLOW_METHODS = "GET, POST, DELETE, OPTIONS"
-ALLOW_HEADERS = "Authorization, Content-Type"
-# Headers a cross-origin page may read: WHEP's Location and ETag, and the back-off hint.
-EXPOSE_HEADERS = "Location, ETag, Retry-After"
+# X-Session-Token (signaling/routes.py SESSION_TOKEN_HEADER): a WHEP resume sends it.
+ALLOW_HEADERS = "Authorization, Content-Type, X-Session-Token"
+# Headers a cross-origin page may read: WHEP's Location, ETag and session token (for a
+# resume), and the back-off hint.
+EXPOSE_HEADERS = "Location, ETag, X-Session-Token, Retry-After"
 PREFLIGHT_MAX_AGE_S = 600
 
 
