@@ -14,7 +14,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from agent.config import Config
+from agent.config import Config, SecuritySettings
 from signaling.app import build_app
 from signaling.front import build_front_app
 from signaling.workers import WorkerPool
@@ -122,3 +122,54 @@ async def test_tokens_and_rooms_that_are_not_utf8_route_like_any_other() -> None
                 assert resp.status == 400, await resp.text()
                 assert (await resp.json())["error"]["code"] == "no_audio"
 
+
+ORIGIN = "https://app.example"
+PREFLIGHT = {
+    "Origin": ORIGIN,
+    "Access-Control-Request-Method": "POST",
+    "Access-Control-Request-Headers": "content-type, x-session-token",
+}
+
+
+async def test_the_fronts_own_answers_carry_cors_headers_once() -> None:
+    """The front had no CORS handling: its own errors went out without
+    Access-Control-Allow-Origin (a page could not read why), and preflights needed a ready
+    worker. Answers forwarded from a worker carry the headers once, not twice."""
+    config = Config(host="127.0.0.1", port=0, security=SecuritySettings(cors_origins=(ORIGIN,)))
+    cross = {"Origin": ORIGIN}
+    async with aiohttp.ClientSession() as http:
+        async with front_and_worker(config, ready=False) as url:
+            # Preflights are the front's: answered with no worker ready.
+            async with http.options(url + "/whep", headers=PREFLIGHT) as resp:
+                assert resp.status == 204
+                assert resp.headers["Access-Control-Allow-Origin"] == ORIGIN
+                assert "X-Session-Token" in resp.headers["Access-Control-Allow-Headers"]
+            async with http.options(
+                url + "/offer", headers={**PREFLIGHT, "Origin": "https://evil.example"}
+            ) as resp:
+                assert resp.status == 403
+                assert (await resp.json())["error"]["code"] == "forbidden"
+                assert "Access-Control-Allow-Origin" not in resp.headers
+            own = [
+                ("POST", "/offer", 503, "not_ready"),  # no worker ready
+                ("DELETE", "/sessions/nope", 404, "unknown_session"),  # names no worker
+                ("POST", "/sessions/w7-x/say", 404, "unknown_session"),
+                ("GET", "/no/such/route", 404, "not_found"),
+            ]
+            for method, path, status, code in own:
+                async with http.request(method, url + path, headers=cross, json={}) as resp:
+                    assert resp.status == status, (path, await resp.text())
+                    assert (await resp.json())["error"]["code"] == code
+                    assert resp.headers["Access-Control-Allow-Origin"] == ORIGIN, path
+                    assert "Retry-After" in resp.headers["Access-Control-Expose-Headers"]
+                    assert resp.headers.getall("Vary") == ["Origin"]
+        async with front_and_worker(config) as url:
+            # Forwarded: the worker's own answer, its headers not doubled.
+            async with http.delete(url + "/sessions/w0-nope", headers=cross) as resp:
+                assert resp.status == 404
+                assert resp.headers.getall("Access-Control-Allow-Origin") == [ORIGIN]
+                assert resp.headers.getall("Vary") == ["Origin"]
+            async with http.get(url + "/ice-servers", headers=cross) as resp:
+                assert resp.status == 200
+                assert resp.headers.getall("Access-Control-Allow-Origin") == [ORIGIN]
+                assert resp.headers.getall("Vary") == ["Origin"]
