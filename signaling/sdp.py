@@ -13,7 +13,8 @@ _DIGITS = re.compile(r"[0-9]{1,10}")  # a candidate priority: up to 2**31 - 1
 
 
 def check_offer_sdp(sdp: object) -> str:
-    """Return the SDP if it is an offer we can answer with agent audio, else raise ApiError."""
+    """Return the SDP if it is an offer we can answer with agent audio, else raise ApiError:
+    its first audio section must receive (the agent's audio goes there) and offer Opus."""
     if not isinstance(sdp, str) or not sdp.strip():
         raise ApiError(400, "bad_sdp", "'sdp' must be a non-empty string")
     if len(sdp.encode("utf-8", "replace")) > MAX_SDP_BYTES:
@@ -23,15 +24,20 @@ def check_offer_sdp(sdp: object) -> str:
     audio = _audio_sections(sdp)
     if not audio:
         raise ApiError(400, "no_audio", "the offer has no audio m-line: the agent sends audio")
-    receiving = [
-        section
-        for section in audio
-        if _direction(section) not in ("sendonly", "inactive") and not _port_zero(section)
-    ]
-    if not receiving:
-        raise ApiError(400, "no_audio", "the offer's audio does not accept audio from the agent")
-    if not any(_offers_opus(section) for section in receiving):
-        raise ApiError(400, "no_opus", "the offer's audio has no opus/48000: the agent sends Opus")
+    # aiortc's addTrack puts the agent's track on the first audio transceiver (a room's
+    # agent audio goes there too; later sections are a room's speaker slots): an offer whose
+    # first audio section does not receive would be answered, and never hear anything.
+    first = audio[0]
+    if _direction(first) in ("sendonly", "inactive") or _port_zero(first):
+        raise ApiError(
+            400,
+            "no_audio",
+            "the offer's first audio section must accept audio from the agent (sendrecv or "
+            "recvonly): the agent sends on it",
+        )
+    if not _offers_opus(first):
+        message = "the offer's first audio section has no opus/48000: the agent sends Opus"
+        raise ApiError(400, "no_opus", message)
     return sdp
 
 
