@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+from collections.abc import Coroutine
 from concurrent.futures import Executor
 from typing import TYPE_CHECKING, Any
 
@@ -76,7 +77,9 @@ class AgentSession:
             self.pipeline, config.listen, config.services, self.send_event
         )
         self.inbound: InboundAudio | None = None
-        self._drain_tasks: list[asyncio.Task[None]] = []
+        # Each resume's new microphone track adds one (a drain, or the old listener's close):
+        # a task leaves the set when it ends, so resumes do not grow it.
+        self._drain_tasks: set[asyncio.Task[None]] = set()
 
     def attach_sender(self, transceiver: RTCRtpTransceiver, receiver: ReceiverOpus) -> None:
         """The transceiver whose sender carries our track, and what its receiver allows:
@@ -132,15 +135,20 @@ class AgentSession:
             # A resumed session's new connection brings a new microphone track: the old
             # one ended with its peer connection; listen to the new one.
             self.inbound = None
-            self._drain_tasks.append(asyncio.get_running_loop().create_task(previous.close()))
+            self._track_task(previous.close())
         if self.inbound is not None or not self.config.listen.enabled:
             # Not listened to: still read it, or aiortc queues its decoded frames unbounded.
-            self._drain_tasks.append(asyncio.get_running_loop().create_task(_drain(track)))
+            self._track_task(_drain(track))
             return
         if not shorten_jitter_buffer(receiver, self.config.listen.receive_prefetch_frames):
             log.warning("session %s: aiortc's jitter buffer left as is (+80 ms)", self.id)
         self.inbound = InboundAudio(track, pool, self.config.listen, self.conversation)
         self.inbound.start()
+
+    def _track_task(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._drain_tasks.add(task)
+        task.add_done_callback(self._drain_tasks.discard)
 
     @property
     def channel(self) -> RTCDataChannel | None:
@@ -224,7 +232,7 @@ class AgentSession:
             self._stats_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._stats_task
-        for task in self._drain_tasks:
+        for task in list(self._drain_tasks):
             task.cancel()
         if self.inbound is not None:
             await self.inbound.close()

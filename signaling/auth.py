@@ -62,8 +62,10 @@ def verify_token(token: str | None, secret: str) -> Claims:
         raise _unauthorized("the token has expired") from None
     except jwt.MissingRequiredClaimError:
         raise _unauthorized("the token is invalid: it has no 'exp' claim") from None
-    except jwt.InvalidTokenError:
-        # The library's message may quote token parts; ours does not.
+    except (jwt.InvalidTokenError, UnicodeError):
+        # The library's message may quote token parts; ours does not. UnicodeError: PyJWT
+        # encodes the token as UTF-8 first, and a lone surrogate (from JSON's "\ud800", or
+        # a header's non-UTF-8 bytes) cannot be.
         raise _unauthorized("the token is invalid (bad signature or format)") from None
     role = payload.get("role", DEFAULT_ROLE)
     room = payload.get("room")

@@ -16,9 +16,11 @@ from aiohttp import web
 from signaling.errors import Handler, error_response
 
 ALLOW_METHODS = "GET, POST, DELETE, OPTIONS"
-ALLOW_HEADERS = "Authorization, Content-Type"
-# Headers a cross-origin page may read: WHEP's Location and ETag, and the back-off hint.
-EXPOSE_HEADERS = "Location, ETag, Retry-After"
+# X-Session-Token (signaling/routes.py SESSION_TOKEN_HEADER): a WHEP resume sends it.
+ALLOW_HEADERS = "Authorization, Content-Type, X-Session-Token"
+# Headers a cross-origin page may read: WHEP's Location, ETag and session token (for a
+# resume), and the back-off hint.
+EXPOSE_HEADERS = "Location, ETag, X-Session-Token, Retry-After"
 PREFLIGHT_MAX_AGE_S = 600
 
 
@@ -48,9 +50,18 @@ def make_cors_middleware(origins: Iterable[str]) -> Any:
         if origin is not None and origin in allowed:
             response.headers["Access-Control-Allow-Origin"] = origin
             response.headers["Access-Control-Expose-Headers"] = EXPOSE_HEADERS
-        if allowed:
-            # Caches must not hand one origin's answer to another.
+        if allowed and not _varies_on_origin(response):
+            # Caches must not hand one origin's answer to another. (A worker's answer that
+            # the front forwards says so already: once is enough.)
             response.headers.add("Vary", "Origin")
         return response
 
     return cors_middleware
+
+
+def _varies_on_origin(response: web.StreamResponse) -> bool:
+    return any(
+        name.strip().lower() == "origin"
+        for value in response.headers.getall("Vary", [])
+        for name in value.split(",")
+    )

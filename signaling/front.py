@@ -4,12 +4,15 @@ What it routes where:
 - ``POST /offer`` and ``POST /whep``: a room goes to the worker that holds it (its name's
   hash), anything else to the least-loaded ready worker;
 - ``/sessions/{id}...`` and ``DELETE /whep/{id}``: to the worker named in the id;
-- ``GET /ice-servers`` and CORS preflights: to any ready worker;
+- ``GET /ice-servers``: to any ready worker;
 - ``/``, the client's files, ``/healthz``: served here; ``/readyz`` and ``/metrics``: one
   answer for the whole server, from every worker's.
 
 The worker does every check (auth, limits, SDP) itself: the front forwards the request as
-it came, plus ``X-Forwarded-For``. It never touches media.
+it came, plus ``X-Forwarded-For``. It never touches media. CORS (signaling/cors.py, the
+same allow-list as the workers') is the front's own: it answers preflights and puts the
+headers on its own answers (errors such as ``unknown_session`` or ``worker_unavailable``
+too); a worker's answer, which carries them already, passes through unchanged.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from agent.config import Config
 from signaling import routes
 from signaling.app import FORWARDED_FOR_HEADER, MAX_REQUEST_BYTES, runner_options
+from signaling.cors import make_cors_middleware
 from signaling.errors import ApiError, error_middleware
 from signaling.keys import CONFIG, DRAIN
 from signaling.routes import SESSION_TOKEN_HEADER
@@ -60,7 +64,11 @@ _HOP_HEADERS = frozenset(
 
 
 def build_front_app(config: Config, pool: WorkerPool) -> web.Application:
-    app = web.Application(middlewares=[error_middleware], client_max_size=MAX_REQUEST_BYTES)
+    app = web.Application(
+        # Outermost first, as in signaling/app.py: CORS headers on every answer, errors too.
+        middlewares=[make_cors_middleware(config.security.cors_origins), error_middleware],
+        client_max_size=MAX_REQUEST_BYTES,
+    )
     app[CONFIG] = config
     app[POOL] = pool
     app[DRAIN] = Drain()
@@ -77,7 +85,6 @@ def build_front_app(config: Config, pool: WorkerPool) -> web.Application:
     name = r"{name:[A-Za-z0-9_-]+\.[A-Za-z0-9]+}"
     app.router.add_get("/" + name, routes.static_file)
     app.router.add_get("/static/" + name, routes.static_file)
-    app.router.add_route("OPTIONS", "/{tail:.*}", to_any_worker)  # CORS preflights
     return app
 
 
@@ -120,7 +127,7 @@ def _token_room(request: web.Request, body_token: str | None) -> str | None:
         return None
     try:
         claims = jwt.decode(token, options={"verify_signature": False})
-    except jwt.PyJWTError:
+    except (jwt.PyJWTError, UnicodeError):  # UnicodeError: see signaling/auth.py
         return None
     room = claims.get("room") if isinstance(claims, dict) else None
     return room if isinstance(room, str) and room else None

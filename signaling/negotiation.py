@@ -42,7 +42,7 @@ class OpusOffer:
 
 
 def read_opus_offer(sdp: str) -> OpusOffer:
-    """The first receiving audio section's Opus parameters; ApiError if 20 ms is ruled out."""
+    """The first audio section's Opus parameters; ApiError if 20 ms is ruled out."""
     section = _first_audio_section(sdp)
     opus_pt: int | None = None
     for line in section:
@@ -115,7 +115,8 @@ def tune_answer(pc: RTCPeerConnection, offer: OpusOffer) -> None:
 
 
 def _first_audio_section(sdp: str) -> list[str]:
-    """The first audio section that receives: the one aiortc will send our track on."""
+    """The first audio section: the one aiortc sends our track on (addTrack takes the first
+    audio transceiver; signaling/sdp.py check_offer_sdp makes sure that one receives)."""
     sections: list[list[str]] = []
     for raw in sdp.splitlines():
         line = raw.strip()
@@ -124,11 +125,6 @@ def _first_audio_section(sdp: str) -> list[str]:
         if sections:
             sections[-1].append(line)
     audio = [sec for sec in sections if sec[0].startswith("m=audio")]
-    for section in audio:
-        port = section[0].split()[1] if len(section[0].split()) > 1 else "0"
-        inactive = any(line in ("a=sendonly", "a=inactive") for line in section)
-        if port != "0" and not inactive:
-            return section
     return audio[0] if audio else []
 
 

@@ -54,9 +54,14 @@ class TokenBook:
         if session_id is not None:
             return session_id
         if digest in self._ended:
-            raise ApiError(
-                410,
-                "session_expired",
-                "this session has ended (closed, or not resumed within its grace period)",
-            )
+            raise session_expired()
         raise ApiError(404, "unknown_session", "no session has this token")
+
+
+def session_expired() -> ApiError:
+    """410 for a token whose session has ended (also: ended while its resume negotiated)."""
+    return ApiError(
+        410,
+        "session_expired",
+        "this session has ended (closed, or not resumed within its grace period)",
+    )

@@ -26,10 +26,22 @@ MAX_NAME_CHARS = 64
 SESSION_TOKEN_HEADER = "X-Session-Token"
 
 
+async def _body_text(request: web.Request) -> str:
+    """The body decoded with its Content-Type charset (UTF-8 when none is given): 415 for a
+    charset Python has no text codec for (``bytes.decode`` raises LookupError on those)."""
+    try:
+        return await request.text()
+    except LookupError:
+        charset = (request.charset or "")[:40]
+        raise ApiError(
+            415, "unsupported_media_type", f"unknown charset {charset!r}: send UTF-8"
+        ) from None
+
+
 async def _json_body(request: web.Request) -> dict[str, Any]:
     try:
-        body = await request.json(loads=json.loads)
-    except (ValueError, UnicodeDecodeError, RecursionError):
+        body = json.loads(await _body_text(request))
+    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
         raise ApiError(400, "bad_json", "request body is not valid JSON") from None
     if not isinstance(body, dict):
         raise ApiError(400, "bad_json", "request body must be a JSON object")
@@ -150,8 +162,8 @@ async def post_whep(request: web.Request) -> web.Response:
         raise ApiError(415, "unsupported_media_type", "WHEP offers are 'application/sdp'")
     request.app[LIMITS].check_offer(request.remote)
     try:
-        sdp = await request.text()
-    except UnicodeDecodeError:
+        sdp = await _body_text(request)
+    except UnicodeError:  # bytes not in the charset (or a codec that decodes nothing)
         raise ApiError(400, "bad_sdp", "SDP must be UTF-8 text") from None
     if SESSION_TOKEN_HEADER in request.headers:
         peer = _resumable(request, request.headers[SESSION_TOKEN_HEADER], "whep")
@@ -275,7 +287,9 @@ async def get_metrics(request: web.Request) -> web.Response:
     if expected is not None:
         scheme, _, given = request.headers.get("Authorization", "").partition(" ")
         if scheme.lower() != "bearer" or not hmac.compare_digest(
-            given.strip().encode(), expected.encode()
+            # surrogatepass: a header's non-UTF-8 bytes arrive as lone surrogates.
+            given.strip().encode("utf-8", "surrogatepass"),
+            expected.encode("utf-8", "surrogatepass"),
         ):
             raise ApiError(
                 401, "unauthorized", "/metrics needs 'Authorization: Bearer <metrics token>'"

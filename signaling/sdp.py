@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import ipaddress
+import re
 from collections.abc import Callable
 
 from signaling.errors import ApiError
 
 MAX_SDP_BYTES = 64 * 1024
+_DIGITS = re.compile(r"[0-9]{1,10}")  # a candidate priority: up to 2**31 - 1
 
 
 def check_offer_sdp(sdp: object) -> str:
-    """Return the SDP if it is an offer we can answer with agent audio, else raise ApiError."""
+    """Return the SDP if it is an offer we can answer with agent audio, else raise ApiError:
+    its first audio section must receive (the agent's audio goes there) and offer Opus."""
     if not isinstance(sdp, str) or not sdp.strip():
         raise ApiError(400, "bad_sdp", "'sdp' must be a non-empty string")
     if len(sdp.encode("utf-8", "replace")) > MAX_SDP_BYTES:
@@ -21,15 +24,20 @@ def check_offer_sdp(sdp: object) -> str:
     audio = _audio_sections(sdp)
     if not audio:
         raise ApiError(400, "no_audio", "the offer has no audio m-line: the agent sends audio")
-    receiving = [
-        section
-        for section in audio
-        if _direction(section) not in ("sendonly", "inactive") and not _port_zero(section)
-    ]
-    if not receiving:
-        raise ApiError(400, "no_audio", "the offer's audio does not accept audio from the agent")
-    if not any(_offers_opus(section) for section in receiving):
-        raise ApiError(400, "no_opus", "the offer's audio has no opus/48000: the agent sends Opus")
+    # aiortc's addTrack puts the agent's track on the first audio transceiver (a room's
+    # agent audio goes there too; later sections are a room's speaker slots): an offer whose
+    # first audio section does not receive would be answered, and never hear anything.
+    first = audio[0]
+    if _direction(first) in ("sendonly", "inactive") or _port_zero(first):
+        raise ApiError(
+            400,
+            "no_audio",
+            "the offer's first audio section must accept audio from the agent (sendrecv or "
+            "recvonly): the agent sends on it",
+        )
+    if not _offers_opus(first):
+        message = "the offer's first audio section has no opus/48000: the agent sends Opus"
+        raise ApiError(400, "no_opus", message)
     return sdp
 
 
@@ -158,7 +166,10 @@ def add_mdns_fallback(sdp: str, peer_ip: str | None, host_ips: Callable[[], list
             for index, address in enumerate(addresses):
                 twin = list(parts)
                 twin[0] = f"{parts[0]}m{index}"[:44]
-                twin[3] = str(max(0, int(parts[3]) - 1 - index)) if parts[3].isdigit() else parts[3]
+                priority = parts[3]
+                # ASCII digits only: str.isdigit() also accepts "²", which int() refuses.
+                if _DIGITS.fullmatch(priority):
+                    twin[3] = str(max(0, int(priority) - 1 - index))
                 twin[4] = address
                 out.append(" ".join(twin))
     return newline.join(out) + (newline if sdp.endswith(newline) else "")

@@ -35,9 +35,10 @@ from signaling.errors import ApiError
 from signaling.lifecycle import Liveness, Verdict, check_interval, tap_rtcp, verdict
 from signaling.negotiation import OpusOffer, read_opus_offer, tune_answer
 from signaling.release import close_peer_connection
-from signaling.resume import TokenBook, new_token
+from signaling.resume import TokenBook, new_token, session_expired
 from signaling.rooms import RoomRegistry, offer_sends_audio
 from signaling.sdp import add_mdns_fallback, check_offer_sdp, explicit_directions, opus_first
+from signaling.shutdown import shutting_down
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +74,8 @@ class SessionRegistry:
         self._peers: dict[str, Peer] = {}
         self._creating = 0  # offers being answered: they count against max_sessions
         self._closing: set[asyncio.Task[Any]] = set()
+        # close_all() began (the drain): an offer answered after it must not be registered.
+        self._closed = False
         self.encode_executor = _encode_executor(config.opus.encode_threads)
         # Every encoder of this process (sessions, room agents, room speakers) steps its
         # complexity down together while the CPU cannot keep up.
@@ -204,9 +207,18 @@ class SessionRegistry:
         )
         try:
             peer.pc, answer = await self._connect(peer, offer_sdp, opus_offer)
-        except BaseException:
+        except BaseException as exc:
             await session.close()
+            if self._closed and isinstance(exc, Exception):
+                raise shutting_down() from None  # e.g. the encode threads were shut down
             raise
+        if self._closed:
+            # close_all() ran while this offer was answered: it cannot have closed this one,
+            # and nothing would after it (the process exits).
+            log.info("session %s: answered after the drain closed everything", session_id)
+            await _close_quietly(peer.pc)
+            await session.close()
+            raise shutting_down()
         self._peers[session_id] = peer
         self.tokens.add(peer.token, session_id)
         session.start()
@@ -275,16 +287,50 @@ class SessionRegistry:
                 peer.life.detached_at = time.monotonic()
                 peer.life.lost_reason = "resumed"
             await close_peer_connection(old)
+            # DELETE, the watchdog (grace over) or the drain may have closed the session while
+            # the old connection closed: then there is nothing to resume.
+            ended = self._ended(peer)
+            if ended is not None:
+                raise ended
             # aiortc stops a track with its sender: playout goes on in a new one.
             if not isinstance(peer.session, AgentSession):  # routes refuse it before this
                 raise ApiError(400, "not_resumable", "room participants rejoin the room instead")
             peer.session.renew_track()
-            pc, answer = await self._connect(peer, offer_sdp, opus_offer)
+            try:
+                pc, answer = await self._connect(peer, offer_sdp, opus_offer)
+            except Exception:
+                # A session closed mid-negotiation fails it (its encoder is closed, say): the
+                # client is told the session ended, not about that failure. _connect closed
+                # its peer connection; the session is closed again for what the negotiation
+                # attached to it (below).
+                ended = self._ended(peer)
+                if ended is None:
+                    raise
+                await peer.session.close()
+                raise ended from None
+            ended = self._ended(peer)
+            if ended is not None:
+                # Closed during the negotiation: close() closed the old peer connection, so
+                # this one is ours to close, with what it attached to the session (a listener
+                # on the new microphone track; closing a session again is harmless).
+                await _close_quietly(pc)
+                await peer.session.close()
+                raise ended
             peer.pc = pc
             log.info("session %s resumed (%s)", peer.session.id, peer.kind)
             return answer
         finally:
             peer.resuming = False
+
+    def _ended(self, peer: Peer) -> ApiError | None:
+        """Why a resume's session is gone, if it ended while the resume awaited: 503
+        ``shutting_down`` once the drain closes everything, else 410 ``session_expired``
+        (closed by DELETE or the watchdog: what its token gets from now on too)."""
+        if self._closed:
+            return shutting_down()
+        if self._peers.get(peer.session.id) is not peer:
+            return session_expired()
+        return None
 
     # --- watchdog ------------------------------------------------------------------------
     def _start_watchdog(self) -> None:
@@ -393,6 +439,7 @@ class SessionRegistry:
         return True
 
     async def close_all(self) -> None:
+        self._closed = True
         if self._watchdog is not None:
             self._watchdog.cancel()
             with contextlib.suppress(asyncio.CancelledError):

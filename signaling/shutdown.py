@@ -15,12 +15,15 @@ import logging
 import signal
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
 from agent.config import Config
 from signaling.errors import ApiError
-from signaling.sessions import SessionRegistry
+
+if TYPE_CHECKING:  # signaling/sessions.py refuses offers with shutting_down() too
+    from signaling.sessions import SessionRegistry
 
 log = logging.getLogger(__name__)
 
@@ -37,12 +40,17 @@ class Drain:
 
     def check(self) -> None:
         if self.draining:
-            raise ApiError(
-                503,
-                "shutting_down",
-                "the server is shutting down; connect again (to another instance)",
-                {"Retry-After": str(RETRY_AFTER_S)},
-            )
+            raise shutting_down()
+
+
+def shutting_down() -> ApiError:
+    """503 ``shutting_down``: what a new session or a resume gets once the drain began."""
+    return ApiError(
+        503,
+        "shutting_down",
+        "the server is shutting down; connect again (to another instance)",
+        {"Retry-After": str(RETRY_AFTER_S)},
+    )
 
 
 async def drain(sessions: SessionRegistry, state: Drain, deadline_s: float) -> bool:

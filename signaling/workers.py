@@ -276,4 +276,6 @@ class WorkerPool:
 def _stable_hash(text: str) -> int:
     import zlib
 
-    return zlib.crc32(text.encode("utf-8"))
+    # surrogatepass: a JSON room name may hold a lone surrogate ("\ud800"); it must route
+    # (the worker judges the name), not raise UnicodeEncodeError.
+    return zlib.crc32(text.encode("utf-8", "surrogatepass"))

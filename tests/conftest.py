@@ -59,6 +59,26 @@ async def serve(config: Config, engine: ToneEngine) -> AsyncIterator[LiveServer]
         await runner.cleanup()
 
 
+async def raw_http(url: str, request: bytes) -> bytes:
+    """Send ``request`` as is (bytes aiohttp's client would not send: non-UTF-8 headers)
+    and return the whole reply; the request should say ``Connection: close``."""
+    import asyncio
+
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    reader, writer = await asyncio.open_connection(host, int(port))
+    try:
+        writer.write(request)
+        await writer.drain()
+        return await reader.read()
+    finally:
+        writer.close()
+
+
+def raw_status(reply: bytes) -> int:
+    """The status code of a raw HTTP/1.1 reply."""
+    return int(reply.split(b" ", 2)[1])
+
+
 @pytest.fixture
 async def live_server(tone_engine: ToneEngine, server_config: Config) -> AsyncIterator[LiveServer]:
     async with serve(server_config, tone_engine) as server:

@@ -13,7 +13,7 @@ import pytest
 from agent.config import Config, SecuritySettings
 from signaling.auth import mint_token
 from signaling.cli import main
-from tests.conftest import LiveServer
+from tests.conftest import LiveServer, raw_http, raw_status
 from tests.rtc_client import RtcClient
 
 SECRET = "test-secret-that-is-long-enough-0123456789"
@@ -139,6 +139,29 @@ async def test_a_body_that_is_not_json_is_unauthorized_not_a_crash(live_server: 
     ):
         assert resp.status == 401
         assert (await _error(resp))["code"] == "unauthorized"
+
+
+async def test_tokens_that_are_not_utf8_are_invalid_not_a_crash(live_server: LiveServer) -> None:
+    """PyJWT encodes a token as UTF-8 first: a lone surrogate (JSON's "\\ud800", a query's
+    %ED%A0%80, a header's raw 0xff byte) raised UnicodeEncodeError, a 500."""
+    async with aiohttp.ClientSession() as http:
+        async with http.post(
+            live_server.url + "/offer",
+            data=b'{"type": "offer", "sdp": "v=0", "token": "\\ud800"}',
+            headers={"Content-Type": "application/json"},
+        ) as resp:
+            assert resp.status == 401, await resp.text()
+            assert "invalid" in (await _error(resp))["message"]
+        async with http.get(live_server.url + "/sessions/x?token=%ED%A0%80") as resp:
+            assert resp.status == 401, await resp.text()
+            assert "invalid" in (await _error(resp))["message"]
+    reply = await raw_http(
+        live_server.url,
+        b"GET /sessions/x HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer a.b.\xff\r\n"
+        b"Connection: close\r\n\r\n",
+    )
+    assert raw_status(reply) == 401, reply
+    assert b'"unauthorized"' in reply
 
 
 async def test_a_room_token_is_valid_for_its_room_only(live_server: LiveServer) -> None:

@@ -154,3 +154,33 @@ async def test_a_resumed_connection_s_microphone_is_listened_to() -> None:
     finally:
         await session.close()
         pool.executor.shutdown(wait=False)
+
+
+@pytest.mark.parametrize("listening", [True, False])
+async def test_resumes_do_not_pile_up_finished_tasks(listening: bool) -> None:
+    """Each resume's new microphone starts a task (the old listener's close, or a drain of a
+    track nobody listens to): finished ones were kept for the session's whole life."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from agent.config import Config
+    from agent.session import AgentSession
+    from agent.vad import VadPool
+    from tests.doubles import ToneEngine, ToneMicrophone
+
+    session = AgentSession("s", ToneEngine(), Config(listen=ListenSettings(enabled=listening)))
+    pool = VadPool(1)
+    receiver = SimpleNamespace()
+    try:
+        for resume in range(20):
+            mic = ToneMicrophone(440 + resume)
+            session.listen(mic, receiver, pool)  # type: ignore[arg-type]
+            mic.stop()  # this connection closes: the next resume brings a new microphone
+        for _ in range(100):  # the tasks end within a few loop turns
+            if not session._drain_tasks:
+                break
+            await asyncio.sleep(0)
+        assert len(session._drain_tasks) == 0
+    finally:
+        await session.close()
+        pool.executor.shutdown(wait=False)

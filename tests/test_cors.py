@@ -37,6 +37,8 @@ class TestAllowList:
                 assert resp.headers["Access-Control-Allow-Origin"] == ALLOWED
                 assert "POST" in resp.headers["Access-Control-Allow-Methods"]
                 assert "Authorization" in resp.headers["Access-Control-Allow-Headers"]
+                # A WHEP resume sends its session token in this header.
+                assert "X-Session-Token" in resp.headers["Access-Control-Allow-Headers"]
                 assert "Origin" in resp.headers.getall("Vary")
             async with http.options(
                 live_server.url + "/offer", headers={"Origin": "https://evil.example", **PREFLIGHT}
@@ -52,6 +54,8 @@ class TestAllowList:
             async with http.get(live_server.url + "/healthz", headers={"Origin": ALLOWED}) as r:
                 assert r.headers["Access-Control-Allow-Origin"] == ALLOWED
                 assert "Retry-After" in r.headers["Access-Control-Expose-Headers"]
+                # WHEP's 201 carries the session token a resume needs: the page must read it.
+                assert "X-Session-Token" in r.headers["Access-Control-Expose-Headers"]
             # A page on an allowed origin can read why it was refused.
             async with http.post(
                 live_server.url + "/offer", json={}, headers={"Origin": ALLOWED}

@@ -68,6 +68,30 @@ async def test_offer_errors(
         assert (await _error(resp))["code"] == code
 
 
+@pytest.mark.parametrize(
+    ("path", "content_type", "status", "code"),
+    [
+        # No such codec, or one that is not a text encoding: bytes.decode raises LookupError.
+        ("/offer", "application/json; charset=no-such-codec", 415, "unsupported_media_type"),
+        ("/offer", "application/json; charset=base64", 415, "unsupported_media_type"),
+        ("/offer", "application/json; charset=undefined", 400, "bad_json"),  # decodes nothing
+        ("/whep", "application/sdp; charset=no-such-codec", 415, "unsupported_media_type"),
+        ("/whep", "application/sdp; charset=hex", 415, "unsupported_media_type"),
+        ("/whep", "application/sdp; charset=undefined", 400, "bad_sdp"),
+    ],
+)
+async def test_a_charset_python_cannot_decode_is_a_4xx(
+    live_server: LiveServer, path: str, content_type: str, status: int, code: str
+) -> None:
+    body = b'{"type": "offer", "sdp": "v=0"}' if path == "/offer" else b"v=0\r\n"
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(live_server.url + path, data=body, headers={"Content-Type": content_type}) as r,
+    ):
+        assert r.status == status, await r.text()
+        assert (await _error(r))["code"] == code
+
+
 async def test_oversize_sdp_is_refused(live_server: LiveServer) -> None:
     sdp = AUDIO_OFFER_HEAD + "m=audio 9 UDP/TLS/RTP/SAVPF 111\r\n" + "a=x\r\n" * 20_000
     async with (

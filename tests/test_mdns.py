@@ -34,6 +34,28 @@ def test_plain_candidates_are_left_alone() -> None:
     assert add_mdns_fallback(sdp, "10.1.1.1", lambda: ["10.0.0.5"]) == sdp
 
 
+def test_a_priority_that_is_not_ascii_digits_is_copied_not_parsed() -> None:
+    """Superscript two passes str.isdigit() but not int(), and so do 5000 digits (Python's
+    limit on digits): both were a 500. The twin keeps such a priority; aiortc refuses it."""
+    for priority in ("\u00b2", "\u0663", "9" * 5000):
+        candidate = f"a=candidate:1 1 udp {priority} x.local 54321 typ host"
+        out = add_mdns_fallback(f"v=0\r\n{candidate}\r\n", "10.1.1.1", list).split("\r\n")
+        assert out[2] == f"a=candidate:1m0 1 udp {priority} 10.1.1.1 54321 typ host"
+
+
+async def test_an_offer_with_such_a_priority_is_a_400(live_server: LiveServer) -> None:
+    sdp = (
+        "v=0\r\no=- 1 1 IN IP4 0.0.0.0\r\ns=-\r\nt=0 0\r\nm=audio 9 UDP/TLS/RTP/SAVPF 111\r\n"
+        "a=rtpmap:111 opus/48000/2\r\na=candidate:1 1 udp \u00b2 abcd.local 5000 typ host\r\n"
+    )
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(live_server.url + "/offer", json={"type": "offer", "sdp": sdp}) as resp,
+    ):
+        assert resp.status == 400, await resp.text()
+        assert (await resp.json())["error"]["code"] == "bad_sdp"
+
+
 def hide_behind_mdns(sdp: str) -> str:
     """What Chrome and Firefox do: host addresses become random, unresolvable .local names."""
     return re.sub(

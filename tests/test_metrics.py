@@ -11,7 +11,7 @@ from agent.governor import ComplexityGovernor
 from signaling.app import build_app
 from signaling.keys import SESSIONS
 from signaling.metrics import _governor_metrics
-from tests.conftest import LiveServer
+from tests.conftest import LiveServer, raw_http, raw_status
 from tests.doubles import ToneEngine
 from tests.rtc_client import RtcClient
 
@@ -116,6 +116,18 @@ class TestProtected:
             )
             outcome = "rejected_unauthorized"
             assert value(samples, "voice_agent_offers_total", kind="offer", outcome=outcome) == 1
+
+    async def test_a_bearer_that_is_not_utf8_is_refused_not_a_crash(
+        self, live_server: LiveServer
+    ) -> None:
+        # aiohttp hands the header's 0xff byte over as a lone surrogate: .encode() raised.
+        reply = await raw_http(
+            live_server.url,
+            b"GET /metrics HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer \xff\r\n"
+            b"Connection: close\r\n\r\n",
+        )
+        assert raw_status(reply) == 401, reply
+        assert b'"unauthorized"' in reply
 
 
 async def test_scraping_reads_live_state_without_a_background_task(

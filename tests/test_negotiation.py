@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 import aiohttp
 import pytest
@@ -11,7 +12,9 @@ from agent.session import AgentSession
 from signaling.errors import ApiError
 from signaling.keys import SESSIONS
 from signaling.negotiation import TWCC_URI, read_opus_offer
+from signaling.sdp import check_offer_sdp
 from tests.conftest import LiveServer
+from tests.mic import ClipMic
 from tests.rtc_client import RtcClient, opus_fmtp_rewriter
 
 # The audio section of a Chrome 156 offer (trimmed to what matters here).
@@ -169,9 +172,54 @@ def test_malformed_numbers_are_ignored_not_a_crash(value: str) -> None:
     assert offer.maxaveragebitrate is None
 
 
-def test_the_receiving_audio_section_is_the_one_read() -> None:
-    rejected = (
-        "m=audio 0 UDP/TLS/RTP/SAVPF 111\na=rtpmap:111 opus/48000/2\na=fmtp:111 useinbandfec=0\n"
-    )
-    sdp = CHROME_AUDIO.replace("m=audio 9", rejected + "m=audio 9", 1)
-    assert read_opus_offer(sdp).useinbandfec
+def test_the_first_audio_section_is_the_one_read() -> None:
+    """The agent's track goes on the first audio transceiver (aiortc's addTrack): its
+    section's parameters are the receiver's, whatever a later section says."""
+    later = "m=audio 9 UDP/TLS/RTP/SAVPF 111\na=recvonly\na=rtpmap:111 opus/48000/2\n"
+    first = CHROME_AUDIO.replace("m=application", "a=sendonly\nm=application")
+    assert read_opus_offer(first.replace("m=application", later + "m=application")).useinbandfec
+
+
+def first_section(direction: str) -> Callable[[str], str]:
+    """An offer rewriter: the first audio section's direction becomes ``direction``."""
+
+    def rewrite(sdp: str) -> str:
+        return sdp.replace("a=sendrecv", f"a={direction}", 1)
+
+    return rewrite
+
+
+@pytest.mark.parametrize("direction", ["sendonly", "inactive"])
+async def test_an_offer_whose_first_audio_section_cannot_receive_is_refused(
+    live_server: LiveServer, direction: str
+) -> None:
+    """The first audio section sends only, a later one (a room's slot) receives: it used to
+    be answered 200 with the agent's track on the first (answered recvonly): silence."""
+    async with aiohttp.ClientSession() as http:
+        client = RtcClient(live_server.url, http)
+        try:
+            error = await client.connect(
+                mic=ClipMic(), slots=1, rewrite_offer=first_section(direction), expect_status=400
+            )
+        finally:
+            await client.close()
+    assert error is not None and error["error"]["code"] == "no_audio"
+    assert "first audio section" in error["error"]["message"]
+    assert len(live_server.app[SESSIONS]) == 0
+
+
+@pytest.mark.parametrize(
+    ("second", "code"),
+    [
+        ("m=audio 0 UDP/TLS/RTP/SAVPF 111\r\na=rtpmap:111 opus/48000/2\r\n", "no_audio"),
+        ("m=audio 9 UDP/TLS/RTP/SAVPF 0\r\na=rtpmap:0 PCMU/8000\r\n", "no_opus"),
+    ],
+)
+def test_the_first_audio_section_decides(second: str, code: str) -> None:
+    """A rejected (port 0) or Opus-less first audio section is refused even when a later one
+    would do: the agent's audio goes on the first."""
+    good = "m=audio 9 UDP/TLS/RTP/SAVPF 111\r\na=rtpmap:111 opus/48000/2\r\n"
+    with pytest.raises(ApiError) as refused:
+        check_offer_sdp("v=0\r\n" + second + good)
+    assert (refused.value.status, refused.value.code) == (400, code)
+    assert check_offer_sdp("v=0\r\n" + good + second)  # a later one may be anything

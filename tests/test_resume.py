@@ -11,10 +11,13 @@ from typing import Any
 import aiohttp
 import numpy as np
 import pytest
+from aiortc import RTCPeerConnection
 
 from agent.config import Config, LifecycleSettings, LimitSettings
+from signaling.keys import SESSIONS
 from tests.conftest import LiveServer
 from tests.doubles import tone_frequency
+from tests.mic import ClipMic
 from tests.netem import relayed_client
 from tests.rtc_client import RtcClient
 from tests.test_lifecycle import detached, gone, session_state, wait_for
@@ -193,3 +196,65 @@ async def test_tokens_after_the_grace_wrong_or_malformed_are_refused(
             assert status == 400 and body["error"]["code"] == "wrong_kind"
         finally:
             await whep.close()
+
+
+@pytest.mark.parametrize("when", ["old_pc_closed", "negotiating", "negotiated"])
+async def test_a_session_closed_during_its_resume_is_not_resumed(
+    live_server: LiveServer, monkeypatch: pytest.MonkeyPatch, when: str
+) -> None:
+    """DELETE (or the watchdog) landing while a resume awaits: it used to get a 500 (the
+    negotiation hit the closed session's encoder), or a 200 and a new peer connection that
+    nothing ever closed. Now: 410 session_expired, and every peer connection is closed."""
+    from signaling import sessions
+
+    registry = live_server.app[SESSIONS]
+    made: list[RTCPeerConnection] = []
+    async with aiohttp.ClientSession() as http:
+        first = RtcClient(live_server.url, http)
+        await first.connect()
+        sid = first.session_id
+        assert sid is not None
+        peer = registry.get(sid)
+        old_pc = peer.pc
+
+        async def delete() -> None:
+            async with http.delete(f"{live_server.url}/sessions/{sid}") as resp:
+                assert resp.status == 204
+
+        real_close = sessions.close_peer_connection
+
+        async def close_then_delete(pc: RTCPeerConnection) -> None:
+            await real_close(pc)
+            if pc is old_pc and peer.resuming and registry.peers():
+                await delete()  # lands after the resume closed the old connection
+
+        real_connect = registry._connect
+
+        async def connect(*args: Any) -> tuple[RTCPeerConnection, str]:
+            if when == "negotiating":
+                await delete()  # the new negotiation meets a closed session
+            pc, answer = await real_connect(*args)
+            made.append(pc)
+            if when == "negotiated":
+                await delete()
+            return pc, answer
+
+        if when == "old_pc_closed":
+            monkeypatch.setattr(sessions, "close_peer_connection", close_then_delete)
+        monkeypatch.setattr(registry, "_connect", connect)
+        second = RtcClient(live_server.url, http)
+        try:
+            # With a microphone: the negotiation starts listening to it, on the closed session.
+            await second.connect(resume=first.session_token, mic=ClipMic(), allow_refusal=True)
+            assert second.refusal is not None, "a deleted session was resumed"
+            status, body, _ = second.refusal
+            assert (status, body["error"]["code"]) == (410, "session_expired"), body
+            assert len(registry) == 0
+            assert [pc.connectionState for pc in made] == ["closed"] * len(made)
+            inbound = peer.session.inbound  # type: ignore[union-attr]
+            assert inbound is None or not inbound._tasks, "the new microphone is still read"
+            status, body = await post_resume(http, live_server.url, first.session_token)
+            assert (status, body["error"]["code"]) == (410, "session_expired")
+        finally:
+            await first.close()
+            await second.close()

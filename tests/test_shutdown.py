@@ -8,11 +8,15 @@ import asyncio
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
 from aiortc import RTCConfiguration, RTCPeerConnection
 
+from signaling.keys import DRAIN, SESSIONS
+from signaling.shutdown import drain
+from tests.conftest import LiveServer
 from tests.rtc_client import RtcClient
 from tests.server_process import ServerProcess
 
@@ -112,3 +116,39 @@ async def test_sigterm_with_chattts(tiny_model_dir: Path) -> None:
     finally:
         if server.proc.poll() is None:
             server.proc.kill()
+
+
+@pytest.mark.parametrize("drained", ["while_negotiating", "after_negotiating"])
+async def test_an_offer_in_flight_when_the_drain_closes_everything_is_refused(
+    live_server: LiveServer, monkeypatch: pytest.MonkeyPatch, drained: str
+) -> None:
+    """SIGTERM's drain closes every session while an offer is being answered (ICE takes a
+    moment): the offer used to be registered after that, answered 200, and its peer
+    connection never closed (the process exits). Now: 503 shutting_down, nothing left."""
+    registry = live_server.app[SESSIONS]
+    made: list[RTCPeerConnection] = []
+    real_connect = registry._connect
+
+    async def connect(*args: Any) -> tuple[RTCPeerConnection, str]:
+        if drained == "while_negotiating":
+            await drain(registry, live_server.app[DRAIN], 1.0)
+        pc, answer = await real_connect(*args)
+        made.append(pc)
+        if drained == "after_negotiating":
+            await drain(registry, live_server.app[DRAIN], 1.0)  # what SIGTERM runs
+        return pc, answer
+
+    monkeypatch.setattr(registry, "_connect", connect)
+    async with aiohttp.ClientSession() as http:
+        client = RtcClient(live_server.url, http)
+        try:
+            await client.connect(allow_refusal=True)
+            assert client.refusal is not None, "an offer was admitted after the drain"
+            status, body, headers = client.refusal
+            assert (status, body["error"]["code"]) == (503, "shutting_down")
+            assert headers["Retry-After"]
+        finally:
+            await client.close()
+    assert len(registry) == 0 and registry.load == 0
+    assert [pc.connectionState for pc in made] == ["closed"] * len(made)
+    assert registry._watchdog is None or registry._watchdog.done()

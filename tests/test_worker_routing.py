@@ -1,13 +1,25 @@
-"""The front's routing decisions (no processes started: the pool only decides)."""
+"""The front's routing decisions (no processes started: the pool only decides), and the
+front's own answers, with a worker app in this process behind it."""
 
 from __future__ import annotations
 
+import contextlib
+import shutil
+import tempfile
+from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
 
+import aiohttp
 import pytest
+from aiohttp import web
 
-from agent.config import Config
+from agent.config import Config, SecuritySettings
+from signaling.app import build_app
+from signaling.front import build_front_app
 from signaling.workers import WorkerPool
+from tests.conftest import raw_http, raw_status
+from tests.doubles import ToneEngine
 
 
 def pool(tmp_path: Path, workers: int = 3) -> WorkerPool:
@@ -30,3 +42,134 @@ def test_socket_paths_too_long_for_unix_sockets_are_refused(tmp_path: Path) -> N
     deep = tmp_path / ("d" * 120)
     with pytest.raises(ValueError, match="TMPDIR"):
         pool(deep)
+
+
+# --- the front app in this process, routing to one worker app on a Unix socket --------------
+class _Running:
+    """Stands in for a worker's process: the worker app runs in this event loop."""
+
+    pid = 1
+
+    def is_alive(self) -> bool:
+        return True
+
+
+@contextlib.asynccontextmanager
+async def front_and_worker(config: Config, *, ready: bool = True) -> AsyncIterator[str]:
+    """The front app on a localhost port (its URL is yielded) and worker 0's app on its
+    socket, both in this event loop (no processes: fast, and the front's own code runs)."""
+    socket_dir = Path(tempfile.mkdtemp(prefix="front"))  # short: Unix socket paths are
+    worker_app = build_app(replace(config, worker_index=0, workers=1), ToneEngine())
+    worker_runner = web.AppRunner(worker_app)
+    await worker_runner.setup()
+    pool = WorkerPool(replace(config, workers=1), lambda c: worker_app, socket_dir)
+    worker = pool.workers[0]
+    await web.UnixSite(worker_runner, worker.socket_path).start()
+    worker.process = _Running()  # type: ignore[assignment]
+    worker.ready = ready
+    worker.http = aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=worker.socket_path))
+    front_runner = web.AppRunner(build_front_app(config, pool))
+    await front_runner.setup()
+    site = web.TCPSite(front_runner, "127.0.0.1", 0)
+    await site.start()
+    assert site._server is not None
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        await worker.http.close()
+        await front_runner.cleanup()
+        await worker_runner.cleanup()
+        shutil.rmtree(socket_dir, ignore_errors=True)
+
+
+async def test_tokens_and_rooms_that_are_not_utf8_route_like_any_other() -> None:
+    """The front reads a token's room claim (no verification) to route it: a lone surrogate
+    made PyJWT raise UnicodeEncodeError, a 500, even with no authentication configured (and
+    hashing such a room name did the same). Now such an offer goes to a worker like any
+    other, whose answer the client gets."""
+    body = b'{"type": "offer", "sdp": "v=0"}'
+    async with front_and_worker(Config(host="127.0.0.1", port=0)) as url:
+        reply = await raw_http(
+            url,
+            b"POST /offer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Authorization: Bearer a.b.\xff\r\nContent-Length: %d\r\nConnection: close\r\n\r\n"
+            % len(body)
+            + body,
+        )
+        assert raw_status(reply) == 400, reply
+        assert b'"no_audio"' in reply  # the worker's answer to "v=0"
+        async with aiohttp.ClientSession() as http:
+            async with http.post(
+                url + "/offer",
+                data=b'{"type": "offer", "sdp": "v=0", "token": "\\ud800"}',
+                headers={"Content-Type": "application/json"},
+            ) as resp:
+                assert resp.status == 400, await resp.text()
+                assert (await resp.json())["error"]["code"] == "no_audio"
+            async with http.post(
+                url + "/offer",
+                data=b'{"type": "offer", "sdp": "v=0", "room": "\\ud800"}',
+                headers={"Content-Type": "application/json"},
+            ) as resp:
+                assert resp.status == 400, await resp.text()
+                assert (await resp.json())["error"]["code"] == "no_audio"
+            async with http.post(
+                url + "/whep?token=%ED%A0%80",
+                data=b"v=0\r\n",
+                headers={"Content-Type": "application/sdp"},
+            ) as resp:
+                assert resp.status == 400, await resp.text()
+                assert (await resp.json())["error"]["code"] == "no_audio"
+
+
+ORIGIN = "https://app.example"
+PREFLIGHT = {
+    "Origin": ORIGIN,
+    "Access-Control-Request-Method": "POST",
+    "Access-Control-Request-Headers": "content-type, x-session-token",
+}
+
+
+async def test_the_fronts_own_answers_carry_cors_headers_once() -> None:
+    """The front had no CORS handling: its own errors went out without
+    Access-Control-Allow-Origin (a page could not read why), and preflights needed a ready
+    worker. Answers forwarded from a worker carry the headers once, not twice."""
+    config = Config(host="127.0.0.1", port=0, security=SecuritySettings(cors_origins=(ORIGIN,)))
+    cross = {"Origin": ORIGIN}
+    async with aiohttp.ClientSession() as http:
+        async with front_and_worker(config, ready=False) as url:
+            # Preflights are the front's: answered with no worker ready.
+            async with http.options(url + "/whep", headers=PREFLIGHT) as resp:
+                assert resp.status == 204
+                assert resp.headers["Access-Control-Allow-Origin"] == ORIGIN
+                assert "X-Session-Token" in resp.headers["Access-Control-Allow-Headers"]
+            async with http.options(
+                url + "/offer", headers={**PREFLIGHT, "Origin": "https://evil.example"}
+            ) as resp:
+                assert resp.status == 403
+                assert (await resp.json())["error"]["code"] == "forbidden"
+                assert "Access-Control-Allow-Origin" not in resp.headers
+            own = [
+                ("POST", "/offer", 503, "not_ready"),  # no worker ready
+                ("DELETE", "/sessions/nope", 404, "unknown_session"),  # names no worker
+                ("POST", "/sessions/w7-x/say", 404, "unknown_session"),
+                ("GET", "/no/such/route", 404, "not_found"),
+            ]
+            for method, path, status, code in own:
+                async with http.request(method, url + path, headers=cross, json={}) as resp:
+                    assert resp.status == status, (path, await resp.text())
+                    assert (await resp.json())["error"]["code"] == code
+                    assert resp.headers["Access-Control-Allow-Origin"] == ORIGIN, path
+                    assert "Retry-After" in resp.headers["Access-Control-Expose-Headers"]
+                    assert resp.headers.getall("Vary") == ["Origin"]
+        async with front_and_worker(config) as url:
+            # Forwarded: the worker's own answer, its headers not doubled.
+            async with http.delete(url + "/sessions/w0-nope", headers=cross) as resp:
+                assert resp.status == 404
+                assert resp.headers.getall("Access-Control-Allow-Origin") == [ORIGIN]
+                assert resp.headers.getall("Vary") == ["Origin"]
+            async with http.get(url + "/ice-servers", headers=cross) as resp:
+                assert resp.status == 200
+                assert resp.headers.getall("Access-Control-Allow-Origin") == [ORIGIN]
+                assert resp.headers.getall("Vary") == ["Origin"]
