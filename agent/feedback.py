@@ -79,14 +79,33 @@ class Applier:
         self.current = target
 
 
+class TransportSequence:
+    """The transport-wide sequence numbers of one transport. Every sender on it (a room
+    participant's agent track and speaker slots share one bundled transport) takes the next
+    one: a feedback names packets by this number, whichever stream they belonged to."""
+
+    def __init__(self) -> None:
+        self._next = 0
+
+    def take(self) -> int:
+        seq = self._next
+        self._next = (seq + 1) & 0xFFFF
+        return seq
+
+
 class TransportSequenceMap(HeaderExtensionsMap):
     """aiortc's header-extension map that also stamps transport-wide sequence numbers."""
 
-    def __init__(self, history: SendHistory, size_of_last: Callable[[], int]) -> None:
+    def __init__(
+        self,
+        history: SendHistory,
+        size_of_last: Callable[[], int],
+        sequence: TransportSequence | None = None,
+    ) -> None:
         super().__init__()
         self._history = history
         self._size_of_last = size_of_last
-        self._seq = 0
+        self._sequence = sequence or TransportSequence()
 
     def set(self, values: HeaderExtensions) -> tuple[int, bytes]:
         # Called once per packet, as it is serialised to be sent: the send time is now.
@@ -97,9 +116,10 @@ class TransportSequenceMap(HeaderExtensionsMap):
         """The next transport-wide sequence number, for a packet of ``size_bytes`` of
         payload leaving now (recorded for the feedback that will name it). The lean send
         path (agent/direct.py) writes it into its own header with this."""
-        seq = self._seq
+        seq = self._sequence.take()
+        # Only this sender's packets are recorded: a feedback's others (another stream on
+        # the same transport) are not in its history, so its estimate is of its own stream.
         self._history.record(seq, _now_us(), size_bytes)
-        self._seq = (seq + 1) & 0xFFFF
         return seq
 
 
@@ -114,8 +134,11 @@ class FeedbackTap:
         *,
         packet_size: Callable[[], int] = lambda: 0,
         clock: Callable[[], float] = time.monotonic,
+        sequence: TransportSequence | None = None,
     ) -> None:
         self.sender = sender
+        # Shared by every tap on one transport (None: this sender has its transport alone).
+        self._sequence = sequence
         self.controller = controller
         self._apply = apply
         self._clock = clock
@@ -144,7 +167,7 @@ class FeedbackTap:
             self.transport_cc = True
             # Replaced before RTCRtpSender.send() configures it with the negotiated ids.
             self.sender._RTCRtpSender__rtp_header_extensions_map = (  # type: ignore[attr-defined]
-                TransportSequenceMap(self._history, self._packet_size)
+                TransportSequenceMap(self._history, self._packet_size, self._sequence)
             )
             transport = self.sender.transport
             original_data: Callable[[bytes], Awaitable[None]] = transport._handle_rtcp_data
@@ -223,7 +246,8 @@ class FeedbackTap:
 
     def _on_rtcp_data(self, data: bytes) -> None:
         for _sender_ssrc, _media_ssrc, fci in iter_transport_feedback(data):
-            # One audio stream per connection: every transport feedback is about it.
+            # A feedback covers the whole transport; packets of other streams on it are not
+            # in this tap's history and are skipped by the estimator.
             try:
                 feedback = parse_transport_feedback(fci)
             except ValueError as exc:

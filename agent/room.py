@@ -40,7 +40,7 @@ from agent.config import Config
 from agent.direct import DirectSender
 from agent.engine import TTSEngine
 from agent.fanout import FanoutSource, FanoutTrack, SubscriberWish
-from agent.feedback import Applier, FeedbackTap
+from agent.feedback import Applier, FeedbackTap, TransportSequence
 from agent.governor import ComplexityGovernor
 from agent.hooks import SessionHooks
 from agent.opus import FRAME_SAMPLES, OpusEncoder
@@ -412,6 +412,8 @@ class RoomMember:
         self._slots: dict[int, _Subscription] = {}
         self.outbox = EventOutbox(expects_channel, f"room {room.name}")
         self._receiver = ReceiverOpus()
+        # Transport-wide sequence numbers, per transport of this participant's connection.
+        self._sequences: dict[Any, TransportSequence] = {}
 
     @property
     def role(self) -> str:
@@ -486,7 +488,14 @@ class RoomMember:
         sub.wish = wish
         track = sub.track
         applier = Applier(wish.set_bitrate, wish.set_fec, wish.set_expected_loss)
-        sub.tap = FeedbackTap(sender, controller, applier, packet_size=lambda: track.last_size)
+        sub.tap = FeedbackTap(
+            sender,
+            controller,
+            applier,
+            packet_size=lambda: track.last_size,
+            # The agent's and the slots' senders share one bundled transport: one sequence.
+            sequence=self._sequences.setdefault(sender.transport, TransportSequence()),
+        )
         # Both send paths stamp transport-wide sequence numbers (agent/direct.py).
         sub.tap.install(transport_cc=receiver.transport_cc)
         if source is None:

@@ -19,7 +19,7 @@ from agent.direct import DirectSender
 from agent.session import AgentSession
 from signaling.keys import SESSIONS
 from tests.conftest import LiveServer, serve
-from tests.doubles import ToneEngine, tone_frequency
+from tests.doubles import ToneEngine, ToneMicrophone, tone_frequency
 from tests.rtc_client import RtcClient, opus_fmtp_rewriter
 from tests.test_e2e_python import _speak_and_record, dominant_frequency, speech_span
 
@@ -212,3 +212,40 @@ def test_rtp_sequence_numbers_start_in_the_lower_half() -> None:
     """Like aiortc and libwebrtc: an early wrap-around can break SRTP index estimation."""
     starts = [DirectSender(SimpleNamespace(sender=None))._seq for _ in range(2000)]
     assert max(starts) < 0x8000 and len(set(starts)) > 1000
+
+
+async def test_a_room_participants_streams_share_one_transport_wide_sequence() -> None:
+    # A listener's connection carries the agent and a speaker slot on one bundled transport:
+    # transport-cc numbers count across the transport, so feedback names each packet once.
+    # Each sender used to count from 0 on its own: 74 of 150 numbers were sent twice.
+    config = Config(host="127.0.0.1", port=0, rooms=RoomSettings(direct_send=True))
+    async with serve(config, ToneEngine()) as server, aiohttp.ClientSession() as http:
+        speaker, listener = RtcClient(server.url, http), RtcClient(server.url, http)
+        with_twcc = opus_fmtp_rewriter("", True)
+        await speaker.connect(
+            room="tw", mic=ToneMicrophone(1000.0), slots=2, rewrite_offer=with_twcc
+        )
+        await listener.connect(room="tw", slots=2, rewrite_offer=with_twcc)
+        try:
+            room = server.app[SESSIONS].rooms.get("tw")
+            member = next(m for m in room.members.values() if m.slot is None)
+            subs = [member._subs[0], member._slots[0]]  # the agent, the speaker's slot
+            assert subs[0].tap.sender.transport is subs[1].tap.sender.transport
+            senders = [await _wait_direct(sub.track) for sub in subs]
+            recorders = [WireRecorder(sender._srtp) for sender in senders]
+            for sender, recorder in zip(senders, recorders, strict=True):
+                sender._srtp = recorder
+            listener.send({"type": "say", "text": "one two three four", "id": "u1"})
+            await asyncio.sleep(1.0)
+            for sender, recorder in zip(senders, recorders, strict=True):
+                sender._srtp = recorder.srtp
+        finally:
+            await listener.close()
+            await speaker.close()
+    agent, slot = ([_twcc_sequence(p) for p in r.packets] for r in recorders)
+    assert len(agent) > 25 and len(slot) > 25  # both streams flowed
+    sent = agent + slot
+    assert None not in sent
+    assert len(set(sent)) == len(sent)  # no number twice on the transport
+    # One counter: together they are a run of consecutive numbers.
+    assert max(sent) - min(sent) + 1 == len(sent)  # type: ignore[type-var,operator]
