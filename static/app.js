@@ -169,23 +169,36 @@ function refreshState() {
 // The microphone, with the user's consent: echo cancellation keeps the agent's own voice
 // out of it (the server would otherwise hear itself and barge in on itself). Refused or
 // missing: the call goes on listen-only.
-async function openMic() {
+// `stale()` says whether the call asking for it was torn down meanwhile.
+async function openMic(stale) {
   if (!ui.mic.checked || !navigator.mediaDevices?.getUserMedia) return null;
   try {
     const stream = await navigator.mediaDevices.getUserMedia({
       audio: { echoCancellation: true, noiseSuppression: true, autoGainControl: true },
       video: false,
     });
+    if (stale()) {
+      // Hung up while the browser asked for permission: teardown already ran and would
+      // never stop this stream, leaving the microphone on.
+      stopStream(stream);
+      return null;
+    }
     session.micStream = stream;
     return stream.getAudioTracks()[0] ?? null;
   } catch (err) {
-    showAlert(`Microphone unavailable (${err.name || err}): listening only; type to talk.`, "info");
+    if (!stale()) {
+      showAlert(`Microphone unavailable (${err.name || err}): listening only; type to talk.`, "info");
+    }
     return null;
   }
 }
 
+function stopStream(stream) {
+  for (const track of stream.getTracks()) track.stop();
+}
+
 function closeMic() {
-  if (session.micStream) for (const track of session.micStream.getTracks()) track.stop();
+  if (session.micStream) stopStream(session.micStream);
   session.micStream = null;
 }
 
@@ -314,14 +327,18 @@ async function doConnect(resume = null) {
   }
   session.prevInbound = null;
 
-  const pc = new RTCPeerConnection({ iceServers: await iceServers() });
+  const stale = () => session.generation !== generation;
+  const servers = await iceServers();
+  if (stale()) return;
+  const pc = new RTCPeerConnection({ iceServers: servers });
   session.pc = pc;
   setState("connecting");
-  const stale = () => session.generation !== generation;
 
   try {
-    addAudio(pc, await openMic());
+    // A failure from here on tears the call down, which also stops the microphone.
+    const micTrack = await openMic(stale);
     if (stale()) return;
+    addAudio(pc, micTrack);
     const channel = pc.createDataChannel("agent");
     session.channel = channel;
     channel.binaryType = "arraybuffer";

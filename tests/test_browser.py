@@ -585,3 +585,39 @@ async def test_the_page_resumes_its_session_after_losing_the_connection(
     probe = await probe_speech(ap, before, timeout_s=10)
     assert probe["endedAt"] is not None, probe
     assert not ap.page_errors(), ap.context()
+
+
+# The user takes a while to answer the browser's microphone prompt: getUserMedia resolves
+# late. Every stream it hands out is kept so a test can see whether it was stopped.
+SLOW_MIC_JS = """
+window.__streams = [];
+const getUserMedia = navigator.mediaDevices.getUserMedia.bind(navigator.mediaDevices);
+navigator.mediaDevices.getUserMedia = async (constraints) => {
+  await new Promise((r) => setTimeout(r, 800));
+  const stream = await getUserMedia(constraints);
+  window.__streams.push(stream);
+  return stream;
+};
+"""
+
+
+async def test_hang_up_during_the_microphone_prompt_turns_the_microphone_off(
+    agent_page: AgentPage,
+) -> None:
+    ap = agent_page
+    await ap.page.add_init_script(SLOW_MIC_JS)
+    await ap.page.reload()
+    await ap.page.set_checked("#mic", True)
+    await ap.page.click("#connect")
+    await ap.page.wait_for_timeout(200)  # the prompt is up
+    await ap.page.click("#hangup")
+    await ap.page.wait_for_function("() => window.__streams.length === 1")
+    await ap.page.wait_for_timeout(100)
+    tracks = await ap.page.evaluate(
+        "() => window.__streams.flatMap((s) => s.getTracks().map((t) => t.readyState))"
+    )
+    assert tracks == ["ended"], f"the microphone is still on after Hang up: {tracks}"
+    assert await ap.page.evaluate("() => window.voiceAgent.micTrack === null")
+    assert await ap.page.get_attribute("#state", "data-state") == "closed"
+    assert not [line for line in ap.log if "connect failed" in line], ap.context()
+    assert not ap.page_errors(), ap.context()
