@@ -50,6 +50,9 @@ const session = {
   channel: null,
   id: null,
   generation: 0, // bumped on every connect/teardown so stale async work can tell
+  // Bumped when a call starts or ends for good (Connect, Hang up, giving up), not by the
+  // teardowns and connects of a resume: a pending resume stops when it changes.
+  call: 0,
   statsTimer: null,
   statsBusy: false,
   prevInbound: null,
@@ -127,7 +130,7 @@ function setState(name, detail = "") {
   const open = name === "connected";
   ui.connect.disabled = live;
   ui.mic.disabled = live; // the microphone is chosen per call
-  ui.hangup.disabled = !live;
+  ui.hangup.disabled = !live && !session.token; // between two resume tries too
   ui.text.disabled = !open;
   ui.say.disabled = !open;
   ui.interrupt.disabled = !open;
@@ -312,6 +315,7 @@ let connecting = null;
 function connect() {
   if (connecting) return connecting;
   if (session.pc) return Promise.resolve();
+  endCall(); // a new call: a resume of the last one, if pending, stops
   connecting = doConnect().finally(() => { connecting = null; });
   return connecting;
 }
@@ -319,6 +323,7 @@ function connect() {
 async function doConnect(resume = null) {
   clearAlert();
   const generation = ++session.generation;
+  session.hangingUp = false;
   if (!resume) {
     events.length = 0;
     stats.length = 0;
@@ -373,23 +378,32 @@ async function doConnect(resume = null) {
     ui.text.focus();
   } catch (err) {
     if (!stale()) {
-      teardown("failed");
+      // A failed resume try keeps the token: resumeSession decides whether to try again.
+      teardown(resume ? "reconnecting" : "failed", { keepToken: Boolean(resume) });
       showAlert(describeError(err));
     }
     throw err;
   }
 }
 
+// The call is over for good: nothing may resume it any more.
+function endCall() {
+  session.token = null;
+  session.id = null;
+  session.call += 1;
+}
+
+// keepToken: the connection goes but the call lives on (a resume follows): the token and
+// the session id stay.
 function teardown(finalState, { notifyServer = false, keepToken = false } = {}) {
   const { pc, channel, id } = session;
-  if (!keepToken) session.token = null;
+  if (!keepToken) endCall();
   clearTimeout(session.disconnectTimer);
   session.disconnectTimer = null;
   session.generation += 1;
   session.hangingUp = false;
   session.pc = null;
   session.channel = null;
-  session.id = null;
   stopStats();
   closeMic();
   ui.listening.hidden = true;
@@ -412,12 +426,14 @@ function teardown(finalState, { notifyServer = false, keepToken = false } = {}) 
 
 // Hang up: tell the server first (DELETE /sessions/{id}, at most HANGUP_WAIT_MS), then
 // close locally; closing first would let the server drop the session and answer 404.
+// Also while a lost connection is being resumed: that resume stops.
 async function hangup() {
-  if (!session.pc) return;
+  if (!session.pc && !session.token) return; // no call, none being resumed
   const { id } = session;
   const generation = session.generation;
   ui.hangup.disabled = true;
   session.hangingUp = true; // the channel closing now is expected, not news
+  endCall(); // first: a resume try failing while we wait must not try again
   if (id) {
     try {
       const request = fetch(SESSION_URL(id), { method: "DELETE", headers: apiHeaders() });
@@ -435,26 +451,35 @@ function lostConnection() {
   const token = session.token;
   if (!token || session.hangingUp || !session.pc) return false;
   teardown("reconnecting", { keepToken: true });
-  resumeSession(token, 1);
+  resumeSession(token, session.call);
   return true;
 }
 
-async function resumeSession(token, attempt) {
-  await new Promise((resolve) => setTimeout(resolve, 500 * attempt));
-  if (session.pc || connecting) return; // the user connected or hung up meanwhile
-  session.token = token;
-  try {
-    connecting = doConnect(token).finally(() => { connecting = null; });
-    await connecting;
-  } catch (err) {
-    // 404/410: the session is gone (grace period over); anything else: try again.
-    const gone = err instanceof ServerError && (err.status === 404 || err.status === 410);
-    if (!gone && attempt < RESUME_ATTEMPTS) resumeSession(token, attempt + 1);
+// Up to RESUME_ATTEMPTS tries. After every wait and every failed try it checks that the
+// call is still the same one: once the user hung up (or connected anew) it stops, and
+// never brings the hung-up call back.
+async function resumeSession(token, call) {
+  const current = () => session.call === call;
+  for (let attempt = 1; attempt <= RESUME_ATTEMPTS; attempt++) {
+    await new Promise((resolve) => setTimeout(resolve, 500 * attempt));
+    if (!current() || session.pc || connecting) return;
+    try {
+      connecting = doConnect(token).finally(() => { connecting = null; });
+      await connecting;
+      return;
+    } catch (err) {
+      if (!current()) return;
+      // 404/410: the session is gone (grace period over); anything else: try again.
+      if (err instanceof ServerError && (err.status === 404 || err.status === 410)) break;
+    }
   }
+  if (!current()) return;
+  endCall(); // given up: the last try's error stays on show
+  setState("failed");
 }
 
 function hangupOnUnload() {
-  if (session.pc) teardown("closed", { notifyServer: true });
+  if (session.pc || session.token) teardown("closed", { notifyServer: true });
 }
 
 // ---------------------------------------------------------------------------------------

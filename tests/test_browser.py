@@ -621,3 +621,54 @@ async def test_hang_up_during_the_microphone_prompt_turns_the_microphone_off(
     assert await ap.page.get_attribute("#state", "data-state") == "closed"
     assert not [line for line in ap.log if "connect failed" in line], ap.context()
     assert not ap.page_errors(), ap.context()
+
+
+# The browser reports ICE failure, as it does when the network drops.
+FAIL_ICE_JS = """
+() => {
+  const pc = window.voiceAgent.pc;
+  Object.defineProperty(pc, 'connectionState', {get: () => 'failed'});
+  pc.dispatchEvent(new Event('connectionstatechange'));
+}
+"""
+
+
+async def test_hang_up_while_resuming_ends_the_call_for_good(
+    agent_page: AgentPage, live_server: Any
+) -> None:
+    """The connection fails, the page resumes; the user hangs up while the first try is in
+    flight and that try then fails: no further try, the call stays closed."""
+    import asyncio
+
+    from signaling.keys import SESSIONS
+
+    ap = agent_page
+    await connect(ap)
+    resumes: list[bool] = []
+
+    async def slow_then_fail(route: Any) -> None:
+        resumes.append("resume" in (route.request.post_data_json or {}))
+        await asyncio.sleep(1.0)
+        await route.abort("connectionreset")
+
+    await ap.page.route("**/offer", slow_then_fail)
+    await ap.page.evaluate(FAIL_ICE_JS)
+    await ap.page.wait_for_function("() => window.voiceAgent.state === 'connecting'")
+    for _ in range(100):
+        if resumes:
+            break
+        await asyncio.sleep(0.05)
+    assert resumes == [True], resumes
+    deletes: list[int] = []
+    ap.page.on("response", lambda r: r.request.method == "DELETE" and deletes.append(r.status))
+    await ap.page.click("#hangup")
+    # The failed try would have been followed by another 1 s later.
+    await ap.page.wait_for_timeout(2500)
+    assert resumes == [True], f"the page tried again after Hang up: {resumes}"
+    assert deletes == [204], deletes  # the detached session ends on the server too
+    assert await ap.page.get_attribute("#state", "data-state") == "closed"
+    assert await ap.page.evaluate("() => window.voiceAgent.pc === null")
+    assert await ap.page.is_enabled("#connect")
+    assert await ap.page.is_disabled("#hangup")
+    assert len(live_server.app[SESSIONS]) == 0
+    assert not ap.page_errors(), ap.context()
