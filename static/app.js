@@ -478,6 +478,15 @@ async function resumeSession(token, call) {
   setState("failed");
 }
 
+// The server ended the session on purpose (e.g. idle_timeout) and closes the connection
+// next: that is not a lost connection, so tear down now, without a resume (which could
+// only fail), and say why.
+function closedByServer(reason) {
+  if (!session.pc) return;
+  teardown("closed");
+  showAlert(`The agent closed the session${reason ? ` (${reason})` : ""}.`, "info");
+}
+
 function hangupOnUnload() {
   if (session.pc || session.token) teardown("closed", { notifyServer: true });
 }
@@ -585,6 +594,9 @@ function handleEvent(msg) {
       appendErrorItem(code, msg.message ?? "");
       break;
     }
+    case "session.closed":
+      closedByServer(msg.reason);
+      break;
     case "invalid":
       appendErrorItem("invalid_event", `Unreadable message from the server: ${String(msg.raw).slice(0, 200)}`);
       break;

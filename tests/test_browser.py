@@ -672,3 +672,30 @@ async def test_hang_up_while_resuming_ends_the_call_for_good(
     assert await ap.page.is_disabled("#hangup")
     assert len(live_server.app[SESSIONS]) == 0
     assert not ap.page_errors(), ap.context()
+
+
+def short_idle_config() -> Any:
+    from agent.config import Config, LifecycleSettings
+
+    return Config(host="127.0.0.1", port=0, lifecycle=LifecycleSettings(idle_timeout_s=2.0))
+
+
+@pytest.mark.parametrize("server_config", [short_idle_config()], ids=["idle_2s"])
+async def test_a_session_the_server_closes_is_not_resumed(agent_page: AgentPage) -> None:
+    """`session.closed` (idle_timeout): the page says why and does not try to resume."""
+    ap = agent_page
+    offers: list[str] = []
+    ap.page.on("request", lambda r: r.url.endswith("/offer") and offers.append(r.method))
+    await ap.page.set_checked("#mic", False)
+    await ap.page.click("#connect")
+    await ap.page.wait_for_selector("#alert:not([hidden])", timeout=10_000)
+    await ap.page.wait_for_timeout(1000)  # a resume would start 0.5 s after the close
+    closed = [e for e in await events(ap) if e.get("type") == "session.closed"]
+    assert closed == [{"type": "session.closed", "reason": "idle_timeout"}], await events(ap)
+    alert = await ap.page.text_content("#alert") or ""
+    assert "idle_timeout" in alert, alert
+    assert await ap.page.get_attribute("#alert", "data-kind") == "info"
+    assert offers == ["POST"], f"the page tried to resume a closed session: {offers}"
+    assert await ap.page.get_attribute("#state", "data-state") == "closed"
+    assert await ap.page.is_enabled("#connect")
+    assert not ap.page_errors(), ap.context()
