@@ -65,6 +65,7 @@ const session = {
 };
 const texts = new Map(); // client id -> text we asked the agent to say
 const items = new Map(); // utterance id -> transcript <li>
+const captionTimers = new Map(); // utterance id -> Set of its captions' pending timers
 const events = []; // every data-channel event object received, in order (not `stats`)
 const serverStats = []; // the server's `stats` events (its view of the network), bounded
 const stats = []; // every stats sample (what the plots draw)
@@ -417,6 +418,7 @@ function teardown(finalState, { notifyServer = false, keepToken = false } = {}) 
   for (const li of items.values()) {
     if (!keepToken && li.dataset.status === "speaking") setItemStatus(li, "interrupted", "cut off");
   }
+  cancelAllCaptions();
   setCaption(null, "");
   if (notifyServer && id) {
     fetch(SESSION_URL(id), { method: "DELETE", keepalive: true, headers: apiHeaders() }).catch(() => {});
@@ -556,7 +558,7 @@ function handleEvent(msg) {
       // The event leaves the server with the segment's first packet; the browser's jitter
       // buffer holds that audio a little longer: show the caption when it is heard.
       const delay = captionDelayMs();
-      if (delay > 0) setTimeout(() => setCaption(msg.id, msg.text ?? ""), delay);
+      if (delay > 0) setCaptionLater(msg.id, msg.text ?? "", delay);
       else setCaption(msg.id, msg.text ?? "");
       break;
     }
@@ -564,6 +566,7 @@ function handleEvent(msg) {
       const li = ensureItem(msg.id);
       if (msg.interrupted) setItemStatus(li, "interrupted", "interrupted");
       else setItemStatus(li, "done", "done");
+      cancelCaptions(msg.id); // a caption still waiting for its audio would outlive it
       if (session.captionFor === msg.id) setCaption(null, "");
       break;
     }
@@ -673,6 +676,29 @@ function appendTranscript(li) {
 function setCaption(id, text) {
   session.captionFor = id;
   ui.caption.textContent = text;
+}
+
+// A caption shown after `delay` ms (when its audio leaves the jitter buffer). The timer is
+// kept so that the utterance's end or a teardown can cancel it: otherwise a caption could
+// appear after its speech ended or the call was hung up, and stay.
+function setCaptionLater(id, text, delay) {
+  let timers = captionTimers.get(id);
+  if (!timers) captionTimers.set(id, (timers = new Set()));
+  const timer = setTimeout(() => {
+    timers.delete(timer);
+    if (!timers.size) captionTimers.delete(id);
+    setCaption(id, text);
+  }, delay);
+  timers.add(timer);
+}
+
+function cancelCaptions(id) {
+  for (const timer of captionTimers.get(id) ?? []) clearTimeout(timer);
+  captionTimers.delete(id);
+}
+
+function cancelAllCaptions() {
+  for (const id of [...captionTimers.keys()]) cancelCaptions(id);
 }
 
 // ---------------------------------------------------------------------------------------

@@ -699,3 +699,39 @@ async def test_a_session_the_server_closes_is_not_resumed(agent_page: AgentPage)
     assert await ap.page.get_attribute("#state", "data-state") == "closed"
     assert await ap.page.is_enabled("#connect")
     assert not ap.page_errors(), ap.context()
+
+
+# Data-channel events as the server sends them, delivered to the page's own handler; the
+# last stats sample says the jitter buffer holds audio for 300 ms, so captions wait that long.
+FEED_JS = """
+(msgs) => {
+  window.voiceAgent.stats.push({t: Date.now(), jitterBufferMs: 300});
+  const channel = window.voiceAgent.channel;
+  for (const m of msgs) {
+    channel.dispatchEvent(new MessageEvent('message', {data: JSON.stringify(m)}));
+  }
+}
+"""
+
+
+def utterance(id_: str, caption: str | None = None, interrupted: bool = False) -> list[Any]:
+    segment = [{"type": "speech.segment", "id": id_, "text": caption}] if caption else []
+    ended = [{"type": "speech.ended", "id": id_, "interrupted": interrupted}]
+    return [{"type": "speech.started", "id": id_}, *segment, *ended]
+
+
+async def test_captions_end_with_their_speech(agent_page: AgentPage) -> None:
+    """A caption waiting for the jitter buffer never shows after its utterance ended (an
+    interrupt) or after Hang up."""
+    ap = agent_page
+    await connect(ap)
+    await ap.page.evaluate(FEED_JS, utterance("cut-short", "never heard", interrupted=True))
+    await ap.page.wait_for_timeout(400)
+    assert await ap.page.text_content("#caption") == "", "a caption after speech.ended"
+
+    await ap.page.evaluate(FEED_JS, utterance("hung-up", "never heard")[:2])
+    await ap.page.evaluate("() => window.voiceAgent.hangup()")
+    await ap.page.wait_for_timeout(400)
+    assert await ap.page.get_attribute("#state", "data-state") == "closed"
+    assert await ap.page.text_content("#caption") == "", "a caption after Hang up"
+    assert not ap.page_errors(), ap.context()
