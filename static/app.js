@@ -14,6 +14,10 @@ const RESUME_ATTEMPTS = 3;
 const RESUME_AFTER_DISCONNECTED_MS = 4000;
 const PLOT_POINTS = 60; // one per second: the last minute
 const MAX_STATS_SAMPLES = 3600; // what window.voiceAgent.stats keeps (an hour)
+// A long call must not grow the page without bound: the transcript keeps its newest items
+// (across Hang up + Connect too), window.voiceAgent.events its newest events.
+const MAX_TRANSCRIPT_ITEMS = 500;
+const MAX_EVENTS = 1000;
 // An access token from the page URL (?token=...), for a server started with an auth secret.
 // It goes in the Authorization header (not the URL) so it stays out of logs.
 const TOKEN = new URLSearchParams(location.search).get("token");
@@ -66,7 +70,7 @@ const session = {
 const texts = new Map(); // client id -> text we asked the agent to say
 const items = new Map(); // utterance id -> transcript <li>
 const captionTimers = new Map(); // utterance id -> Set of its captions' pending timers
-const events = []; // every data-channel event object received, in order (not `stats`)
+const events = []; // the data-channel events received, in order (not `stats`), bounded
 const serverStats = []; // the server's `stats` events (its view of the network), bounded
 const stats = []; // every stats sample (what the plots draw)
 
@@ -507,6 +511,9 @@ function say(text) {
   if (!clean) return null;
   const id = newClientId();
   texts.set(id, clean);
+  // A say the server refused gets no transcript item (whose removal drops its text): the
+  // oldest texts go once there are more than the transcript keeps.
+  if (texts.size > MAX_TRANSCRIPT_ITEMS) texts.delete(texts.keys().next().value);
   send({ type: "say", text: clean, id });
   return id;
 }
@@ -534,6 +541,7 @@ function onChannelMessage(ev) {
     return;
   }
   events.push(msg);
+  if (events.length > MAX_EVENTS) events.splice(0, events.length - MAX_EVENTS);
   try {
     handleEvent(msg);
   } finally {
@@ -670,7 +678,20 @@ function appendTranscript(li) {
   const nearBottom = ui.transcript.scrollHeight - ui.transcript.scrollTop - ui.transcript.clientHeight < 40;
   ui.transcript.append(li);
   ui.transcriptEmpty.hidden = true;
+  while (ui.transcript.childElementCount > MAX_TRANSCRIPT_ITEMS) {
+    removeTranscriptItem(ui.transcript.firstElementChild);
+  }
   if (nearBottom) ui.transcript.scrollTop = ui.transcript.scrollHeight;
+}
+
+// The oldest item goes with what the maps keep for it.
+function removeTranscriptItem(li) {
+  const id = li.dataset.id;
+  if (id !== undefined && items.get(id) === li) {
+    items.delete(id);
+    texts.delete(id);
+  }
+  li.remove();
 }
 
 function setCaption(id, text) {
@@ -973,6 +994,8 @@ window.voiceAgent = {
   get micTrack() { return session.micStream ? session.micStream.getAudioTracks()[0] ?? null : null; },
   events,
   stats,
+  texts,
+  items,
   serverStats,
   connect,
   hangup,

@@ -720,18 +720,42 @@ def utterance(id_: str, caption: str | None = None, interrupted: bool = False) -
     return [{"type": "speech.started", "id": id_}, *segment, *ended]
 
 
-async def test_captions_end_with_their_speech(agent_page: AgentPage) -> None:
+BOUNDS_JS = """
+() => ({
+  events: window.voiceAgent.events.length,
+  li: document.querySelectorAll('#transcript li').length,
+  first: document.querySelector('#transcript li').dataset.id,
+  items: window.voiceAgent.items?.size,
+  texts: window.voiceAgent.texts?.size,
+})
+"""
+
+
+async def test_captions_end_with_their_speech_and_a_long_call_stays_bounded(
+    agent_page: AgentPage,
+) -> None:
     """A caption waiting for the jitter buffer never shows after its utterance ended (an
-    interrupt) or after Hang up."""
+    interrupt) or after Hang up. A long call keeps the newest 500 transcript items (and
+    their texts) and 1000 events."""
     ap = agent_page
     await connect(ap)
+    said = await ap.page.evaluate("() => window.voiceAgent.say('hello')")
+    await ap.page.wait_for_function(
+        "(id) => window.voiceAgent.events.some((e) => e.type === 'speech.ended' && e.id === id)",
+        arg=said,
+    )
     await ap.page.evaluate(FEED_JS, utterance("cut-short", "never heard", interrupted=True))
     await ap.page.wait_for_timeout(400)
     assert await ap.page.text_content("#caption") == "", "a caption after speech.ended"
+
+    await ap.page.evaluate(FEED_JS, [m for i in range(600) for m in utterance(f"u{i}")])
+    bounds = await ap.page.evaluate(BOUNDS_JS)
+    assert bounds == {"events": 1000, "li": 500, "first": "u100", "items": 500, "texts": 0}
 
     await ap.page.evaluate(FEED_JS, utterance("hung-up", "never heard")[:2])
     await ap.page.evaluate("() => window.voiceAgent.hangup()")
     await ap.page.wait_for_timeout(400)
     assert await ap.page.get_attribute("#state", "data-state") == "closed"
     assert await ap.page.text_content("#caption") == "", "a caption after Hang up"
+    assert (await ap.page.evaluate(BOUNDS_JS))["li"] == 500  # kept after Hang up, bounded
     assert not ap.page_errors(), ap.context()
