@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from signaling.keys import SESSIONS
 from tests.conftest import LiveServer
 from tests.doubles import tone_frequency
 from tests.test_browser import CHROMIUM, CHROMIUM_ARGS, HAVE_CHROMIUM, REQUIRE_BROWSER
@@ -149,4 +150,74 @@ async def test_three_pages_hear_the_agent_and_each_other(
             break
         await asyncio.sleep(0.2)
     assert not heard(await pages["ben"].evaluate(TRACKS_JS), TONES["ann"])
+    assert not [line for line in log if "pageerror" in line], log
+
+
+# Every RTCPeerConnection the page makes, so a test can see that none is left open.
+KEEP_PCS_JS = """
+window.__pcs = [];
+const RTCPeerConnectionBefore = window.RTCPeerConnection;
+window.RTCPeerConnection = function (...args) {
+  const pc = new RTCPeerConnectionBefore(...args);
+  window.__pcs.push(pc);
+  return pc;
+};
+window.RTCPeerConnection.prototype = RTCPeerConnectionBefore.prototype;
+"""
+
+ROOM_UI_JS = """
+() => ({
+  state: document.getElementById('state').dataset.state,
+  me: document.getElementById('me').textContent,
+  caption: document.getElementById('caption').textContent,
+  enabled: [...document.querySelectorAll('button')].filter((b) => !b.disabled).map((b) => b.id),
+  openPcs: window.__pcs.filter((pc) => pc.connectionState !== 'closed').length,
+})
+"""
+
+
+@pytest.fixture
+async def one_browser() -> AsyncIterator[Browser]:
+    if not HAVE_CHROMIUM:
+        message = f"Chromium not found at {CHROMIUM}"
+        if REQUIRE_BROWSER:
+            pytest.fail(message)
+        pytest.skip(message)
+    async with async_playwright() as pw:
+        browser = await pw.chromium.launch(
+            executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS
+        )
+        try:
+            yield browser
+        finally:
+            await browser.close()
+
+
+async def test_join_once(one_browser: Browser, live_server: LiveServer) -> None:
+    """Join clicked twice makes one call, and Leave leaves nothing open."""
+    registry = live_server.app[SESSIONS]
+    log: list[str] = []
+    page = await (await one_browser.new_context()).new_page()
+    page.set_default_timeout(10_000)
+    page.on("console", lambda m: log.append(f"console.{m.type}: {m.text}"))
+    page.on("pageerror", lambda e: log.append(f"pageerror: {e}"))
+    offers: list[str] = []
+    page.on("request", lambda r: r.url.endswith("/offer") and offers.append(r.method))
+    await page.add_init_script(KEEP_PCS_JS)
+    await page.goto(f"{live_server.url}/room.html?room=solo")
+    await page.set_checked("#speak", False)
+
+    # A double click on Join: one call.
+    await page.evaluate(
+        "() => { for (let i = 0; i < 2; i++) document.getElementById('join').click(); }"
+    )
+    await page.wait_for_selector('#state[data-state="connected"]')
+    await page.wait_for_timeout(300)
+    assert offers == ["POST"], offers
+    assert len(registry) == 1
+    await page.click("#leave")
+    await page.wait_for_selector('#state[data-state="idle"]')
+    ui = await page.evaluate(ROOM_UI_JS)
+    assert ui["enabled"] == ["join"] and ui["openPcs"] == 0, ui
+
     assert not [line for line in log if "pageerror" in line], log
