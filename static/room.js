@@ -13,6 +13,7 @@ const SLOTS = Number(new URLSearchParams(location.search).get("slots") || 4);
 // (music, test tones; a steady tone is what noise suppression removes).
 const RAW_MIC = new URLSearchParams(location.search).get("processing") === "off";
 const ICE_GATHER_TIMEOUT_MS = 2000;
+const LEAVE_WAIT_MS = 1000; // how long Leave waits for DELETE /sessions/{id}
 const LEVEL_INTERVAL_MS = 100;
 
 const $ = (id) => document.getElementById(id);
@@ -27,6 +28,7 @@ const ui = {
 const call = { pc: null, channel: null, mic: null, sessionId: null, me: null, muted: false };
 let generation = 0; // bumped by every join and teardown: a join left meanwhile stops
 let joining = false; // a join is under way: Join again does nothing (one call, not two)
+let leaving = false; // Leave is telling the server: the connection closing is expected
 const people = new Map(); // participant id -> participant (from room.state / events)
 const events = []; // every data-channel event, in order
 const tracks = []; // index (0 = agent, 1.. = slots) -> { analyser, freq, level }
@@ -246,25 +248,35 @@ function deleteSession(id, options = {}) {
   return fetch(url, { method: "DELETE", headers: headers(), ...options }).catch(() => {});
 }
 
-// Leave: also ends a join still under way.
+// Leave: tell the server first (DELETE /sessions/{id}, at most LEAVE_WAIT_MS), then close
+// locally; closing first lets the server drop the seat by itself, and the DELETE gets 404.
+// Also ends a join still under way.
 async function leave() {
   const id = call.sessionId;
-  teardown("idle");
-  if (id) await deleteSession(id);
+  const gen = generation;
+  if (id) {
+    leaving = true;
+    ui.leave.disabled = true;
+    await deleteSession(id, { signal: AbortSignal.timeout(LEAVE_WAIT_MS) });
+  }
+  if (gen === generation) teardown("idle");
 }
 
 // Close whatever call exists (joined or still joining) and reset the page to not-joined.
 function teardown(state) {
   generation += 1;
   joining = false;
+  leaving = false;
   const { pc, mic } = call;
   Object.assign(call, { pc: null, channel: null, mic: null, sessionId: null, me: null, muted: false });
-  if (pc) pc.close();
+  if (pc) pc.close(); // call.pc is already null: its channel's close is not news
   if (mic) mic.stop();
   tracks.length = 0;
   ui.players.replaceChildren();
   people.clear();
   renderPeople();
+  ui.me.textContent = "";
+  ui.caption.textContent = "";
   ui.mute.textContent = "Mute";
   ui.mute.setAttribute("aria-pressed", "false");
   setJoined(false);

@@ -175,6 +175,8 @@ ROOM_UI_JS = """
 })
 """
 
+NOT_JOINED = {"state": "idle", "me": "", "caption": "", "enabled": ["join"], "openPcs": 0}
+
 
 @pytest.fixture
 async def one_browser() -> AsyncIterator[Browser]:
@@ -193,8 +195,9 @@ async def one_browser() -> AsyncIterator[Browser]:
             await browser.close()
 
 
-async def test_join_once(one_browser: Browser, live_server: LiveServer) -> None:
-    """Join clicked twice makes one call, and Leave leaves nothing open."""
+async def test_join_once_and_leave_cleanly(one_browser: Browser, live_server: LiveServer) -> None:
+    """Join clicked twice makes one call; Leave deletes the session before closing and
+    resets the page."""
     registry = live_server.app[SESSIONS]
     log: list[str] = []
     page = await (await one_browser.new_context()).new_page()
@@ -202,7 +205,9 @@ async def test_join_once(one_browser: Browser, live_server: LiveServer) -> None:
     page.on("console", lambda m: log.append(f"console.{m.type}: {m.text}"))
     page.on("pageerror", lambda e: log.append(f"pageerror: {e}"))
     offers: list[str] = []
+    deletes: list[int] = []
     page.on("request", lambda r: r.url.endswith("/offer") and offers.append(r.method))
+    page.on("response", lambda r: r.request.method == "DELETE" and deletes.append(r.status))
     await page.add_init_script(KEEP_PCS_JS)
     await page.goto(f"{live_server.url}/room.html?room=solo")
     await page.set_checked("#speak", False)
@@ -215,9 +220,14 @@ async def test_join_once(one_browser: Browser, live_server: LiveServer) -> None:
     await page.wait_for_timeout(300)
     assert offers == ["POST"], offers
     assert len(registry) == 1
+    # Leave while the agent speaks: DELETE first (204, not 404), then nothing is left over.
+    await page.fill("#text", "one two three four five six")
+    await page.click("#say")
+    await page.wait_for_function("() => document.getElementById('caption').textContent !== ''")
     await page.click("#leave")
     await page.wait_for_selector('#state[data-state="idle"]')
-    ui = await page.evaluate(ROOM_UI_JS)
-    assert ui["enabled"] == ["join"] and ui["openPcs"] == 0, ui
+    assert await page.evaluate(ROOM_UI_JS) == NOT_JOINED
+    assert deletes == [204], deletes
+    assert len(registry) == 0
 
     assert not [line for line in log if "pageerror" in line], log
