@@ -112,6 +112,9 @@ function handleEvent(msg) {
     case "error":
       showAlert(`${msg.code}: ${msg.message}`);
       break;
+    case "session.closed": // the server ends our seat (e.g. idle_timeout) and closes next
+      ended(call.pc, "closed", `The room closed your session (${msg.reason}).`);
+      break;
     default:
       break;
   }
@@ -213,6 +216,8 @@ async function connectTo(room, name, speak, stale) {
   const channel = pc.createDataChannel("agent");
   call.channel = channel;
   channel.addEventListener("message", (ev) => handleEvent(JSON.parse(ev.data)));
+  // The server closes the channel when it ends our seat (or the server goes away).
+  channel.addEventListener("close", () => ended(pc, "closed", "The room connection closed."));
   await pc.setLocalDescription(await pc.createOffer());
   await waitForIce(pc);
   if (stale()) return;
@@ -239,8 +244,22 @@ async function connectTo(room, name, speak, stale) {
 
 function onConnectionState(pc) {
   if (pc !== call.pc) return; // an earlier call's
-  if (pc.connectionState === "connected") setState("connected");
-  if (["failed", "closed"].includes(pc.connectionState)) setState(pc.connectionState);
+  // "disconnected" may recover by itself; the browser turns it into "failed" if not.
+  if (pc.connectionState === "connected" || pc.connectionState === "disconnected") {
+    setState(pc.connectionState);
+  }
+  if (pc.connectionState === "failed" || pc.connectionState === "closed") {
+    ended(pc, pc.connectionState, `The connection to the room ${pc.connectionState}.`);
+  }
+}
+
+// The call ended without Leave (the server went away, the connection failed, the server
+// closed our session): say so and go back to the not-joined state, so that the page does
+// not look joined with nothing behind it.
+function ended(pc, state, message) {
+  if (!pc || pc !== call.pc || leaving) return; // no call, an earlier one, or Leave's
+  teardown(state);
+  showAlert(message);
 }
 
 function deleteSession(id, options = {}) {

@@ -195,9 +195,12 @@ async def one_browser() -> AsyncIterator[Browser]:
             await browser.close()
 
 
-async def test_join_once_and_leave_cleanly(one_browser: Browser, live_server: LiveServer) -> None:
+async def test_join_once_leave_cleanly_and_see_the_call_end(
+    one_browser: Browser, live_server: LiveServer
+) -> None:
     """Join clicked twice makes one call; Leave deletes the session before closing and
-    resets the page."""
+    resets the page; a session the server ends (session.closed, or just closed) is shown
+    and the page goes back to not joined."""
     registry = live_server.app[SESSIONS]
     log: list[str] = []
     page = await (await one_browser.new_context()).new_page()
@@ -211,6 +214,11 @@ async def test_join_once_and_leave_cleanly(one_browser: Browser, live_server: Li
     await page.add_init_script(KEEP_PCS_JS)
     await page.goto(f"{live_server.url}/room.html?room=solo")
     await page.set_checked("#speak", False)
+
+    async def join() -> str:
+        await page.click("#join")
+        await page.wait_for_selector('#state[data-state="connected"]')
+        return str(await page.evaluate("() => window.voiceRoom.call.sessionId"))
 
     # A double click on Join: one call.
     await page.evaluate(
@@ -230,4 +238,20 @@ async def test_join_once_and_leave_cleanly(one_browser: Browser, live_server: Li
     assert deletes == [204], deletes
     assert len(registry) == 0
 
+    # The server ends the seat the way its idle check does: the page says so and why.
+    session_id = await join()
+    peer = registry.get(session_id)
+    peer.session.send_event({"type": "session.closed", "reason": "idle_timeout"})
+    await registry.close(session_id)
+    await page.wait_for_selector("#alert:not([hidden])")
+    assert "idle_timeout" in (await page.text_content("#alert") or ""), log[-10:]
+    assert await page.evaluate(ROOM_UI_JS) == {**NOT_JOINED, "state": "closed"}
+
+    # The connection just goes (the server is gone): the same.
+    session_id = await join()
+    assert await page.is_hidden("#alert")
+    await registry.close(session_id)
+    await page.wait_for_selector("#alert:not([hidden])")
+    ui = await page.evaluate(ROOM_UI_JS)
+    assert ui["enabled"] == ["join"] and ui["openPcs"] == 0, ui
     assert not [line for line in log if "pageerror" in line], log
