@@ -14,6 +14,10 @@ const RESUME_ATTEMPTS = 3;
 const RESUME_AFTER_DISCONNECTED_MS = 4000;
 const PLOT_POINTS = 60; // one per second: the last minute
 const MAX_STATS_SAMPLES = 3600; // what window.voiceAgent.stats keeps (an hour)
+// A long call must not grow the page without bound: the transcript keeps its newest items
+// (across Hang up + Connect too), window.voiceAgent.events its newest events.
+const MAX_TRANSCRIPT_ITEMS = 500;
+const MAX_EVENTS = 1000;
 // An access token from the page URL (?token=...), for a server started with an auth secret.
 // It goes in the Authorization header (not the URL) so it stays out of logs.
 const TOKEN = new URLSearchParams(location.search).get("token");
@@ -50,6 +54,9 @@ const session = {
   channel: null,
   id: null,
   generation: 0, // bumped on every connect/teardown so stale async work can tell
+  // Bumped when a call starts or ends for good (Connect, Hang up, giving up), not by the
+  // teardowns and connects of a resume: a pending resume stops when it changes.
+  call: 0,
   statsTimer: null,
   statsBusy: false,
   prevInbound: null,
@@ -62,7 +69,8 @@ const session = {
 };
 const texts = new Map(); // client id -> text we asked the agent to say
 const items = new Map(); // utterance id -> transcript <li>
-const events = []; // every data-channel event object received, in order (not `stats`)
+const captionTimers = new Map(); // utterance id -> Set of its captions' pending timers
+const events = []; // the data-channel events received, in order (not `stats`), bounded
 const serverStats = []; // the server's `stats` events (its view of the network), bounded
 const stats = []; // every stats sample (what the plots draw)
 
@@ -127,7 +135,7 @@ function setState(name, detail = "") {
   const open = name === "connected";
   ui.connect.disabled = live;
   ui.mic.disabled = live; // the microphone is chosen per call
-  ui.hangup.disabled = !live;
+  ui.hangup.disabled = !live && !session.token; // between two resume tries too
   ui.text.disabled = !open;
   ui.say.disabled = !open;
   ui.interrupt.disabled = !open;
@@ -169,23 +177,36 @@ function refreshState() {
 // The microphone, with the user's consent: echo cancellation keeps the agent's own voice
 // out of it (the server would otherwise hear itself and barge in on itself). Refused or
 // missing: the call goes on listen-only.
-async function openMic() {
+// `stale()` says whether the call asking for it was torn down meanwhile.
+async function openMic(stale) {
   if (!ui.mic.checked || !navigator.mediaDevices?.getUserMedia) return null;
   try {
     const stream = await navigator.mediaDevices.getUserMedia({
       audio: { echoCancellation: true, noiseSuppression: true, autoGainControl: true },
       video: false,
     });
+    if (stale()) {
+      // Hung up while the browser asked for permission: teardown already ran and would
+      // never stop this stream, leaving the microphone on.
+      stopStream(stream);
+      return null;
+    }
     session.micStream = stream;
     return stream.getAudioTracks()[0] ?? null;
   } catch (err) {
-    showAlert(`Microphone unavailable (${err.name || err}): listening only; type to talk.`, "info");
+    if (!stale()) {
+      showAlert(`Microphone unavailable (${err.name || err}): listening only; type to talk.`, "info");
+    }
     return null;
   }
 }
 
+function stopStream(stream) {
+  for (const track of stream.getTracks()) track.stop();
+}
+
 function closeMic() {
-  if (session.micStream) for (const track of session.micStream.getTracks()) track.stop();
+  if (session.micStream) stopStream(session.micStream);
   session.micStream = null;
 }
 
@@ -299,6 +320,7 @@ let connecting = null;
 function connect() {
   if (connecting) return connecting;
   if (session.pc) return Promise.resolve();
+  endCall(); // a new call: a resume of the last one, if pending, stops
   connecting = doConnect().finally(() => { connecting = null; });
   return connecting;
 }
@@ -306,6 +328,7 @@ function connect() {
 async function doConnect(resume = null) {
   clearAlert();
   const generation = ++session.generation;
+  session.hangingUp = false;
   if (!resume) {
     events.length = 0;
     stats.length = 0;
@@ -314,14 +337,18 @@ async function doConnect(resume = null) {
   }
   session.prevInbound = null;
 
-  const pc = new RTCPeerConnection({ iceServers: await iceServers() });
+  const stale = () => session.generation !== generation;
+  const servers = await iceServers();
+  if (stale()) return;
+  const pc = new RTCPeerConnection({ iceServers: servers });
   session.pc = pc;
   setState("connecting");
-  const stale = () => session.generation !== generation;
 
   try {
-    addAudio(pc, await openMic());
+    // A failure from here on tears the call down, which also stops the microphone.
+    const micTrack = await openMic(stale);
     if (stale()) return;
+    addAudio(pc, micTrack);
     const channel = pc.createDataChannel("agent");
     session.channel = channel;
     channel.binaryType = "arraybuffer";
@@ -356,23 +383,32 @@ async function doConnect(resume = null) {
     ui.text.focus();
   } catch (err) {
     if (!stale()) {
-      teardown("failed");
+      // A failed resume try keeps the token: resumeSession decides whether to try again.
+      teardown(resume ? "reconnecting" : "failed", { keepToken: Boolean(resume) });
       showAlert(describeError(err));
     }
     throw err;
   }
 }
 
+// The call is over for good: nothing may resume it any more.
+function endCall() {
+  session.token = null;
+  session.id = null;
+  session.call += 1;
+}
+
+// keepToken: the connection goes but the call lives on (a resume follows): the token and
+// the session id stay.
 function teardown(finalState, { notifyServer = false, keepToken = false } = {}) {
   const { pc, channel, id } = session;
-  if (!keepToken) session.token = null;
+  if (!keepToken) endCall();
   clearTimeout(session.disconnectTimer);
   session.disconnectTimer = null;
   session.generation += 1;
   session.hangingUp = false;
   session.pc = null;
   session.channel = null;
-  session.id = null;
   stopStats();
   closeMic();
   ui.listening.hidden = true;
@@ -386,6 +422,7 @@ function teardown(finalState, { notifyServer = false, keepToken = false } = {}) 
   for (const li of items.values()) {
     if (!keepToken && li.dataset.status === "speaking") setItemStatus(li, "interrupted", "cut off");
   }
+  cancelAllCaptions();
   setCaption(null, "");
   if (notifyServer && id) {
     fetch(SESSION_URL(id), { method: "DELETE", keepalive: true, headers: apiHeaders() }).catch(() => {});
@@ -395,12 +432,14 @@ function teardown(finalState, { notifyServer = false, keepToken = false } = {}) 
 
 // Hang up: tell the server first (DELETE /sessions/{id}, at most HANGUP_WAIT_MS), then
 // close locally; closing first would let the server drop the session and answer 404.
+// Also while a lost connection is being resumed: that resume stops.
 async function hangup() {
-  if (!session.pc) return;
+  if (!session.pc && !session.token) return; // no call, none being resumed
   const { id } = session;
   const generation = session.generation;
   ui.hangup.disabled = true;
   session.hangingUp = true; // the channel closing now is expected, not news
+  endCall(); // first: a resume try failing while we wait must not try again
   if (id) {
     try {
       const request = fetch(SESSION_URL(id), { method: "DELETE", headers: apiHeaders() });
@@ -418,26 +457,44 @@ function lostConnection() {
   const token = session.token;
   if (!token || session.hangingUp || !session.pc) return false;
   teardown("reconnecting", { keepToken: true });
-  resumeSession(token, 1);
+  resumeSession(token, session.call);
   return true;
 }
 
-async function resumeSession(token, attempt) {
-  await new Promise((resolve) => setTimeout(resolve, 500 * attempt));
-  if (session.pc || connecting) return; // the user connected or hung up meanwhile
-  session.token = token;
-  try {
-    connecting = doConnect(token).finally(() => { connecting = null; });
-    await connecting;
-  } catch (err) {
-    // 404/410: the session is gone (grace period over); anything else: try again.
-    const gone = err instanceof ServerError && (err.status === 404 || err.status === 410);
-    if (!gone && attempt < RESUME_ATTEMPTS) resumeSession(token, attempt + 1);
+// Up to RESUME_ATTEMPTS tries. After every wait and every failed try it checks that the
+// call is still the same one: once the user hung up (or connected anew) it stops, and
+// never brings the hung-up call back.
+async function resumeSession(token, call) {
+  const current = () => session.call === call;
+  for (let attempt = 1; attempt <= RESUME_ATTEMPTS; attempt++) {
+    await new Promise((resolve) => setTimeout(resolve, 500 * attempt));
+    if (!current() || session.pc || connecting) return;
+    try {
+      connecting = doConnect(token).finally(() => { connecting = null; });
+      await connecting;
+      return;
+    } catch (err) {
+      if (!current()) return;
+      // 404/410: the session is gone (grace period over); anything else: try again.
+      if (err instanceof ServerError && (err.status === 404 || err.status === 410)) break;
+    }
   }
+  if (!current()) return;
+  endCall(); // given up: the last try's error stays on show
+  setState("failed");
+}
+
+// The server ended the session on purpose (e.g. idle_timeout) and closes the connection
+// next: that is not a lost connection, so tear down now, without a resume (which could
+// only fail), and say why.
+function closedByServer(reason) {
+  if (!session.pc) return;
+  teardown("closed");
+  showAlert(`The agent closed the session${reason ? ` (${reason})` : ""}.`, "info");
 }
 
 function hangupOnUnload() {
-  if (session.pc) teardown("closed", { notifyServer: true });
+  if (session.pc || session.token) teardown("closed", { notifyServer: true });
 }
 
 // ---------------------------------------------------------------------------------------
@@ -454,6 +511,9 @@ function say(text) {
   if (!clean) return null;
   const id = newClientId();
   texts.set(id, clean);
+  // A say the server refused gets no transcript item (whose removal drops its text): the
+  // oldest texts go once there are more than the transcript keeps.
+  if (texts.size > MAX_TRANSCRIPT_ITEMS) texts.delete(texts.keys().next().value);
   send({ type: "say", text: clean, id });
   return id;
 }
@@ -481,6 +541,7 @@ function onChannelMessage(ev) {
     return;
   }
   events.push(msg);
+  if (events.length > MAX_EVENTS) events.splice(0, events.length - MAX_EVENTS);
   try {
     handleEvent(msg);
   } finally {
@@ -505,7 +566,7 @@ function handleEvent(msg) {
       // The event leaves the server with the segment's first packet; the browser's jitter
       // buffer holds that audio a little longer: show the caption when it is heard.
       const delay = captionDelayMs();
-      if (delay > 0) setTimeout(() => setCaption(msg.id, msg.text ?? ""), delay);
+      if (delay > 0) setCaptionLater(msg.id, msg.text ?? "", delay);
       else setCaption(msg.id, msg.text ?? "");
       break;
     }
@@ -513,6 +574,7 @@ function handleEvent(msg) {
       const li = ensureItem(msg.id);
       if (msg.interrupted) setItemStatus(li, "interrupted", "interrupted");
       else setItemStatus(li, "done", "done");
+      cancelCaptions(msg.id); // a caption still waiting for its audio would outlive it
       if (session.captionFor === msg.id) setCaption(null, "");
       break;
     }
@@ -543,6 +605,9 @@ function handleEvent(msg) {
       appendErrorItem(code, msg.message ?? "");
       break;
     }
+    case "session.closed":
+      closedByServer(msg.reason);
+      break;
     case "invalid":
       appendErrorItem("invalid_event", `Unreadable message from the server: ${String(msg.raw).slice(0, 200)}`);
       break;
@@ -613,12 +678,48 @@ function appendTranscript(li) {
   const nearBottom = ui.transcript.scrollHeight - ui.transcript.scrollTop - ui.transcript.clientHeight < 40;
   ui.transcript.append(li);
   ui.transcriptEmpty.hidden = true;
+  while (ui.transcript.childElementCount > MAX_TRANSCRIPT_ITEMS) {
+    removeTranscriptItem(ui.transcript.firstElementChild);
+  }
   if (nearBottom) ui.transcript.scrollTop = ui.transcript.scrollHeight;
+}
+
+// The oldest item goes with what the maps keep for it.
+function removeTranscriptItem(li) {
+  const id = li.dataset.id;
+  if (id !== undefined && items.get(id) === li) {
+    items.delete(id);
+    texts.delete(id);
+  }
+  li.remove();
 }
 
 function setCaption(id, text) {
   session.captionFor = id;
   ui.caption.textContent = text;
+}
+
+// A caption shown after `delay` ms (when its audio leaves the jitter buffer). The timer is
+// kept so that the utterance's end or a teardown can cancel it: otherwise a caption could
+// appear after its speech ended or the call was hung up, and stay.
+function setCaptionLater(id, text, delay) {
+  let timers = captionTimers.get(id);
+  if (!timers) captionTimers.set(id, (timers = new Set()));
+  const timer = setTimeout(() => {
+    timers.delete(timer);
+    if (!timers.size) captionTimers.delete(id);
+    setCaption(id, text);
+  }, delay);
+  timers.add(timer);
+}
+
+function cancelCaptions(id) {
+  for (const timer of captionTimers.get(id) ?? []) clearTimeout(timer);
+  captionTimers.delete(id);
+}
+
+function cancelAllCaptions() {
+  for (const id of [...captionTimers.keys()]) cancelCaptions(id);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -893,6 +994,8 @@ window.voiceAgent = {
   get micTrack() { return session.micStream ? session.micStream.getAudioTracks()[0] ?? null : null; },
   events,
   stats,
+  texts,
+  items,
   serverStats,
   connect,
   hangup,

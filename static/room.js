@@ -13,6 +13,7 @@ const SLOTS = Number(new URLSearchParams(location.search).get("slots") || 4);
 // (music, test tones; a steady tone is what noise suppression removes).
 const RAW_MIC = new URLSearchParams(location.search).get("processing") === "off";
 const ICE_GATHER_TIMEOUT_MS = 2000;
+const LEAVE_WAIT_MS = 1000; // how long Leave waits for DELETE /sessions/{id}
 const LEVEL_INTERVAL_MS = 100;
 
 const $ = (id) => document.getElementById(id);
@@ -25,6 +26,9 @@ const ui = {
 };
 
 const call = { pc: null, channel: null, mic: null, sessionId: null, me: null, muted: false };
+let generation = 0; // bumped by every join and teardown: a join left meanwhile stops
+let joining = false; // a join is under way: Join again does nothing (one call, not two)
+let leaving = false; // Leave is telling the server: the connection closing is expected
 const people = new Map(); // participant id -> participant (from room.state / events)
 const events = []; // every data-channel event, in order
 const tracks = []; // index (0 = agent, 1.. = slots) -> { analyser, freq, level }
@@ -108,6 +112,9 @@ function handleEvent(msg) {
     case "error":
       showAlert(`${msg.code}: ${msg.message}`);
       break;
+    case "session.closed": // the server ends our seat (e.g. idle_timeout) and closes next
+      ended(call.pc, "closed", `The room closed your session (${msg.reason}).`);
+      break;
     default:
       break;
   }
@@ -155,9 +162,30 @@ function waitForIce(pc) {
   });
 }
 
+// Join: one call at a time. Every await is followed by a check that Leave (or a lost
+// connection) did not end this join meanwhile; if it did, the join stops there.
 async function join(room, name, speak) {
+  if (joining || call.pc) return;
+  joining = true;
+  ui.join.disabled = true; // a second click on Join would make a second, orphaned call
   showAlert("");
   setState("connecting");
+  const gen = ++generation;
+  const stale = () => gen !== generation;
+  try {
+    await connectTo(room, name, speak, stale);
+    if (stale()) return;
+    joining = false;
+    setJoined(true);
+  } catch (err) {
+    if (stale()) return; // ended meanwhile: teardown closed what this join had opened
+    showAlert(err.message || String(err));
+    await leave();
+    throw err;
+  }
+}
+
+async function connectTo(room, name, speak, stale) {
   let servers = [];
   try {
     const resp = await fetch("/ice-servers", { headers: headers() });
@@ -165,11 +193,17 @@ async function join(room, name, speak) {
   } catch (err) {
     console.warn("no /ice-servers", err);
   }
+  if (stale()) return;
   if (speak) {
     const audio = RAW_MIC
       ? { echoCancellation: false, noiseSuppression: false, autoGainControl: false }
       : true;
-    call.mic = (await navigator.mediaDevices.getUserMedia({ audio })).getAudioTracks()[0];
+    const stream = await navigator.mediaDevices.getUserMedia({ audio });
+    if (stale()) {
+      for (const track of stream.getTracks()) track.stop(); // else the microphone stays on
+      return;
+    }
+    call.mic = stream.getAudioTracks()[0];
   }
   const pc = new RTCPeerConnection({ iceServers: servers });
   call.pc = pc;
@@ -178,15 +212,15 @@ async function join(room, name, speak) {
                       : pc.addTransceiver("audio", { direction: "recvonly" }));
   for (let i = 0; i < SLOTS; i++) order.push(pc.addTransceiver("audio", { direction: "recvonly" }));
   pc.addEventListener("track", (ev) => play(order.indexOf(ev.transceiver), ev.track));
-  pc.addEventListener("connectionstatechange", () => {
-    if (pc.connectionState === "connected") setState("connected");
-    if (["failed", "closed"].includes(pc.connectionState)) setState(pc.connectionState);
-  });
+  pc.addEventListener("connectionstatechange", () => onConnectionState(pc));
   const channel = pc.createDataChannel("agent");
   call.channel = channel;
   channel.addEventListener("message", (ev) => handleEvent(JSON.parse(ev.data)));
+  // The server closes the channel when it ends our seat (or the server goes away).
+  channel.addEventListener("close", () => ended(pc, "closed", "The room connection closed."));
   await pc.setLocalDescription(await pc.createOffer());
   await waitForIce(pc);
+  if (stale()) return;
   const body = { sdp: pc.localDescription.sdp, type: "offer", room };
   if (name) body.name = name;
   const res = await fetch("/offer", {
@@ -199,27 +233,73 @@ async function join(room, name, speak) {
     const err = (data && data.error) || { code: `http_${res.status}`, message: res.statusText };
     throw new Error(`${err.code}: ${err.message}`);
   }
+  if (stale()) {
+    deleteSession(data.session_id); // the server made a seat nobody will use
+    return;
+  }
   call.sessionId = data.session_id;
   call.me = data.participant_id;
   await pc.setRemoteDescription({ type: "answer", sdp: data.sdp });
-  setJoined(true);
 }
 
+function onConnectionState(pc) {
+  if (pc !== call.pc) return; // an earlier call's
+  // "disconnected" may recover by itself; the browser turns it into "failed" if not.
+  if (pc.connectionState === "connected" || pc.connectionState === "disconnected") {
+    setState(pc.connectionState);
+  }
+  if (pc.connectionState === "failed" || pc.connectionState === "closed") {
+    ended(pc, pc.connectionState, `The connection to the room ${pc.connectionState}.`);
+  }
+}
+
+// The call ended without Leave (the server went away, the connection failed, the server
+// closed our session): say so and go back to the not-joined state, so that the page does
+// not look joined with nothing behind it.
+function ended(pc, state, message) {
+  if (!pc || pc !== call.pc || leaving) return; // no call, an earlier one, or Leave's
+  teardown(state);
+  showAlert(message);
+}
+
+function deleteSession(id, options = {}) {
+  const url = `/sessions/${encodeURIComponent(id)}`;
+  return fetch(url, { method: "DELETE", headers: headers(), ...options }).catch(() => {});
+}
+
+// Leave: tell the server first (DELETE /sessions/{id}, at most LEAVE_WAIT_MS), then close
+// locally; closing first lets the server drop the seat by itself, and the DELETE gets 404.
+// Also ends a join still under way.
 async function leave() {
   const id = call.sessionId;
-  if (call.pc) call.pc.close();
-  if (call.mic) call.mic.stop();
-  Object.assign(call, { pc: null, channel: null, mic: null, sessionId: null, muted: false });
+  const gen = generation;
+  if (id) {
+    leaving = true;
+    ui.leave.disabled = true;
+    await deleteSession(id, { signal: AbortSignal.timeout(LEAVE_WAIT_MS) });
+  }
+  if (gen === generation) teardown("idle");
+}
+
+// Close whatever call exists (joined or still joining) and reset the page to not-joined.
+function teardown(state) {
+  generation += 1;
+  joining = false;
+  leaving = false;
+  const { pc, mic } = call;
+  Object.assign(call, { pc: null, channel: null, mic: null, sessionId: null, me: null, muted: false });
+  if (pc) pc.close(); // call.pc is already null: its channel's close is not news
+  if (mic) mic.stop();
   tracks.length = 0;
   ui.players.replaceChildren();
   people.clear();
   renderPeople();
+  ui.me.textContent = "";
+  ui.caption.textContent = "";
+  ui.mute.textContent = "Mute";
+  ui.mute.setAttribute("aria-pressed", "false");
   setJoined(false);
-  setState("idle");
-  if (id) {
-    await fetch(`/sessions/${encodeURIComponent(id)}`, { method: "DELETE", headers: headers() })
-      .catch(() => {});
-  }
+  setState(state);
 }
 
 function send(message) {
@@ -237,10 +317,9 @@ function setMuted(muted) {
 
 ui.joinForm.addEventListener("submit", (ev) => {
   ev.preventDefault();
-  join(ui.room.value.trim(), ui.name.value.trim(), ui.speak.checked).catch((err) => {
-    showAlert(err.message || String(err));
-    leave();
-  });
+  // join() shows its own errors.
+  join(ui.room.value.trim(), ui.name.value.trim(), ui.speak.checked)
+    .catch((err) => console.warn("join failed:", err));
 });
 ui.leave.addEventListener("click", leave);
 ui.mute.addEventListener("click", () => setMuted(!call.muted));

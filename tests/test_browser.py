@@ -585,3 +585,177 @@ async def test_the_page_resumes_its_session_after_losing_the_connection(
     probe = await probe_speech(ap, before, timeout_s=10)
     assert probe["endedAt"] is not None, probe
     assert not ap.page_errors(), ap.context()
+
+
+# The user takes a while to answer the browser's microphone prompt: getUserMedia resolves
+# late. Every stream it hands out is kept so a test can see whether it was stopped.
+SLOW_MIC_JS = """
+window.__streams = [];
+const getUserMedia = navigator.mediaDevices.getUserMedia.bind(navigator.mediaDevices);
+navigator.mediaDevices.getUserMedia = async (constraints) => {
+  await new Promise((r) => setTimeout(r, 800));
+  const stream = await getUserMedia(constraints);
+  window.__streams.push(stream);
+  return stream;
+};
+"""
+
+
+async def test_hang_up_during_the_microphone_prompt_turns_the_microphone_off(
+    agent_page: AgentPage,
+) -> None:
+    ap = agent_page
+    await ap.page.add_init_script(SLOW_MIC_JS)
+    await ap.page.reload()
+    await ap.page.set_checked("#mic", True)
+    await ap.page.click("#connect")
+    await ap.page.wait_for_timeout(200)  # the prompt is up
+    await ap.page.click("#hangup")
+    await ap.page.wait_for_function("() => window.__streams.length === 1")
+    await ap.page.wait_for_timeout(100)
+    tracks = await ap.page.evaluate(
+        "() => window.__streams.flatMap((s) => s.getTracks().map((t) => t.readyState))"
+    )
+    assert tracks == ["ended"], f"the microphone is still on after Hang up: {tracks}"
+    assert await ap.page.evaluate("() => window.voiceAgent.micTrack === null")
+    assert await ap.page.get_attribute("#state", "data-state") == "closed"
+    assert not [line for line in ap.log if "connect failed" in line], ap.context()
+    assert not ap.page_errors(), ap.context()
+
+
+# The browser reports ICE failure, as it does when the network drops.
+FAIL_ICE_JS = """
+() => {
+  const pc = window.voiceAgent.pc;
+  Object.defineProperty(pc, 'connectionState', {get: () => 'failed'});
+  pc.dispatchEvent(new Event('connectionstatechange'));
+}
+"""
+
+
+async def test_hang_up_while_resuming_ends_the_call_for_good(
+    agent_page: AgentPage, live_server: Any
+) -> None:
+    """The connection fails, the page resumes; the user hangs up while the first try is in
+    flight and that try then fails: no further try, the call stays closed."""
+    import asyncio
+
+    from signaling.keys import SESSIONS
+
+    ap = agent_page
+    await connect(ap)
+    resumes: list[bool] = []
+
+    async def slow_then_fail(route: Any) -> None:
+        resumes.append("resume" in (route.request.post_data_json or {}))
+        await asyncio.sleep(1.0)
+        await route.abort("connectionreset")
+
+    await ap.page.route("**/offer", slow_then_fail)
+    await ap.page.evaluate(FAIL_ICE_JS)
+    await ap.page.wait_for_function("() => window.voiceAgent.state === 'connecting'")
+    for _ in range(100):
+        if resumes:
+            break
+        await asyncio.sleep(0.05)
+    assert resumes == [True], resumes
+    deletes: list[int] = []
+    ap.page.on("response", lambda r: r.request.method == "DELETE" and deletes.append(r.status))
+    await ap.page.click("#hangup")
+    # The failed try would have been followed by another 1 s later.
+    await ap.page.wait_for_timeout(2500)
+    assert resumes == [True], f"the page tried again after Hang up: {resumes}"
+    assert deletes == [204], deletes  # the detached session ends on the server too
+    assert await ap.page.get_attribute("#state", "data-state") == "closed"
+    assert await ap.page.evaluate("() => window.voiceAgent.pc === null")
+    assert await ap.page.is_enabled("#connect")
+    assert await ap.page.is_disabled("#hangup")
+    assert len(live_server.app[SESSIONS]) == 0
+    assert not ap.page_errors(), ap.context()
+
+
+def short_idle_config() -> Any:
+    from agent.config import Config, LifecycleSettings
+
+    return Config(host="127.0.0.1", port=0, lifecycle=LifecycleSettings(idle_timeout_s=2.0))
+
+
+@pytest.mark.parametrize("server_config", [short_idle_config()], ids=["idle_2s"])
+async def test_a_session_the_server_closes_is_not_resumed(agent_page: AgentPage) -> None:
+    """`session.closed` (idle_timeout): the page says why and does not try to resume."""
+    ap = agent_page
+    offers: list[str] = []
+    ap.page.on("request", lambda r: r.url.endswith("/offer") and offers.append(r.method))
+    await ap.page.set_checked("#mic", False)
+    await ap.page.click("#connect")
+    await ap.page.wait_for_selector("#alert:not([hidden])", timeout=10_000)
+    await ap.page.wait_for_timeout(1000)  # a resume would start 0.5 s after the close
+    closed = [e for e in await events(ap) if e.get("type") == "session.closed"]
+    assert closed == [{"type": "session.closed", "reason": "idle_timeout"}], await events(ap)
+    alert = await ap.page.text_content("#alert") or ""
+    assert "idle_timeout" in alert, alert
+    assert await ap.page.get_attribute("#alert", "data-kind") == "info"
+    assert offers == ["POST"], f"the page tried to resume a closed session: {offers}"
+    assert await ap.page.get_attribute("#state", "data-state") == "closed"
+    assert await ap.page.is_enabled("#connect")
+    assert not ap.page_errors(), ap.context()
+
+
+# Data-channel events as the server sends them, delivered to the page's own handler; the
+# last stats sample says the jitter buffer holds audio for 300 ms, so captions wait that long.
+FEED_JS = """
+(msgs) => {
+  window.voiceAgent.stats.push({t: Date.now(), jitterBufferMs: 300});
+  const channel = window.voiceAgent.channel;
+  for (const m of msgs) {
+    channel.dispatchEvent(new MessageEvent('message', {data: JSON.stringify(m)}));
+  }
+}
+"""
+
+
+def utterance(id_: str, caption: str | None = None, interrupted: bool = False) -> list[Any]:
+    segment = [{"type": "speech.segment", "id": id_, "text": caption}] if caption else []
+    ended = [{"type": "speech.ended", "id": id_, "interrupted": interrupted}]
+    return [{"type": "speech.started", "id": id_}, *segment, *ended]
+
+
+BOUNDS_JS = """
+() => ({
+  events: window.voiceAgent.events.length,
+  li: document.querySelectorAll('#transcript li').length,
+  first: document.querySelector('#transcript li').dataset.id,
+  items: window.voiceAgent.items?.size,
+  texts: window.voiceAgent.texts?.size,
+})
+"""
+
+
+async def test_captions_end_with_their_speech_and_a_long_call_stays_bounded(
+    agent_page: AgentPage,
+) -> None:
+    """A caption waiting for the jitter buffer never shows after its utterance ended (an
+    interrupt) or after Hang up. A long call keeps the newest 500 transcript items (and
+    their texts) and 1000 events."""
+    ap = agent_page
+    await connect(ap)
+    said = await ap.page.evaluate("() => window.voiceAgent.say('hello')")
+    await ap.page.wait_for_function(
+        "(id) => window.voiceAgent.events.some((e) => e.type === 'speech.ended' && e.id === id)",
+        arg=said,
+    )
+    await ap.page.evaluate(FEED_JS, utterance("cut-short", "never heard", interrupted=True))
+    await ap.page.wait_for_timeout(400)
+    assert await ap.page.text_content("#caption") == "", "a caption after speech.ended"
+
+    await ap.page.evaluate(FEED_JS, [m for i in range(600) for m in utterance(f"u{i}")])
+    bounds = await ap.page.evaluate(BOUNDS_JS)
+    assert bounds == {"events": 1000, "li": 500, "first": "u100", "items": 500, "texts": 0}
+
+    await ap.page.evaluate(FEED_JS, utterance("hung-up", "never heard")[:2])
+    await ap.page.evaluate("() => window.voiceAgent.hangup()")
+    await ap.page.wait_for_timeout(400)
+    assert await ap.page.get_attribute("#state", "data-state") == "closed"
+    assert await ap.page.text_content("#caption") == "", "a caption after Hang up"
+    assert (await ap.page.evaluate(BOUNDS_JS))["li"] == 500  # kept after Hang up, bounded
+    assert not ap.page_errors(), ap.context()

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from signaling.keys import SESSIONS
 from tests.conftest import LiveServer
 from tests.doubles import tone_frequency
 from tests.test_browser import CHROMIUM, CHROMIUM_ARGS, HAVE_CHROMIUM, REQUIRE_BROWSER
@@ -149,4 +150,108 @@ async def test_three_pages_hear_the_agent_and_each_other(
             break
         await asyncio.sleep(0.2)
     assert not heard(await pages["ben"].evaluate(TRACKS_JS), TONES["ann"])
+    assert not [line for line in log if "pageerror" in line], log
+
+
+# Every RTCPeerConnection the page makes, so a test can see that none is left open.
+KEEP_PCS_JS = """
+window.__pcs = [];
+const RTCPeerConnectionBefore = window.RTCPeerConnection;
+window.RTCPeerConnection = function (...args) {
+  const pc = new RTCPeerConnectionBefore(...args);
+  window.__pcs.push(pc);
+  return pc;
+};
+window.RTCPeerConnection.prototype = RTCPeerConnectionBefore.prototype;
+"""
+
+ROOM_UI_JS = """
+() => ({
+  state: document.getElementById('state').dataset.state,
+  me: document.getElementById('me').textContent,
+  caption: document.getElementById('caption').textContent,
+  enabled: [...document.querySelectorAll('button')].filter((b) => !b.disabled).map((b) => b.id),
+  openPcs: window.__pcs.filter((pc) => pc.connectionState !== 'closed').length,
+})
+"""
+
+NOT_JOINED = {"state": "idle", "me": "", "caption": "", "enabled": ["join"], "openPcs": 0}
+
+
+@pytest.fixture
+async def one_browser() -> AsyncIterator[Browser]:
+    if not HAVE_CHROMIUM:
+        message = f"Chromium not found at {CHROMIUM}"
+        if REQUIRE_BROWSER:
+            pytest.fail(message)
+        pytest.skip(message)
+    async with async_playwright() as pw:
+        browser = await pw.chromium.launch(
+            executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS
+        )
+        try:
+            yield browser
+        finally:
+            await browser.close()
+
+
+async def test_join_once_leave_cleanly_and_see_the_call_end(
+    one_browser: Browser, live_server: LiveServer
+) -> None:
+    """Join clicked twice makes one call; Leave deletes the session before closing and
+    resets the page; a session the server ends (session.closed, or just closed) is shown
+    and the page goes back to not joined."""
+    registry = live_server.app[SESSIONS]
+    log: list[str] = []
+    page = await (await one_browser.new_context()).new_page()
+    page.set_default_timeout(10_000)
+    page.on("console", lambda m: log.append(f"console.{m.type}: {m.text}"))
+    page.on("pageerror", lambda e: log.append(f"pageerror: {e}"))
+    offers: list[str] = []
+    deletes: list[int] = []
+    page.on("request", lambda r: r.url.endswith("/offer") and offers.append(r.method))
+    page.on("response", lambda r: r.request.method == "DELETE" and deletes.append(r.status))
+    await page.add_init_script(KEEP_PCS_JS)
+    await page.goto(f"{live_server.url}/room.html?room=solo")
+    await page.set_checked("#speak", False)
+
+    async def join() -> str:
+        await page.click("#join")
+        await page.wait_for_selector('#state[data-state="connected"]')
+        return str(await page.evaluate("() => window.voiceRoom.call.sessionId"))
+
+    # A double click on Join: one call.
+    await page.evaluate(
+        "() => { for (let i = 0; i < 2; i++) document.getElementById('join').click(); }"
+    )
+    await page.wait_for_selector('#state[data-state="connected"]')
+    await page.wait_for_timeout(300)
+    assert offers == ["POST"], offers
+    assert len(registry) == 1
+    # Leave while the agent speaks: DELETE first (204, not 404), then nothing is left over.
+    await page.fill("#text", "one two three four five six")
+    await page.click("#say")
+    await page.wait_for_function("() => document.getElementById('caption').textContent !== ''")
+    await page.click("#leave")
+    await page.wait_for_selector('#state[data-state="idle"]')
+    assert await page.evaluate(ROOM_UI_JS) == NOT_JOINED
+    assert deletes == [204], deletes
+    assert len(registry) == 0
+
+    # The server ends the seat the way its idle check does: the page says so and why.
+    session_id = await join()
+    peer = registry.get(session_id)
+    peer.session.send_event({"type": "session.closed", "reason": "idle_timeout"})
+    await registry.close(session_id)
+    await page.wait_for_selector("#alert:not([hidden])")
+    assert "idle_timeout" in (await page.text_content("#alert") or ""), log[-10:]
+    assert await page.evaluate(ROOM_UI_JS) == {**NOT_JOINED, "state": "closed"}
+
+    # The connection just goes (the server is gone): the same.
+    session_id = await join()
+    assert await page.is_hidden("#alert")
+    await registry.close(session_id)
+    await page.wait_for_selector("#alert:not([hidden])")
+    ui = await page.evaluate(ROOM_UI_JS)
+    assert ui["enabled"] == ["join"] and ui["openPcs"] == 0, ui
     assert not [line for line in log if "pageerror" in line], log
