@@ -7,6 +7,8 @@ from pathlib import Path
 
 from agent.conversation_config import ListenSettings, ServiceSettings
 from agent.opus_rates import INPUT_RATES as OPUS_INPUT_RATES
+from agent.opus_rates import MAX_BITRATE as OPUS_MAX_BITRATE
+from agent.opus_rates import MIN_BITRATE as OPUS_MIN_BITRATE
 
 STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
 
@@ -50,6 +52,12 @@ class OpusSettings:
     direct_send: bool = True
 
     def __post_init__(self) -> None:
+        _check_bitrate("the Opus bitrate (--bitrate)", self.bitrate)
+        if self.encode_threads < -1:
+            raise ValueError(
+                "encode threads (--encode-threads) must be -1 (one per core but one), 0 (on "
+                f"the event loop) or more, got {self.encode_threads}"
+            )
         if self.input_rate is not None and self.input_rate not in OPUS_INPUT_RATES:
             raise ValueError(
                 f"the Opus input rate must be one of {OPUS_INPUT_RATES} Hz, got {self.input_rate}"
@@ -95,6 +103,18 @@ class AdaptationSettings:
     queuing_delay_hold_ms: float = 20.0  # TWCC: no climbing while queueing exceeds this
     stats_interval_s: float = 1.0  # the data channel's ``stats`` event period (0: off)
 
+    def __post_init__(self) -> None:
+        _check_bitrate("the congestion floor min_bitrate (--min-bitrate)", self.min_bitrate)
+        _check_bitrate("the loss floor fec_min_bitrate (--fec-min-bitrate)", self.fec_min_bitrate)
+
+
+def _check_bitrate(name: str, value: int) -> None:
+    """An Opus bitrate libopus takes as it is (it clamps one outside, silently)."""
+    if not OPUS_MIN_BITRATE <= value <= OPUS_MAX_BITRATE:
+        raise ValueError(
+            f"{name} must be {OPUS_MIN_BITRATE}-{OPUS_MAX_BITRATE} bits/s, got {value}"
+        )
+
 
 @dataclass(frozen=True)
 class SpeechSettings:
@@ -132,6 +152,12 @@ class ChatTTSSettings:
     default_voice: str = "seed:2"
     max_new_tokens: int = 2048  # ChatTTS's own cap (~44 s per utterance)
     warmup_text: str = "Hello there."
+
+    def __post_init__(self) -> None:
+        if self.threads < 0:
+            raise ValueError(
+                f"torch threads (--threads) must be 0 (automatic) or more, got {self.threads}"
+            )
 
 
 TTS_PLANES = ("local", "ray")
@@ -297,6 +323,9 @@ class BreakerSettings:
             raise ValueError("breaker failures must be at least 1, window and cool-down positive")
 
 
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
 @dataclass(frozen=True)
 class Config:
     host: str = "0.0.0.0"
@@ -327,3 +356,22 @@ class Config:
     rooms: RoomSettings = field(default_factory=RoomSettings)
     listen: ListenSettings = field(default_factory=ListenSettings)
     services: ServiceSettings = field(default_factory=ServiceSettings)
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ValueError(
+                f"the port (--port) must be 0-65535 (0: any free one), got {self.port}"
+            )
+        if self.log_level not in LOG_LEVELS:
+            raise ValueError(
+                f"the log level (--log-level) must be one of {', '.join(LOG_LEVELS)}, "
+                f"got {self.log_level!r}"
+            )
+        if self.workers < 1:
+            raise ValueError(f"workers (media processes) must be at least 1, got {self.workers}")
+        # The controller would silently use the ceiling as its floor (agent/bitrate.py).
+        if self.adaptation.enabled and self.adaptation.min_bitrate > self.opus.bitrate:
+            raise ValueError(
+                f"the adaptation floor min_bitrate (--min-bitrate, {self.adaptation.min_bitrate})"
+                f" must not be above the Opus bitrate (--bitrate, {self.opus.bitrate})"
+            )

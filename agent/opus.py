@@ -21,6 +21,8 @@ import numpy.typing as npt
 
 from agent.opus_rates import FRAME_SAMPLES as FRAME_SAMPLES  # re-exported for its users
 from agent.opus_rates import INPUT_RATES, frame_samples
+from agent.opus_rates import MAX_BITRATE as MAX_BITRATE  # re-exported for its users
+from agent.opus_rates import MIN_BITRATE as MIN_BITRATE  # re-exported for its users
 from agent.opus_rates import SAMPLE_RATE as SAMPLE_RATE  # re-exported for its users
 
 MAX_PACKET_BYTES = 1_275  # largest Opus frame (RFC 6716 section 3.2.1)
@@ -45,9 +47,6 @@ _SIGNAL_VOICE = 3001
 # maxplaybackrate (Hz, RFC 7587) -> the widest Opus band worth coding for it.
 _BANDWIDTH_FOR_RATE = ((8_000, 1101), (12_000, 1102), (16_000, 1103), (24_000, 1104))
 _FULLBAND = 1105
-
-MIN_BITRATE = 6_000
-MAX_BITRATE = 510_000
 
 
 class OpusError(RuntimeError):

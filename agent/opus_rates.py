@@ -12,6 +12,10 @@ FRAMES_PER_SECOND = SAMPLE_RATE // FRAME_SAMPLES
 # The rates libopus encodes from (RFC 6716 section 2.1.1). The packets are the same Opus
 # packets whatever the input rate; a lower one just caps the coded band at half of it.
 INPUT_RATES = (8_000, 12_000, 16_000, 24_000, 48_000)
+# The bitrates libopus takes (bits/s, OPUS_SET_BITRATE); the encoder clamps to them, the
+# configuration refuses a setting outside them.
+MIN_BITRATE = 6_000
+MAX_BITRATE = 510_000
 
 
 def input_rate_for(source_rate: int) -> int:

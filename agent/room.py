@@ -143,6 +143,18 @@ class Room:
                 await feed.close()
         log.info("room %s closed", self.name)
 
+    def discard(self) -> None:
+        """Release a room that was never started (its first join was refused), at once and
+        without the event loop: the agent's encoder (the governor no longer counts it) and
+        the pipeline's link back to the room, which would leave the room to the cyclic
+        garbage collector."""
+        if self._tasks:
+            raise RuntimeError("a started room is closed with close()")
+        self.closed = True
+        self.pipeline.discard()
+        self.agent_track.stop()  # closes its encoder
+        self.agent.close()
+
     # --- membership ----------------------------------------------------------------------
     def join(
         self,

@@ -226,6 +226,14 @@ class SpeechPipeline:
             self._end(utt, interrupted=True)
         return [u.id for u in dropped]
 
+    def discard(self) -> None:
+        """Close a pipeline that was never started: nothing runs, so nothing to wait for."""
+        if self._worker is not None:
+            raise RuntimeError("a started pipeline is closed with close()")
+        self._closed = True
+        self.buffer.clear()
+        self._emit = discard_event  # the reference cycle with its owner, as in close()
+
     async def close(self) -> None:
         self._closed = True
         self.buffer.clear()

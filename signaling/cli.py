@@ -9,9 +9,11 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import NoReturn
 
 from agent.config import (
     INSTRUCT_POLICIES,
+    LOG_LEVELS,
     ROLES,
     AdaptationSettings,
     BreakerSettings,
@@ -19,30 +21,21 @@ from agent.config import (
     Config,
     LifecycleSettings,
     LimitSettings,
-    OpusSettings,
     RaySettings,
     RoomSettings,
     SecuritySettings,
 )
 from agent.engines import ENGINE_NAMES
 from agent.opus_rates import INPUT_RATES as OPUS_INPUT_RATES
+from agent.opus_rates import MAX_BITRATE as OPUS_MAX_BITRATE
+from agent.opus_rates import MIN_BITRATE as OPUS_MIN_BITRATE
 from signaling.auth import mint_token
 from signaling.conversation_flags import add_conversation_flags, conversation_settings
+from signaling.envflags import ENV_PREFIX, EnvParser, env_value
 from signaling.logs import configure_logging
-
-ENV_PREFIX = "VOICE_AGENT_"
-
 
 SEND_PATHS = ("direct", "aiortc")
 INPUT_RATE_CHOICES = ("auto", *(str(rate) for rate in OPUS_INPUT_RATES))
-
-
-def _env(env: Mapping[str, str], name: str, default: str | None = None) -> str | None:
-    return env.get(ENV_PREFIX + name, default)
-
-
-def _env_bool(env: Mapping[str, str], name: str) -> bool:
-    return (_env(env, name) or "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def _cores() -> int:
@@ -58,11 +51,14 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         description="WebRTC real-time voice agent. Every flag can also be set as "
         f"{ENV_PREFIX}<FLAG> in the environment (e.g. {ENV_PREFIX}PORT=8080).",
     )
-    commands = parser.add_subparsers(dest="command", required=True)
+    # Each subcommand reads its flags' VOICE_AGENT_* variables as it is parsed, with one rule
+    # for all (signaling/envflags.py): empty is unset, a value its flag refuses is an error.
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=EnvParser)
 
     serve = commands.add_parser("serve", help="run the signaling server and the agent")
-    serve.add_argument("--host", default=_env(env, "HOST", defaults.host))
-    serve.add_argument("--port", type=int, default=int(_env(env, "PORT", str(defaults.port)) or 0))
+    serve.env, serve.env_flags = env, None  # every flag
+    serve.add_argument("--host", default=defaults.host)
+    serve.add_argument("--port", type=int, default=defaults.port, help="0-65535 (0: any free port)")
     serve.add_argument(
         "--ice-server",
         action="append",
@@ -71,39 +67,38 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         help="STUN/TURN URL (repeatable); default none, which works on a LAN and localhost "
         f"(env {ENV_PREFIX}ICE_SERVERS, comma-separated)",
     )
-    serve.add_argument("--ice-username", default=_env(env, "ICE_USERNAME"))
-    serve.add_argument("--ice-credential", default=_env(env, "ICE_CREDENTIAL"))
-    serve.add_argument("--engine", choices=ENGINE_NAMES, default=_env(env, "ENGINE", "chattts"))
+    serve.add_argument("--ice-username")
+    serve.add_argument("--ice-credential")
+    serve.add_argument("--engine", choices=ENGINE_NAMES, default=defaults.engine)
     serve.add_argument(
         "--model-dir",
         type=Path,
-        default=_env(env, "MODEL_DIR"),
+        default=None,
         help="a local ChatTTS model (default: ChatTTS's own download from Hugging Face)",
     )
     serve.add_argument(
-        "--device", default=_env(env, "DEVICE", "auto"), help="auto (CUDA when present), cpu, cuda"
+        "--device", default=defaults.chattts.device, help="auto (CUDA when present), cpu, cuda"
     )
-    serve.add_argument(
-        "--compile", action="store_true", default=_env_bool(env, "COMPILE"), help="torch.compile"
-    )
+    serve.add_argument("--compile", action="store_true", help="torch.compile")
     serve.add_argument(
         "--threads",
         type=int,
-        default=int(_env(env, "THREADS", "0") or 0),
+        default=defaults.chattts.threads,
         help="torch threads for inference (0: all cores but one on CPU)",
     )
     serve.add_argument(
         "--bitrate",
         type=int,
-        default=int(_env(env, "BITRATE", str(OpusSettings().bitrate)) or 0),
-        help="Opus bitrate: the start and the ceiling of network adaptation (bits/s)",
+        default=defaults.opus.bitrate,
+        help="Opus bitrate: the start and the ceiling of network adaptation (bits/s, "
+        f"{OPUS_MIN_BITRATE}-{OPUS_MAX_BITRATE})",
     )
     serve.add_argument(
         "--complexity",
         type=int,
         choices=range(11),
         metavar="0-10",
-        default=int(_env(env, "COMPLEXITY") or OpusSettings().complexity),
+        default=defaults.opus.complexity,
         help="libopus complexity: the encode is most of a session's CPU; lower it to hold "
         "more sessions per core at some quality (bench/README: 'Encoder cost and quality')",
     )
@@ -112,14 +107,13 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         type=int,
         choices=range(11),
         metavar="0-10",
-        default=int(_env(env, "COMPLEXITY_FLOOR") or OpusSettings().complexity_floor),
+        default=defaults.opus.complexity_floor,
         help="while the CPU cannot keep up, all encoders step down towards this complexity "
         "and climb back after (agent/governor.py); set it to --complexity for a fixed one",
     )
     serve.add_argument(
         "--full-band-under-load",
         action="store_true",
-        default=_env_bool(env, "FULL_BAND_UNDER_LOAD"),
         help="the CPU governor steps complexity alone; by default, below complexity 6 it "
         "first caps the coded band at wide-band (8 kHz of audio), and at medium-band (6 kHz) "
         "at complexity 1 or 0",
@@ -127,7 +121,7 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     serve.add_argument(
         "--opus-input-rate",
         choices=INPUT_RATE_CHOICES,
-        default=_env(env, "OPUS_INPUT_RATE", "auto"),
+        default="auto",
         help="the rate speech is handed to the encoder at (Hz): auto takes the engine's own "
         "when libopus does (ChatTTS: 24000, no resampling and 3-12%% less encoder time than "
         "upsampled to 48000, same quality), else the next one up; 48000 resamples "
@@ -137,61 +131,61 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     serve.add_argument(
         "--no-adaptation",
         action="store_true",
-        default=_env_bool(env, "NO_ADAPTATION"),
         help="fixed bitrate, no FEC: ignore the receiver's reports",
     )
     serve.add_argument(
         "--min-bitrate",
         type=int,
-        default=int(_env(env, "MIN_BITRATE", str(adaptation.min_bitrate)) or 0),
-        help="adaptation's floor under congestion (bits/s)",
+        default=adaptation.min_bitrate,
+        help="adaptation's floor under congestion (bits/s; at most --bitrate)",
     )
     serve.add_argument(
         "--fec-min-bitrate",
         type=int,
-        default=int(_env(env, "FEC_MIN_BITRATE", str(adaptation.fec_min_bitrate)) or 0),
+        default=adaptation.fec_min_bitrate,
         help="adaptation's floor under random loss, where in-band FEC still fits (bits/s)",
     )
     serve.add_argument(
         "--encode-threads",
         type=int,
-        default=int(_env(env, "ENCODE_THREADS", "0") or 0),
+        default=defaults.opus.encode_threads,
         help="threads encoding speech one frame ahead, off the event loop "
         "(0: on the loop; -1: one per core but one)",
     )
     serve.add_argument(
         "--send-path",
         choices=SEND_PATHS,
-        default=_env(env, "SEND_PATH", "direct"),
+        default="direct" if defaults.opus.direct_send else "aiortc",
         help="how a session's packets leave: direct (RTP+SRTP+sendto from the track's own "
         "timer, lean) or aiortc (its RTP sender task)",
     )
     serve.add_argument(
         "--workers",
         type=int,
-        default=int(_env(env, "WORKERS", "0") or 0),
-        help="media processes behind the one address (default: one per core; one with a "
+        default=0,
+        help="media processes behind the one address (default 0: one per core; one with a "
         "local --tts ray); each holds its own sessions and, with the in-process engine, its "
         "own copy of the model",
     )
-    _add_tts_plane(serve, env)
-    serve.add_argument("--log-level", default=_env(env, "LOG_LEVEL", "INFO"))
+    _add_tts_plane(serve)
     serve.add_argument(
-        "--log-json",
-        action="store_true",
-        default=_env_bool(env, "LOG_JSON"),
-        help="one JSON object per log line",
+        "--log-level",
+        type=str.upper,
+        choices=LOG_LEVELS,
+        default=defaults.log_level,
+        help="any case (default INFO)",
     )
-    _add_auth_secret(serve, env)
+    serve.add_argument("--log-json", action="store_true", help="one JSON object per log line")
+    _add_auth_secret(serve)
     serve.add_argument(
         "--cors-origins",
-        default=_env(env, "CORS_ORIGINS", ""),
+        default="",
         help="comma-separated web origins allowed to call the API from another site "
         "(e.g. https://app.example.com); default none: same-origin only",
     )
     serve.add_argument(
         "--metrics-token",
-        default=_env(env, "METRICS_TOKEN"),
+        default=None,
         help="bearer token required by GET /metrics (default: /metrics is open)",
     )
     limits = LimitSettings()
@@ -203,15 +197,12 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         ("rate-limit-clients", int, limits.max_clients, "client addresses tracked per limit"),
         ("max-sessions", int, limits.max_sessions, "concurrent sessions; more get server_full"),
     ]:
-        env_name = flag.upper().replace("-", "_")
-        serve.add_argument(
-            "--" + flag, type=kind, default=kind(_env(env, env_name, str(default))), help=text
-        )
-    _add_room_flags(serve, env)
+        serve.add_argument("--" + flag, type=kind, default=default, help=text)
+    _add_room_flags(serve)
 
-    _add_lifecycle_flags(serve, env)
+    _add_lifecycle_flags(serve)
 
-    add_conversation_flags(serve, env)
+    add_conversation_flags(serve)
 
     tiny = commands.add_parser(
         "tiny-model", help="build a tiny random-weight ChatTTS checkpoint for offline smoke tests"
@@ -221,14 +212,15 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     tiny.add_argument("--seed", type=int, default=0)
 
     token = commands.add_parser("token", help="print a signed access token (JWT, HS256)")
-    _add_auth_secret(token, env)
+    token.env, token.env_flags = env, ("auth_secret",)
+    _add_auth_secret(token)
     token.add_argument("--room", default=None, help="the only room the token is valid for")
     token.add_argument("--role", choices=ROLES, default=None, help="default: speaker")
     token.add_argument("--ttl", type=int, default=3600, help="lifetime in seconds")
     return parser
 
 
-def _add_lifecycle_flags(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
+def _add_lifecycle_flags(parser: argparse.ArgumentParser) -> None:
     life, breaker = LifecycleSettings(), BreakerSettings()
     for flag, kind, default, text in [
         ("connect-timeout", float, life.connect_timeout_s, "seconds a peer may take to connect"),
@@ -240,18 +232,15 @@ def _add_lifecycle_flags(parser: argparse.ArgumentParser, env: Mapping[str, str]
         ("breaker-window", float, breaker.window_s, "seconds those failures must fall within"),
         ("breaker-cooldown", float, breaker.cooldown_s, "seconds open before a probe"),
     ]:
-        env_name = flag.upper().replace("-", "_")
-        parser.add_argument(
-            "--" + flag, type=kind, default=kind(_env(env, env_name, str(default))), help=text
-        )
+        parser.add_argument("--" + flag, type=kind, default=default, help=text)
 
 
-def _add_tts_plane(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
+def _add_tts_plane(parser: argparse.ArgumentParser) -> None:
     """Where speech is generated: in this process (default) or on Ray Serve replicas."""
     ray = RaySettings()
     parser.add_argument(
         "--tts",
-        default=_env(env, "TTS", "local"),
+        default="local",
         help="local: the engine runs in this process (default); ray: on Ray Serve, a new "
         "local Ray instance (or RAY_ADDRESS); ray://HOST:PORT: a running Ray cluster's GCS "
         "address (this machine must be a node of it: ray start --address HOST:PORT)",
@@ -264,14 +253,11 @@ def _add_tts_plane(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> N
         ("tts-cpus-per-replica", float, ray.cpus_per_replica, "CPUs Ray reserves per replica"),
         ("tts-lead", float, ray.lead_s, "seconds a replica may run ahead of playout"),
     ]:
-        env_name = flag.upper().replace("-", "_")
-        parser.add_argument(
-            "--" + flag, type=kind, default=kind(_env(env, env_name, str(default))), help=text
-        )
+        parser.add_argument("--" + flag, type=kind, default=default, help=text)
     parser.add_argument(
         "--ray-cpus",
         type=int,
-        default=_env(env, "RAY_CPUS"),
+        default=None,
         help="CPUs a local Ray instance (--tts ray) offers (default: all)",
     )
 
@@ -280,6 +266,8 @@ def _workers(asked: int, tts: str, ray: RaySettings) -> int:
     """``--workers``; 0 (the default): one per core, but one when this process starts its
     own local Ray (each worker would start another; start Ray once and pass
     ``--tts ray://auto`` to run several)."""
+    if asked < 0:
+        raise ValueError(f"--workers must be 0 (one per core) or more, not {asked}")
     local_ray = tts == "ray" and ray.address is None and not os.environ.get("RAY_ADDRESS")
     if asked > 1 and local_ray:
         raise ValueError(
@@ -314,50 +302,42 @@ def _tts_plane(args: argparse.Namespace) -> tuple[str, RaySettings]:
     )
 
 
-def _add_room_flags(serve: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
+def _add_room_flags(serve: argparse.ArgumentParser) -> None:
     rooms = RoomSettings()
     serve.add_argument(
         "--room-max-participants",
         type=int,
-        default=int(_env(env, "ROOM_MAX_PARTICIPANTS", str(rooms.max_participants)) or 0),
+        default=rooms.max_participants,
         help="people per room (speakers and listeners); more get 409 room_full",
     )
     serve.add_argument(
         "--room-max-speakers",
         type=int,
-        default=int(_env(env, "ROOM_MAX_SPEAKERS", str(rooms.max_speakers)) or 0),
+        default=rooms.max_speakers,
         help="people sending a microphone per room; more get 409 speakers_full",
     )
     serve.add_argument(
         "--room-instruct",
         choices=INSTRUCT_POLICIES,
-        default=_env(env, "ROOM_INSTRUCT", rooms.instruct),
+        default=rooms.instruct,
         help="who may instruct a room's agent (say, chat, text.delta, interrupt, config)",
     )
     serve.add_argument(
         "--room-send",
         choices=SEND_PATHS,
-        default=_env(env, "ROOM_SEND", "direct" if rooms.direct_send else "aiortc"),
+        default="direct" if rooms.direct_send else "aiortc",
         help="how room audio reaches each listener: direct (RTP+SRTP from the source's "
         "tick, lean) or aiortc (each listener's own RTP sender task)",
     )
 
 
-def _add_auth_secret(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
+def _add_auth_secret(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--auth-secret",
-        default=_env(env, "AUTH_SECRET"),
+        default=None,
         help="HS256 secret (at least 32 bytes) for access tokens; prefer the environment "
         f"({ENV_PREFIX}AUTH_SECRET): flags show in the process list. Default: no auth",
     )
-
-
-def _one_of(value: str, allowed: Sequence[str], flag: str) -> str:
-    """argparse checks choices on the command line only, not on defaults from the env."""
-    if value not in allowed:
-        choices = ", ".join(allowed)
-        raise ValueError(f"{flag} (or its {ENV_PREFIX} variable): one of {choices}, not {value!r}")
-    return value
 
 
 def _input_rate(choice: str) -> int | None:
@@ -367,7 +347,7 @@ def _input_rate(choice: str) -> int | None:
 def config_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> Config:
     ice = args.ice_servers
     if ice is None:
-        ice = [u.strip() for u in (_env(env, "ICE_SERVERS") or "").split(",") if u.strip()]
+        ice = [u.strip() for u in (env_value(env, "ICE_SERVERS") or "").split(",") if u.strip()]
     base = Config()
     origins = tuple(o.strip() for o in args.cors_origins.split(",") if o.strip())
     listen, services = conversation_settings(args)
@@ -391,10 +371,8 @@ def config_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> Config
             complexity_floor=args.complexity_floor,
             band_cap_under_load=not args.full_band_under_load,
             encode_threads=args.encode_threads,
-            direct_send=_one_of(args.send_path, SEND_PATHS, "--send-path") == "direct",
-            input_rate=_input_rate(
-                _one_of(args.opus_input_rate, INPUT_RATE_CHOICES, "--opus-input-rate")
-            ),
+            direct_send=args.send_path == "direct",
+            input_rate=_input_rate(args.opus_input_rate),
         ),
         adaptation=replace(
             base.adaptation,
@@ -440,7 +418,7 @@ def config_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> Config
             max_participants=args.room_max_participants,
             max_speakers=args.room_max_speakers,
             instruct=args.room_instruct,
-            direct_send=_one_of(args.room_send, SEND_PATHS, "--room-send") == "direct",
+            direct_send=args.room_send == "direct",
         ),
         listen=listen,
         services=services,
@@ -483,16 +461,26 @@ def serve(config: Config) -> None:
     asyncio.run(serve_app(app, config, app[SESSIONS], app[DRAIN], **runner_options()))
 
 
+def _usage_error(message: str) -> NoReturn:
+    """argparse's way: the message on stderr, exit status 2."""
+    sys.stderr.write(f"voice-agent: error: {message}\n")
+    raise SystemExit(2)
+
+
 def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> int:
     env = os.environ if env is None else env
-    parser = build_parser(env)
+    try:
+        parser = build_parser(env)
+    except ValueError as exc:
+        _usage_error(str(exc))
+    # A VOICE_AGENT_* variable the subcommand's flag refuses is a usage error here too.
     args = parser.parse_args(argv)
     if args.command == "serve":
         try:
             config = config_from_args(args, env)
+            configure_logging(config)
         except ValueError as exc:  # a setting the Config refuses (e.g. a short secret)
             parser.error(str(exc))
-        configure_logging(config)
         serve(config)
         return 0
     if args.command == "token":

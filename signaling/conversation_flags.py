@@ -1,18 +1,17 @@
 """``voice-agent serve`` flags of the conversation: listening, barge-in, STT and LLM.
 
 Each flag can also come from the environment as ``VOICE_AGENT_<FLAG>`` (dashes become
-underscores). API keys are best given in the environment: flags show in the process list.
+underscores; read by the ``serve`` parser, signaling/envflags.py). API keys are best given in
+the environment: flags show in the process list.
 """
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 from agent.conversation_config import ListenSettings, ServiceSettings
-
-ENV_PREFIX = "VOICE_AGENT_"
 
 _LISTEN = ListenSettings()
 _SERVICES = ServiceSettings()
@@ -57,27 +56,19 @@ _FIELDS = {
 }
 
 
-def _truthy(value: str | None) -> bool:
-    return (value or "").strip().lower() in ("1", "true", "yes", "on")
-
-
-def add_conversation_flags(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
+def add_conversation_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("conversation (microphone, barge-in, STT, LLM)")
     for flag, kind, default, text, _ in _FLAGS:
-        raw = env.get(ENV_PREFIX + flag.upper().replace("-", "_"))
-        value = default if raw is None or raw == "" else kind(raw)
         shown = "" if "key" in flag or default is None else f" (default {default!r})"
-        group.add_argument("--" + flag, type=kind, default=value, help=text + shown)
+        group.add_argument("--" + flag, type=kind, default=default, help=text + shown)
     group.add_argument(
         "--no-listen",
         action="store_true",
-        default=_truthy(env.get(ENV_PREFIX + "NO_LISTEN")),
         help="ignore client microphones (no VAD, turns or barge-in)",
     )
     group.add_argument(
         "--no-barge-in",
         action="store_true",
-        default=_truthy(env.get(ENV_PREFIX + "NO_BARGE_IN")),
         help="the user's speech does not interrupt the agent (sessions may turn it on)",
     )
 

@@ -70,6 +70,8 @@ class RoomRegistry:
                 expects_channel=expects_channel,
             )
         except RoomError as exc:
+            if created:  # a room nobody is in: its encoder must not wait for the collector
+                room.discard()
             raise ApiError(ROOM_ERROR_STATUS.get(exc.code, 409), exc.code, exc.message) from None
         if created:
             self._rooms[name] = room

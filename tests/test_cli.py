@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 import pytest
 
-from signaling.cli import build_parser, config_from_args
+from agent.config import Config
+from signaling.cli import build_parser, config_from_args, main
+from signaling.envflags import env_name
 
 
 def build(argv: list[str], env: dict[str, str] | None = None):  # type: ignore[no-untyped-def]
@@ -83,7 +86,7 @@ def test_environment_then_flags() -> None:
         {"VOICE_AGENT_SEND_PATH": "Direct"},
         {"VOICE_AGENT_ROOM_SEND": "udp"},
     ):
-        with pytest.raises(ValueError):
+        with pytest.raises(SystemExit):
             build(["serve"], bad)
     flagged = build(["serve", "--port", "9100", "--ice-server", "stun:c.example"], env)
     assert flagged.port == 9100 and flagged.ice_servers == ("stun:c.example",)
@@ -128,8 +131,6 @@ def test_security_limit_and_log_settings() -> None:
 
 
 def test_settings_the_config_refuses_exit_with_usage() -> None:
-    from signaling.cli import main
-
     for argv in (["serve", "--auth-secret", "short"], ["serve", "--max-sessions", "0"]):
         with pytest.raises(SystemExit) as exit_info:
             main(argv, {})
@@ -164,3 +165,155 @@ def test_workers_default_to_the_cores_but_one_process_starts_local_ray(
     assert build(["serve", "--tts", "ray://auto", "--workers", "2"]).workers == 2
     with pytest.raises(ValueError, match="ray://auto"):
         build(["serve", "--tts", "ray", "--workers", "2"])
+
+
+def run(
+    argv: list[str],
+    env: dict[str, str],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> tuple[int, str, list[Config]]:
+    """``voice-agent ARGV`` with ``env``: (exit status, stderr, the Config it would serve)."""
+    served: list[Config] = []
+    monkeypatch.setattr("signaling.cli.serve", served.append)
+    monkeypatch.setattr("signaling.cli.configure_logging", lambda config: None)
+    try:
+        status = main(argv, env)
+    except SystemExit as exit_info:
+        assert isinstance(exit_info.code, int)
+        status = exit_info.code
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    return status, err, served
+
+
+def serve_env_names() -> list[str]:
+    """Every VOICE_AGENT_* variable of ``voice-agent serve``."""
+    parser = build_parser({})
+    (commands,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    names = [env_name(action) for action in commands.choices["serve"]._actions]
+    return ["ICE_SERVERS", *(name for name in names if name not in (None, "HELP", "ICE_SERVER"))]
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "expected"),
+    [
+        ("PORT", "abc", "is not a valid int"),
+        ("OFFER_RATE", "fast", "is not a valid float"),
+        ("VAD_THRESHOLD", "high", "is not a valid float"),
+        ("ROOM_MAX_SPEAKERS", "two", "is not a valid int"),
+        ("BREAKER_FAILURES", "1.5", "is not a valid int"),
+        ("TTS_LEAD", "soon", "is not a valid float"),
+        ("RAY_CPUS", "all", "is not a valid int"),
+        ("COMPILE", "maybe", "is not one of 1, true"),
+    ],
+)
+def test_a_malformed_variable_is_a_usage_error_naming_it(
+    variable: str,
+    value: str,
+    expected: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    status, err, served = run(["serve"], {"VOICE_AGENT_" + variable: value}, monkeypatch, capsys)
+    assert (status, served) == (2, [])
+    assert f"error: VOICE_AGENT_{variable}={value!r} {expected}" in err
+    assert "usage:" not in err  # no flag was wrong: the message alone
+
+
+def test_a_subcommand_reads_only_its_own_variables(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    env = {"VOICE_AGENT_OFFER_BURST": "ten", "VOICE_AGENT_PORT": "abc"}  # serve's, not token's
+    status, err, _ = run(["token", "--auth-secret", "t" * 32], env, monkeypatch, capsys)
+    assert status == 0 and err == ""
+    status, err, _ = run(["token"], {**env, "VOICE_AGENT_AUTH_SECRET": " "}, monkeypatch, capsys)
+    assert status == 2 and "no secret" in err  # blank is unset
+
+
+def test_an_empty_or_blank_variable_is_unset(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    names = serve_env_names()
+    assert {"PORT", "ROOM_MAX_SPEAKERS", "WORKERS", "OFFER_RATE", "VAD_THRESHOLD"} <= set(names)
+    defaults = build(["serve"])
+    for blank in ("", "  "):
+        env = {"VOICE_AGENT_" + name: blank for name in names}
+        assert build(["serve"], env) == defaults
+        status, _, served = run(["serve"], env, monkeypatch, capsys)
+        assert status == 0 and served == [defaults]
+    assert build(["serve"], {"VOICE_AGENT_ROOM_MAX_SPEAKERS": ""}).rooms.max_speakers == 4
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "expected"),
+    [
+        (["--log-level", "bogus"], {}, "--log-level: invalid choice"),
+        ([], {"VOICE_AGENT_LOG_LEVEL": "verbose"}, "VOICE_AGENT_LOG_LEVEL='verbose' is not one of"),
+        ([], {"VOICE_AGENT_ENGINE": "bogus"}, "VOICE_AGENT_ENGINE='bogus' is not one of chattts"),
+        ([], {"VOICE_AGENT_SEND_PATH": "udp"}, "VOICE_AGENT_SEND_PATH='udp' is not one of"),
+        ([], {"VOICE_AGENT_ROOM_INSTRUCT": "all"}, "VOICE_AGENT_ROOM_INSTRUCT='all' is not one"),
+        ([], {"VOICE_AGENT_ROOM_SEND": "udp"}, "VOICE_AGENT_ROOM_SEND='udp' is not one of"),
+        ([], {"VOICE_AGENT_OPUS_INPUT_RATE": "44100"}, "INPUT_RATE='44100' is not one of auto"),
+        ([], {"VOICE_AGENT_COMPLEXITY": "14"}, "VOICE_AGENT_COMPLEXITY='14' is not one of 0-10"),
+        (["--port", "70000"], {}, "--port) must be 0-65535"),
+        ([], {"VOICE_AGENT_PORT": "-1"}, "--port) must be 0-65535"),
+        (["--workers", "-3"], {}, "--workers must be 0 (one per core) or more"),
+        ([], {"VOICE_AGENT_WORKERS": "-3"}, "--workers must be 0 (one per core) or more"),
+        (["--bitrate", "0"], {}, "(--bitrate) must be 6000-510000"),
+        (["--bitrate", "-32000"], {}, "(--bitrate) must be 6000-510000"),
+        (["--bitrate", "600000"], {}, "(--bitrate) must be 6000-510000"),
+        (["--min-bitrate", "40000"], {}, "(--min-bitrate, 40000) must not be above"),
+        (["--bitrate", "10000"], {}, "(--min-bitrate, 12000) must not be above"),
+        (["--min-bitrate", "0"], {}, "(--min-bitrate) must be 6000-510000"),
+        (["--fec-min-bitrate", "-1"], {}, "(--fec-min-bitrate) must be 6000-510000"),
+        (["--encode-threads", "-2"], {}, "(--encode-threads) must be -1"),
+        (["--threads", "-1"], {}, "(--threads) must be 0 (automatic) or more"),
+    ],
+)
+def test_a_setting_that_would_crash_or_be_changed_is_refused(
+    argv: list[str],
+    env: dict[str, str],
+    expected: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    status, err, served = run(["serve", *argv], env, monkeypatch, capsys)
+    assert (status, served) == (2, [])
+    assert expected in err
+
+
+def test_the_edges_of_those_ranges_are_accepted(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from signaling.workers import cores
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    assert build(["serve", "--log-level", "debug"]).log_level == "DEBUG"
+    assert build(["serve"], {"VOICE_AGENT_LOG_LEVEL": "Warning"}).log_level == "WARNING"
+    assert build(["serve", "--port", "0"]).port == 0  # any free port
+    assert build(["serve", "--port", "65535"]).port == 65535
+    assert build(["serve", "--workers", "0"]).workers == cores()
+    assert build(["serve", "--encode-threads", "-1"]).opus.encode_threads == -1
+    low = build(["serve", "--bitrate", "6000", "--min-bitrate", "6000"])
+    assert (low.opus.bitrate, low.adaptation.min_bitrate) == (6000, 6000)
+    fixed = build(["serve", "--bitrate", "8000", "--no-adaptation"])  # no floor to respect
+    assert fixed.opus.bitrate == 8000
+    assert build(["serve", "--bitrate", "510000"]).opus.bitrate == 510_000
+    # The Config refuses them itself, whoever builds it.
+    for bad in ({"port": 70000}, {"log_level": "verbose"}, {"workers": 0}):
+        with pytest.raises(ValueError):
+            Config(**bad)  # type: ignore[arg-type]
+
+
+def test_an_error_while_configuring_logging_is_a_usage_error(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def refuse(config: Config) -> None:
+        raise ValueError("Unknown level: 'LOUD'")
+
+    monkeypatch.setattr("signaling.cli.serve", lambda config: None)
+    monkeypatch.setattr("signaling.cli.configure_logging", refuse)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["serve"], {})
+    assert exit_info.value.code == 2 and "Unknown level" in capsys.readouterr().err

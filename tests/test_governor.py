@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import gc
 import hashlib
 import os
 import threading
@@ -14,7 +15,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from agent.config import Config, OpusSettings
+from agent.config import Config, OpusSettings, RoomSettings
 from agent.governor import (
     MEDIUM_BAND_HZ,
     WIDE_BAND_HZ,
@@ -29,6 +30,8 @@ from agent.playout import PlayoutBuffer
 from agent.room import Room, SpeakerFeed
 from agent.session import AgentSession
 from agent.track import OpusPacketTrack
+from signaling.errors import ApiError
+from signaling.rooms import RoomRegistry
 from signaling.sessions import SessionRegistry
 from tests.doubles import ToneEngine
 
@@ -338,6 +341,43 @@ async def test_a_rooms_agent_and_its_speakers_encoders_are_governed() -> None:
     finally:
         await room.close()
         governor.close()
+
+
+async def test_a_refused_first_join_releases_the_room_it_made_at_once() -> None:
+    """A room made for a first join it refuses (no speaker slot for a microphone) is never
+    registered: its agent's encoder is closed, ungoverned and freed without the cyclic
+    garbage collector (the room and its pipeline refer to each other)."""
+    governor = ComplexityGovernor(9, 0, TUNING)
+    config = Config(rooms=RoomSettings(max_speakers=0))
+    registry = RoomRegistry(config, ToneEngine(), governor=governor)
+    gc.collect()
+    gc.disable()
+    try:
+        for index in range(5):
+            with pytest.raises(ApiError) as refused:
+                registry.join(
+                    "r",
+                    f"s{index}",
+                    speaking=True,
+                    host=False,
+                    display_name=None,
+                    hooks=None,
+                    expects_channel=True,
+                )
+            assert refused.value.code == "speakers_full"
+        del refused  # its traceback holds the last join's frame, and that the room
+        assert len(registry) == 0
+        assert governor.encoders == 0  # none left open
+        assert len(governor._encoders) == 0  # and none left alive
+    finally:
+        gc.enable()
+        governor.close()
+    # A listener still makes the room, which then runs as usual.
+    member = registry.join(
+        "r", "s5", speaking=False, host=False, display_name=None, hooks=None, expects_channel=True
+    )
+    assert len(registry) == 1 and governor.encoders == 1
+    await member.room.close()
 
 
 async def test_the_session_registry_shares_one_governor_with_its_rooms() -> None:

@@ -1,0 +1,101 @@
+"""Flags that default to ``VOICE_AGENT_<FLAG>`` variables, with one rule for all of them.
+
+A variable that is unset, empty or only whitespace leaves the flag's own default. Any other
+value is converted with the flag's type and checked against its choices, as argparse does a
+command-line value (it does neither for a default); a value it refuses is a usage error
+naming the variable (``VOICE_AGENT_PORT='abc' is not a valid int``), exit status 2.
+
+The variables of a subcommand are read when that subcommand is parsed: a bad
+``VOICE_AGENT_PORT`` does not stop ``voice-agent token``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Collection, Iterable, Mapping
+from typing import Any
+
+ENV_PREFIX = "VOICE_AGENT_"
+TRUE = ("1", "true", "yes", "on")
+FALSE = ("0", "false", "no", "off")
+
+
+class EnvError(ValueError):
+    """A ``VOICE_AGENT_*`` variable whose value its flag cannot take."""
+
+
+def env_value(env: Mapping[str, str], name: str) -> str | None:
+    """``VOICE_AGENT_<name>``; None when unset, empty or only whitespace."""
+    raw = env.get(ENV_PREFIX + name)
+    return None if raw is None or not raw.strip() else raw
+
+
+def env_bool(env: Mapping[str, str], name: str) -> bool:
+    """An on/off variable: 1/true/yes/on or 0/false/no/off (any case); unset is off."""
+    raw = env_value(env, name)
+    if raw is None:
+        return False
+    value = raw.strip().lower()
+    if value not in TRUE + FALSE:
+        raise EnvError(f"{ENV_PREFIX}{name}={raw!r} is not one of {', '.join(TRUE + FALSE)}")
+    return value in TRUE
+
+
+def _choices(choices: Iterable[Any]) -> str:
+    if isinstance(choices, range) and choices.step == 1 and len(choices) > 1:
+        return f"{choices.start}-{choices[-1]}"
+    return ", ".join(str(choice) for choice in choices)
+
+
+def env_default(action: argparse.Action, env: Mapping[str, str], name: str) -> tuple[bool, Any]:
+    """(found, value) of ``action``'s variable ``VOICE_AGENT_<name>``, converted and checked
+    like a value given on the command line; EnvError naming the variable when refused."""
+    if isinstance(action, argparse._StoreTrueAction):
+        return env_value(env, name) is not None, env_bool(env, name)
+    raw = env_value(env, name)
+    if raw is None:
+        return False, None
+    kind = action.type if callable(action.type) else str
+    try:
+        value = kind(raw)
+    except (ValueError, TypeError, argparse.ArgumentTypeError):
+        kind_name = getattr(kind, "__name__", repr(kind))
+        raise EnvError(f"{ENV_PREFIX}{name}={raw!r} is not a valid {kind_name}") from None
+    if action.choices is not None and value not in action.choices:
+        raise EnvError(f"{ENV_PREFIX}{name}={raw!r} is not one of {_choices(action.choices)}")
+    return True, value
+
+
+def env_name(action: argparse.Action) -> str | None:
+    """``--opus-input-rate`` -> ``OPUS_INPUT_RATE``; None for a positional argument."""
+    long = next((o for o in action.option_strings if o.startswith("--")), None)
+    return None if long is None else long[2:].upper().replace("-", "_")
+
+
+class EnvParser(argparse.ArgumentParser):
+    """A subcommand whose flags default to their ``VOICE_AGENT_*`` variables.
+
+    ``env_flags``: the destinations that read the environment (None: every flag but
+    ``--help`` and repeatable ones, whose variables the caller reads itself).
+    """
+
+    env: Mapping[str, str] = {}
+    env_flags: Collection[str] | None = ()
+
+    def parse_known_args(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            self._apply_env()
+        except EnvError as exc:  # argparse's error, without the long usage: no flag was wrong
+            self.exit(2, f"{self.prog}: error: {exc}\n")
+        return super().parse_known_args(*args, **kwargs)
+
+    def _apply_env(self) -> None:
+        for action in self._actions:
+            name = env_name(action)
+            if name is None or isinstance(action, argparse._HelpAction | argparse._AppendAction):
+                continue
+            if self.env_flags is not None and action.dest not in self.env_flags:
+                continue
+            found, value = env_default(action, self.env, name)
+            if found:
+                action.default = value
