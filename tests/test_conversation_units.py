@@ -184,3 +184,29 @@ async def test_resumes_do_not_pile_up_finished_tasks(listening: bool) -> None:
     finally:
         await session.close()
         pool.executor.shutdown(wait=False)
+
+
+@pytest.mark.parametrize("listening", [True, False])
+async def test_the_voice_activity_model_loads_at_startup_not_at_the_first_microphone(
+    listening: bool,
+) -> None:
+    # Loading it imports torch: left to the first session's microphone, that stalled every
+    # session's audio by up to 0.6 s (tests/test_fuzz.py's well-formed session saw it).
+    import asyncio
+
+    from agent.config import Config
+    from signaling.keys import SESSIONS
+    from tests.conftest import serve
+    from tests.doubles import ToneEngine
+
+    config = Config(host="127.0.0.1", port=0, listen=ListenSettings(enabled=listening))
+    async with serve(config, ToneEngine()) as server:
+        pool = server.app[SESSIONS].vad_pool
+        assert len(server.app[SESSIONS]) == 0  # no session, no microphone
+        if listening:
+            async with asyncio.timeout(30):
+                while pool._base is None:
+                    await asyncio.sleep(0.05)
+        else:
+            await asyncio.sleep(0.5)
+            assert pool._base is None  # nothing to listen with: torch is not even loaded
