@@ -33,6 +33,7 @@ class VadPool:
         self.executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="vad")
         self._base: Any = None
         self._lock = threading.Lock()
+        self.settled = False  # load() ended: the model is loaded, or failed to load
 
     def _load_base(self) -> Any:
         with self._lock:
@@ -57,7 +58,10 @@ class VadPool:
 
     async def load(self) -> None:
         """Load the model now (otherwise the first session's microphone waits for it)."""
-        await asyncio.get_running_loop().run_in_executor(self.executor, self._load_base)
+        try:
+            await asyncio.get_running_loop().run_in_executor(self.executor, self._load_base)
+        finally:
+            self.settled = True
 
     def close(self) -> None:
         self.executor.shutdown(wait=False, cancel_futures=True)

@@ -90,7 +90,7 @@ def _add_worker_parts(app: web.Application) -> None:
             {
                 "index": request.app[CONFIG].worker_index,
                 "pid": os.getpid(),
-                "ready": engine.ready,
+                "ready": engine.ready and request.app[SESSIONS].listening_ready,
                 "engine": engine.name,
                 "engine_error": load_errors[0] if load_errors else engine.failure,
                 "sessions": request.app[SESSIONS].load,

@@ -271,6 +271,12 @@ async def readyz(request: web.Request) -> web.Response:
         return web.json_response(
             {"ready": False, "engine": engine.name, "error": error}, status=503
         )
+    if engine.ready and not request.app[SESSIONS].listening_ready:
+        # Offers are answered already; ready waits because the load stalls the loop a while.
+        error = {"code": "not_ready", "message": "loading the voice activity model"}
+        return web.json_response(
+            {"ready": False, "engine": engine.name, "error": error}, status=503
+        )
     if engine.ready:
         return web.json_response({"ready": True, "engine": engine.name})
     failure = _engine_failure(request)

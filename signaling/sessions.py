@@ -90,10 +90,16 @@ class SessionRegistry:
         self.tokens = TokenBook()
         self._watchdog: asyncio.Task[None] | None = None
         self.rooms = RoomRegistry(config, engine, self.encode_executor, self.governor)
-        # silero-vad for every session's microphone, loaded off the loop on first use (with
-        # ChatTTS torch is imported already and loading takes ~0.15 s; alone, ~3 s). Not
-        # loaded eagerly: importing torch holds the GIL long enough to stall audio pacing.
+        # silero-vad for every session's microphone, loaded off the loop at startup by the
+        # app, before /readyz says ready (with ChatTTS torch is imported already and loading
+        # takes ~0.15 s; alone, ~3 s). Importing torch holds the GIL long enough to stall
+        # audio pacing: at the first microphone, as it was, every session's audio paused.
         self.vad_pool = VadPool(config.listen.vad_threads)
+
+    @property
+    def listening_ready(self) -> bool:
+        """Nothing left to load for microphones (the app loads the model at startup)."""
+        return not self.config.listen.enabled or self.vad_pool.settled
 
     def __len__(self) -> int:
         return len(self._peers)
