@@ -109,8 +109,10 @@ class SpeechPipeline:
         self._stream: Utterance | None = None  # the open text.delta utterance
         self._stream_owner = CLIENT  # ... and who writes it
         self._segmenter: Segmenter | None = None
-        # The interrupted stream (writer, id) whose further deltas are dropped until its end.
-        self._discarding: tuple[str, str] | None = None
+        # Each writer's interrupted stream (writer -> its id), whose further deltas are
+        # dropped until its end: several writers can each have one (a client, a reply, room
+        # participants). One entry per writer at most; its end or next stream removes it.
+        self._discarding: dict[str, str] = {}
         self._wakeup = asyncio.Event()
         self._worker: asyncio.Task[None] | None = None
         self._closed = False
@@ -148,10 +150,11 @@ class SpeechPipeline:
         was interrupted)."""
         if not isinstance(delta, str):
             raise SpeechError("bad_message", "'delta' must be a string")
-        if self._discarding is not None and self._discarding[0] == owner:
-            if utterance_id is None or utterance_id == self._discarding[1]:
+        interrupted = self._discarding.get(owner)
+        if interrupted is not None:
+            if utterance_id is None or utterance_id == interrupted:
                 return None  # the rest of an interrupted answer: not spoken, by design
-            self._discarding = None
+            del self._discarding[owner]
         if self._stream is not None and (
             self._stream_owner != owner or utterance_id not in (None, self._stream.id)
         ):
@@ -179,22 +182,13 @@ class SpeechPipeline:
         continue one, be dropped, or be refused)?"""
         if self._stream is not None:
             return False
-        discarding = self._discarding
-        return (
-            discarding is None
-            or discarding[0] != owner
-            or utterance_id
-            not in (
-                None,
-                discarding[1],
-            )
-        )
+        interrupted = self._discarding.get(owner)
+        return interrupted is None or utterance_id not in (None, interrupted)
 
     def text_end(self, owner: str = CLIENT) -> str | None:
         """End ``owner``'s text stream (or forget its interrupted one)."""
         if self._stream is None or self._stream_owner != owner:
-            if self._discarding is not None and self._discarding[0] == owner:
-                self._discarding = None
+            if self._discarding.pop(owner, None) is not None:
                 return None
             raise SpeechError("no_stream", "text.end without a text.delta stream")
         utt, segmenter = self._stream, self._segmenter
@@ -213,7 +207,7 @@ class SpeechPipeline:
         self._active.clear()
         self._queue.clear()
         if self._stream is not None:
-            self._discarding = (self._stream_owner, self._stream.id)
+            self._discarding[self._stream_owner] = self._stream.id
             self._stream = None
             self._segmenter = None
         if self._worker is not None:

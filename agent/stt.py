@@ -49,15 +49,19 @@ class Transcriber:
         if s.stt_language:
             form.add_field("language", s.stt_language)
         try:
-            async with asyncio.timeout(s.stt_timeout_s):
+            async with asyncio.timeout(s.stt_timeout_s) as deadline:
                 async with self._http.post(
                     self._url, data=form, headers=auth_headers(s.stt_api_key)
                 ) as response:
                     if response.status != 200:
+                        # The error body gets what is left of the time, under its own bound:
+                        # one that stalls is still this failure, not a timeout.
+                        loop = asyncio.get_running_loop()
+                        left = max(0.0, (deadline.when() or loop.time()) - loop.time())
+                        deadline.reschedule(None)
                         raise ServiceError(
                             "stt_failed",
-                            "speech-to-text failed: "
-                            + await describe_failure(response, s.stt_timeout_s),
+                            "speech-to-text failed: " + await describe_failure(response, left),
                         )
                     body = await response.json(content_type=None)
         except TimeoutError:

@@ -81,6 +81,8 @@ class Conversation:
         self._transcriber: Transcriber | None = None
         self._replies: dict[str, Reply] = {}  # by utterance id, until it ends
         self._reply_tasks: list[asyncio.Task[None]] = []  # in order; each waits for the last
+        # Replies with no utterance in the pipeline yet (waiting, or the LLM not started).
+        self._unopened: set[str] = set()
         self._turn_tasks: set[asyncio.Task[None]] = set()
         self._turn_seq = 0
         self._turn_id: str | None = None
@@ -183,7 +185,8 @@ class Conversation:
             raise SpeechError("closed", "the session is closed")
         # Each chat waits for the replies before it (and costs an LLM call when its turn
         # comes): bounded like the utterances queued for ``say``.
-        waiting = self.pipeline.queued + sum(not t.done() for t in self._reply_tasks)
+        # A reply streaming already is one of the pipeline's utterances: counted once.
+        waiting = self.pipeline.queued + len(self._unopened)
         limit = self.pipeline.settings.max_queued_utterances
         if waiting >= limit:
             raise SpeechError("queue_full", f"{limit} utterances are already waiting")
@@ -215,6 +218,10 @@ class Conversation:
         self._reply_tasks = [t for t in self._reply_tasks if not t.done()]
         previous = self._reply_tasks[-1] if self._reply_tasks else None
         task = asyncio.get_running_loop().create_task(self._run_reply(reply, previous))
+        self._unopened.add(reply.id)
+        # A done callback, not a finally: a task cancelled before its first step (a chat
+        # and an interrupt in one batch of messages) never runs its body at all.
+        task.add_done_callback(lambda _: self._settle_unopened(reply))
         self._reply_tasks.append(task)
         self.stats.replies += 1
         return reply.id
@@ -234,6 +241,7 @@ class Conversation:
                 self.pipeline.text_delta(delta, reply.id, owner=reply.id)
                 if not reply.opened:
                     reply.opened = reply.stream_open = True
+                    self._unopened.discard(reply.id)
                     self._replies[reply.id] = reply
             self._close_stream(reply)
         except asyncio.CancelledError:
@@ -252,6 +260,11 @@ class Conversation:
         finally:
             if not reply.opened:
                 self._drop_slot(reply)
+
+    def _settle_unopened(self, reply: Reply) -> None:
+        self._unopened.discard(reply.id)
+        if not reply.opened:
+            self._drop_slot(reply)  # idempotent: the body's finally may have done it
 
     def _close_stream(self, reply: Reply) -> None:
         if reply.stream_open:

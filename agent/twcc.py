@@ -229,6 +229,14 @@ class SendHistory:
         self._packets[seq] = SentPacket(seq, send_time_us, size_bytes)
         if len(self._packets) > self._capacity:
             self._packets.popitem(last=False)
+        # Several streams on one transport share the numbers (agent/feedback.py), so this
+        # stream's entries can span more than the 16-bit space: an entry half the space
+        # behind the newest would answer for another stream's packet after the wrap.
+        while True:
+            oldest = next(iter(self._packets))
+            if (seq - oldest) & 0xFFFF < 0x8000:
+                break
+            del self._packets[oldest]
 
     def get(self, seq: int) -> SentPacket | None:
         return self._packets.get(seq & 0xFFFF)

@@ -90,7 +90,10 @@ def _add_worker_parts(app: web.Application) -> None:
             {
                 "index": request.app[CONFIG].worker_index,
                 "pid": os.getpid(),
-                "ready": engine.ready and request.app[SESSIONS].listening_ready,
+                # Offers are routed once the engine is ready (they are answered meanwhile,
+                # as in one process); the front's /readyz also waits for listening.
+                "ready": engine.ready,
+                "listening_ready": request.app[SESSIONS].listening_ready,
                 "engine": engine.name,
                 "engine_error": load_errors[0] if load_errors else engine.failure,
                 "sessions": request.app[SESSIONS].load,

@@ -217,7 +217,10 @@ async def readyz(request: web.Request) -> web.Response:
         }
         for w in pool.workers
     ]
-    ready = sum(1 for w in pool.workers if w.alive and w.ready)
+    # As a single process's /readyz: the engine and the voice activity model loaded.
+    ready = sum(
+        1 for w in pool.workers if w.alive and w.ready and w.status.get("listening_ready", True)
+    )
     # The engine's own name, as a worker reports it ("chattts", "chattts-ray", ...).
     engine = next(
         (w.status["engine"] for w in pool.workers if w.status.get("engine")),

@@ -142,7 +142,15 @@ async def test_a_whole_json_completion_is_spoken() -> None:
     assert deltas == ["Hello there."]
 
 
-@pytest.mark.parametrize(("handler", "says"), [(nested_body, "invalid JSON"), (nested_error, "")])
+@pytest.mark.parametrize(
+    ("handler", "says"),
+    [
+        (nested_body, "invalid JSON"),
+        (nested_error, "HTTP 500"),
+        (stalled_error, "HTTP 500 (its error body could not be read)"),
+        (cut_error, "HTTP 502 (its error body could not be read)"),
+    ],
+)
 async def test_a_misbehaving_stt_is_a_service_error(handler: Handler, says: str) -> None:
     runner, base = await serve(handler)
     settings = ServiceSettings(stt_base_url=base, stt_timeout_s=TIMEOUT_S)

@@ -289,3 +289,48 @@ async def test_a_deeply_nested_room_message_is_bad_json_not_internal() -> None:
     member.handle_message('{"type":"mute","x":' + "[" * 5000 + "]" * 5000 + "}")
     assert [e["code"] for e in of(sent, "error")] == ["bad_json"]
     await room.leave(member)
+
+
+async def test_each_writer_keeps_its_own_interrupted_stream() -> None:
+    # A's stream is interrupted, then B's: A's remainder must still be dropped after B's
+    # end (one remembered stream for all writers let A's tail through).
+    events: list[Event] = []
+    p = pipeline(events)
+    p.text_delta("A speaks. ", "a", owner="A")
+    p.interrupt()
+    p.text_delta("B speaks. ", "b", owner="B")
+    p.interrupt()
+    assert p.text_end(owner="B") is None  # B's clean-up
+    assert p.text_delta("rest of A. ", owner="A") is None  # still A's remainder: dropped
+    assert not p.opens_stream(None, owner="A")
+    assert p.text_end(owner="A") is None
+    assert p.opens_stream(None, owner="A")  # after its end, A may stream again
+    await p.close()
+
+
+async def test_a_chat_and_an_interrupt_in_one_batch_leave_nothing_behind() -> None:
+    session, _events, drain = make_session(SlowBrain(REPLY))
+    session.handle_message(msg(type="chat", text="hello"))
+    session.handle_message(msg(type="interrupt"))  # before the reply task's first step
+    await asyncio.sleep(0.05)
+    conversation = session.conversation
+    assert conversation.history == [{"role": "user", "content": "hello"}]  # no empty slot
+    assert not conversation._unopened  # nothing counted against the chat limit
+    drain.stop()
+    await session.close()
+
+
+async def test_a_streaming_reply_counts_once_against_the_chat_limit() -> None:
+    session, events, drain = make_session(SlowBrain(REPLY, delay=0.3))
+    limit = session.config.speech.max_queued_utterances
+    session.handle_message(msg(type="chat", text="first"))
+    await wait_for(lambda: session.pipeline.busy)  # its stream is open: one utterance
+    for i in range(limit):
+        session.handle_message(msg(type="chat", text=f"question {i}"))
+    # The streaming reply is the utterance being spoken, not a waiting one (as for say):
+    # 32 wait behind it, at the limit, not over.
+    assert not of(events, "error")
+    session.handle_message(msg(type="chat", text="one too many"))
+    assert [e["code"] for e in of(events, "error")] == ["queue_full"]
+    drain.stop()
+    await session.close()

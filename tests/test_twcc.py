@@ -387,3 +387,18 @@ def test_a_feedback_claiming_too_many_packets_is_refused_before_expanding() -> N
 def test_only_so_many_feedbacks_per_compound_packet() -> None:
     one = build_transport_feedback(0, 0, 0, [1000])
     assert len(list(iter_transport_feedback(one * 50))) == MAX_FEEDBACKS_PER_COMPOUND
+
+
+def test_a_shared_sequence_never_lets_an_old_entry_answer_after_the_wrap() -> None:
+    # 20 streams share one transport's numbers: this stream records every 20th. Its 4096
+    # entries would span 81,920 numbers, past the 16-bit wrap, so an entry from before the
+    # wrap would answer for another stream's packet with the same number.
+    history = SendHistory()
+    for i in range(10_000):
+        history.record(i * 20, i, 100)
+    newest = (9_999 * 20) & 0xFFFF
+    kept = [seq for seq in range(0x10000) if history.get(seq) is not None]
+    assert kept and all((newest - seq) & 0xFFFF < 0x8000 for seq in kept)
+    assert history.get(newest) is not None and history.get(newest).send_time_us == 9_999
+    stale = (newest + 20) & 0xFFFF  # recorded ~65,500 numbers ago, not this stream's now
+    assert history.get(stale) is None

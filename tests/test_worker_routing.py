@@ -55,9 +55,12 @@ class _Running:
 
 
 @contextlib.asynccontextmanager
-async def front_and_worker(config: Config, *, ready: bool = True) -> AsyncIterator[str]:
+async def front_and_worker(
+    config: Config, *, ready: bool = True, pools: list[WorkerPool] | None = None
+) -> AsyncIterator[str]:
     """The front app on a localhost port (its URL is yielded) and worker 0's app on its
-    socket, both in this event loop (no processes: fast, and the front's own code runs)."""
+    socket, both in this event loop (no processes: fast, and the front's own code runs);
+    ``pools`` receives the front's worker pool."""
     socket_dir = Path(tempfile.mkdtemp(prefix="front"))  # short: Unix socket paths are
     worker_app = build_app(replace(config, worker_index=0, workers=1), ToneEngine())
     worker_runner = web.AppRunner(worker_app)
@@ -67,6 +70,8 @@ async def front_and_worker(config: Config, *, ready: bool = True) -> AsyncIterat
     await web.UnixSite(worker_runner, worker.socket_path).start()
     worker.process = _Running()  # type: ignore[assignment]
     worker.ready = ready
+    if pools is not None:
+        pools.append(pool)
     worker.http = aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=worker.socket_path))
     front_runner = web.AppRunner(build_front_app(config, pool))
     await front_runner.setup()
@@ -173,3 +178,23 @@ async def test_the_fronts_own_answers_carry_cors_headers_once() -> None:
                 assert resp.status == 200
                 assert resp.headers.getall("Access-Control-Allow-Origin") == [ORIGIN]
                 assert resp.headers.getall("Vary") == ["Origin"]
+
+
+async def test_the_fronts_readyz_waits_for_the_workers_voice_activity_model() -> None:
+    """A worker routes offers once its engine is ready, but the server is ready (as one
+    process's /readyz) only once the worker says its voice activity model is loaded too."""
+    pools: list[WorkerPool] = []
+    async with (
+        front_and_worker(Config(host="127.0.0.1", port=0), pools=pools) as url,
+        aiohttp.ClientSession() as http,
+    ):
+        worker = pools[0].workers[0]
+        async with http.get(url + "/readyz") as resp:
+            assert resp.status == 200  # a status without the field: an older worker
+        worker.status = {"ready": True, "listening_ready": False}
+        async with http.get(url + "/readyz") as resp:
+            assert resp.status == 503
+            assert (await resp.json())["error"]["code"] == "not_ready"
+        worker.status = {"ready": True, "listening_ready": True}
+        async with http.get(url + "/readyz") as resp:
+            assert resp.status == 200
