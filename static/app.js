@@ -436,10 +436,12 @@ function teardown(finalState, { notifyServer = false, keepToken = false } = {}) 
 async function hangup() {
   if (!session.pc && !session.token) return; // no call, none being resumed
   const { id } = session;
-  const generation = session.generation;
   ui.hangup.disabled = true;
   session.hangingUp = true; // the channel closing now is expected, not news
   endCall(); // first: a resume try failing while we wait must not try again
+  // This call, not this connection: a resume try that fails while the DELETE is on its
+  // way tears its connection down itself ("reconnecting"), and the call must still end.
+  const call = session.call;
   if (id) {
     try {
       const request = fetch(SESSION_URL(id), { method: "DELETE", headers: apiHeaders() });
@@ -448,7 +450,7 @@ async function hangup() {
       // The server may already be gone; closing locally is enough.
     }
   }
-  if (session.generation === generation) teardown("closed");
+  if (session.call === call) teardown("closed"); // unless Connect started a new call
 }
 
 // The connection was lost (ICE failed, stayed disconnected, or the channel closed without a

@@ -674,6 +674,46 @@ async def test_hang_up_while_resuming_ends_the_call_for_good(
     assert not ap.page_errors(), ap.context()
 
 
+async def test_hang_up_whose_delete_outlasts_a_failing_resume_still_closes(
+    agent_page: AgentPage,
+) -> None:
+    """The same, but the resume try fails while the DELETE is still on its way: that try
+    tears its connection down as "reconnecting", and the page stayed there (Hang up
+    disabled, nothing pending) instead of closing."""
+    import asyncio
+
+    ap = agent_page
+    await connect(ap)
+    resumes: list[bool] = []
+
+    async def fail_soon(route: Any) -> None:
+        resumes.append("resume" in (route.request.post_data_json or {}))
+        await asyncio.sleep(0.5)
+        await route.abort("connectionreset")
+
+    async def slow_delete(route: Any) -> None:
+        await asyncio.sleep(1.5)  # past the resume's failure (the page waits 1 s at most)
+        await route.continue_()
+
+    await ap.page.route("**/offer", fail_soon)
+    await ap.page.route("**/sessions/*", slow_delete)
+    await ap.page.evaluate(FAIL_ICE_JS)
+    for _ in range(100):
+        if resumes:
+            break
+        await asyncio.sleep(0.05)
+    assert resumes == [True], resumes
+    await ap.page.click("#hangup")
+    await ap.page.wait_for_function(
+        "() => document.querySelector('#state').dataset.state === 'closed'", timeout=5000
+    )
+    await ap.page.wait_for_timeout(1500)  # a further try would come within this
+    assert resumes == [True], resumes
+    assert await ap.page.get_attribute("#state", "data-state") == "closed"
+    assert await ap.page.is_enabled("#connect")
+    assert not ap.page_errors(), ap.context()
+
+
 def short_idle_config() -> Any:
     from agent.config import Config, LifecycleSettings
 
