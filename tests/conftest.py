@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import gc
 from collections.abc import AsyncIterator, Iterator
@@ -12,6 +13,7 @@ from aiohttp import web
 
 from agent.config import Config
 from signaling.app import build_app, runner_options
+from signaling.keys import SESSIONS
 from tests.doubles import ToneEngine
 
 
@@ -53,6 +55,11 @@ async def serve(config: Config, engine: ToneEngine) -> AsyncIterator[LiveServer]
     server = site._server
     assert server is not None
     port = server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    # The app loads the voice activity model at startup (its torch import stalls the loop
+    # for a while) and /readyz waits for it: so do the tests, for the same ground truth.
+    async with asyncio.timeout(60):
+        while not app[SESSIONS].listening_ready:
+            await asyncio.sleep(0.01)
     try:
         yield LiveServer(f"http://127.0.0.1:{port}", app, engine, config)
     finally:
