@@ -24,6 +24,7 @@ from signaling.keys import SESSIONS
 from tests.conftest import LiveServer
 from tests.doubles import tone_frequency
 from tests.test_browser import CHROMIUM, CHROMIUM_ARGS, HAVE_CHROMIUM, REQUIRE_BROWSER
+from tests.test_browser import browser as one_browser  # noqa: F401 - its one-browser fixture
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(150)]
 
@@ -178,25 +179,9 @@ ROOM_UI_JS = """
 NOT_JOINED = {"state": "idle", "me": "", "caption": "", "enabled": ["join"], "openPcs": 0}
 
 
-@pytest.fixture
-async def one_browser() -> AsyncIterator[Browser]:
-    if not HAVE_CHROMIUM:
-        message = f"Chromium not found at {CHROMIUM}"
-        if REQUIRE_BROWSER:
-            pytest.fail(message)
-        pytest.skip(message)
-    async with async_playwright() as pw:
-        browser = await pw.chromium.launch(
-            executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS
-        )
-        try:
-            yield browser
-        finally:
-            await browser.close()
-
-
 async def test_join_once_leave_cleanly_and_see_the_call_end(
-    one_browser: Browser, live_server: LiveServer
+    one_browser: Browser,  # noqa: F811 - the fixture imported above
+    live_server: LiveServer,
 ) -> None:
     """Join clicked twice makes one call; Leave deletes the session before closing and
     resets the page; a session the server ends (session.closed, or just closed) is shown
