@@ -170,10 +170,10 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     _add_tts_plane(serve)
     serve.add_argument(
         "--log-level",
-        type=str.upper,
+        type=_log_level,
         choices=LOG_LEVELS,
         default=defaults.log_level,
-        help="any case (default INFO)",
+        help="any case; warn for warning (default INFO)",
     )
     serve.add_argument("--log-json", action="store_true", help="one JSON object per log line")
     _add_auth_secret(serve)
@@ -465,6 +465,12 @@ def _usage_error(message: str) -> NoReturn:
     """argparse's way: the message on stderr, exit status 2."""
     sys.stderr.write(f"voice-agent: error: {message}\n")
     raise SystemExit(2)
+
+
+def _log_level(value: str) -> str:
+    """Any case; ``warn`` for WARNING, as Python's logging itself accepts it."""
+    level = value.upper()
+    return "WARNING" if level == "WARN" else level
 
 
 def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> int:

@@ -12,7 +12,8 @@ The variables of a subcommand are read when that subcommand is parsed: a bad
 from __future__ import annotations
 
 import argparse
-from collections.abc import Collection, Iterable, Mapping
+import sys
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 ENV_PREFIX = "VOICE_AGENT_"
@@ -83,19 +84,38 @@ class EnvParser(argparse.ArgumentParser):
     env_flags: Collection[str] | None = ()
 
     def parse_known_args(self, *args: Any, **kwargs: Any) -> Any:
-        try:
-            self._apply_env()
-        except EnvError as exc:  # argparse's error, without the long usage: no flag was wrong
-            self.exit(2, f"{self.prog}: error: {exc}\n")
+        errors = self._apply_env()
+        given = args[0] if args else kwargs.get("args")
+        # ``--help`` still shows the help: the variable's error would hide what it asks for.
+        if errors and not _asks_help(sys.argv[1:] if given is None else list(given)):
+            # argparse's error, without the long usage: no flag was wrong
+            self.exit(2, f"{self.prog}: error: {errors[0]}\n")
         return super().parse_known_args(*args, **kwargs)
 
-    def _apply_env(self) -> None:
+    def _apply_env(self) -> list[EnvError]:
+        """Set each flag's default from its variable; the variables it refused, in order."""
+        errors: list[EnvError] = []
         for action in self._actions:
             name = env_name(action)
             if name is None or isinstance(action, argparse._HelpAction | argparse._AppendAction):
                 continue
             if self.env_flags is not None and action.dest not in self.env_flags:
                 continue
-            found, value = env_default(action, self.env, name)
+            try:
+                found, value = env_default(action, self.env, name)
+            except EnvError as exc:
+                errors.append(exc)
+                continue
             if found:
                 action.default = value
+        return errors
+
+
+def _asks_help(args: Sequence[str]) -> bool:
+    """``-h`` or ``--help`` among the options (not after ``--``)."""
+    for arg in args:
+        if arg == "--":
+            return False
+        if arg in ("-h", "--help"):
+            return True
+    return False

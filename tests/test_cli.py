@@ -221,6 +221,18 @@ def test_a_malformed_variable_is_a_usage_error_naming_it(
     assert "usage:" not in err  # no flag was wrong: the message alone
 
 
+def test_help_is_shown_whatever_the_variables_hold(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A bad variable used to answer ``serve --help`` with its error instead of the help."""
+    env = {"VOICE_AGENT_PORT": "abc", "VOICE_AGENT_COMPLEXITY": "11"}
+    for argv in (["serve", "--help"], ["serve", "-h"], ["serve", "--port", "1", "-h"]):
+        status, err, served = run(argv, env, monkeypatch, capsys)
+        assert (status, err, served) == (0, "", [])
+    status, err, _ = run(["serve", "--", "-h"], env, monkeypatch, capsys)
+    assert status == 2 and "VOICE_AGENT_PORT='abc' is not a valid int" in err
+
+
 def test_a_subcommand_reads_only_its_own_variables(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -291,6 +303,7 @@ def test_the_edges_of_those_ranges_are_accepted(
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     assert build(["serve", "--log-level", "debug"]).log_level == "DEBUG"
     assert build(["serve"], {"VOICE_AGENT_LOG_LEVEL": "Warning"}).log_level == "WARNING"
+    assert build(["serve", "--log-level", "warn"]).log_level == "WARNING"
     assert build(["serve", "--port", "0"]).port == 0  # any free port
     assert build(["serve", "--port", "65535"]).port == 65535
     assert build(["serve", "--workers", "0"]).workers == cores()
