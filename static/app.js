@@ -320,6 +320,9 @@ let connecting = null;
 function connect() {
   if (connecting) return connecting;
   if (session.pc) return Promise.resolve();
+  // A new call while the last one waits between resume tries: that one ends on the server
+  // too, or its session would sit there detached until its grace period ran out.
+  if (session.id && session.token) endOnServer(session.id);
   endCall(); // a new call: a resume of the last one, if pending, stops
   connecting = doConnect().finally(() => { connecting = null; });
   return connecting;
@@ -424,10 +427,13 @@ function teardown(finalState, { notifyServer = false, keepToken = false } = {}) 
   }
   cancelAllCaptions();
   setCaption(null, "");
-  if (notifyServer && id) {
-    fetch(SESSION_URL(id), { method: "DELETE", keepalive: true, headers: apiHeaders() }).catch(() => {});
-  }
+  if (notifyServer && id) endOnServer(id);
   setState(finalState);
+}
+
+// DELETE /sessions/{id} without waiting for it (keepalive: it outlives an unloading page).
+function endOnServer(id) {
+  fetch(SESSION_URL(id), { method: "DELETE", keepalive: true, headers: apiHeaders() }).catch(() => {});
 }
 
 // Hang up: tell the server first (DELETE /sessions/{id}, at most HANGUP_WAIT_MS), then

@@ -714,6 +714,47 @@ async def test_hang_up_whose_delete_outlasts_a_failing_resume_still_closes(
     assert not ap.page_errors(), ap.context()
 
 
+async def test_connect_between_resume_tries_ends_the_old_session(
+    agent_page: AgentPage, live_server: Any
+) -> None:
+    """Connect pressed while a lost call waits for its next resume try starts a new call;
+    the old session used to stay on the server, detached, until its grace period ended."""
+    import asyncio
+
+    from signaling.keys import SESSIONS
+
+    ap = agent_page
+    await connect(ap)
+    old_id = await ap.page.evaluate("() => window.voiceAgent.sessionId")
+    resumes: list[bool] = []
+
+    async def refuse_resumes(route: Any) -> None:
+        resume = "resume" in (route.request.post_data_json or {})
+        resumes.append(resume)
+        if resume:
+            await route.abort("connectionreset")
+        else:
+            await route.continue_()
+
+    await ap.page.route("**/offer", refuse_resumes)
+    await ap.page.evaluate(FAIL_ICE_JS)
+    for _ in range(100):  # the first try fails at once; the next waits 1 s
+        if resumes:
+            break
+        await asyncio.sleep(0.05)
+    assert resumes == [True], resumes
+    await ap.page.wait_for_function("() => window.voiceAgent.state === 'reconnecting'")
+    await ap.page.click("#connect")
+    await ap.page.wait_for_function("() => window.voiceAgent.state === 'connected'", timeout=15000)
+    new_id = await ap.page.evaluate("() => window.voiceAgent.sessionId")
+    await ap.page.wait_for_timeout(1500)  # a further resume try of the old call: none
+    assert resumes == [True, False], resumes
+    registry = live_server.app[SESSIONS]
+    assert new_id != old_id and len(registry) == 1 and registry.get(new_id)
+    assert await ap.page.evaluate("() => window.voiceAgent.state") == "connected"
+    assert not ap.page_errors(), ap.context()
+
+
 def short_idle_config() -> Any:
     from agent.config import Config, LifecycleSettings
 
