@@ -36,10 +36,11 @@ class ListenSettings:
     barge_in: bool = True
     # Threads running silero-vad for all sessions (its inference never runs on the loop).
     vad_threads: int = 1
-    # Frames aiortc's receive jitter buffer holds before releasing one (aiortc's own: 4,
-    # i.e. 80 ms). Nothing plays the microphone on the server, so 0 (release a frame when the
-    # next one arrives; reordering still handled) only saves latency.
-    receive_prefetch_frames: int = 0
+    # How many later packets may arrive while a missing microphone packet is still awaited
+    # (agent/receive_buffer.py). Nothing plays the microphone on the server: 0 releases
+    # every packet as it arrives and counts a reordered one as lost; W > 0 tolerates W
+    # packets of reordering at up to W frames (W x 20 ms) of added delay.
+    receive_reorder_wait: int = 0
     # 32 ms windows waiting for the VAD per session; beyond it the oldest are dropped.
     max_pending_windows: int = 64
 
@@ -50,8 +51,8 @@ class ListenSettings:
             raise ValueError(
                 f"min speech must be >= 0 ms and end-of-turn silence >= {VAD_WINDOW_MS} ms"
             )
-        if not 0 <= self.receive_prefetch_frames < 16:
-            raise ValueError("receive_prefetch_frames must be 0-15")
+        if not 0 <= self.receive_reorder_wait <= 14:
+            raise ValueError("receive_reorder_wait must be 0-14")
         if self.vad_threads < 1 or self.max_pending_windows < 1 or self.max_turn_s <= 0:
             raise ValueError("vad_threads, max_pending_windows and max_turn_s must be positive")
 

@@ -8,8 +8,8 @@ dropped (counted) rather than letting memory or latency grow.
 
 Where the time goes between the user's first word and a barge-in (bench/bargein.py measures
 it): the uplink, aiortc's receive jitter buffer (which holds 4 frames = 80 ms for audio;
-``shorten_jitter_buffer`` makes it release each frame as soon as the next one arrives, so
-reordering is still handled), waiting for a full 32 ms window, silero-vad's own reaction
+``install_receive_buffer`` replaces it with one that releases each packet as it arrives,
+agent/receive_buffer.py), waiting for a full 32 ms window, silero-vad's own reaction
 (its probability rises over a window or two) and the minimum speech duration.
 """
 
@@ -37,6 +37,7 @@ from agent.conversation_config import (
     VAD_WINDOW_SAMPLES,
     ListenSettings,
 )
+from agent.receive_buffer import PromptAudioBuffer
 from agent.vad import Activity, ActivityEvent, SileroVad, SpeechDetector, VadPool, Window
 
 log = logging.getLogger(__name__)
@@ -45,17 +46,19 @@ _JITTER_BUFFER_ATTR = "_RTCRtpReceiver__jitter_buffer"  # aiortc 1.16's private 
 _JITTER_BUFFER_CAPACITY = 16  # aiortc's own for audio
 
 
-def shorten_jitter_buffer(receiver: RTCRtpReceiver, prefetch: int) -> bool:
-    """Give an audio receiver a jitter buffer that holds ``prefetch`` frames (aiortc: 4).
+def install_receive_buffer(receiver: RTCRtpReceiver, reorder_wait: int) -> bool:
+    """Replace an audio receiver's jitter buffer with a ``PromptAudioBuffer``.
 
-    aiortc has no setting for it. The agent only analyses the audio (nothing plays it),
-    so holding 80 ms for smooth playout is pure latency. Returns False (and changes nothing)
-    if aiortc's internals are not what this was written against.
+    aiortc has no setting for it. The agent only analyses the audio (nothing plays it), so
+    aiortc's playout buffer is pure latency: 80 ms, and ~280 ms for the rest of the call
+    after one lost packet (agent/receive_buffer.py). Returns False (and changes nothing) if
+    aiortc's internals are not what this was written against.
     """
     current = getattr(receiver, _JITTER_BUFFER_ATTR, None)
-    if not isinstance(current, JitterBuffer) or current.capacity != _JITTER_BUFFER_CAPACITY:
+    if type(current) is not JitterBuffer or current.capacity != _JITTER_BUFFER_CAPACITY:
         return False
-    setattr(receiver, _JITTER_BUFFER_ATTR, JitterBuffer(_JITTER_BUFFER_CAPACITY, prefetch))
+    buffer = PromptAudioBuffer(_JITTER_BUFFER_CAPACITY, reorder_wait)
+    setattr(receiver, _JITTER_BUFFER_ATTR, buffer)
     return True
 
 

@@ -128,7 +128,7 @@ class AgentSession:
 
     def listen(self, track: MediaStreamTrack, receiver: RTCRtpReceiver, pool: VadPool) -> None:
         """The client's microphone: voice activity, turns and barge-in run on it."""
-        from agent.inbound import InboundAudio, shorten_jitter_buffer
+        from agent.inbound import InboundAudio, install_receive_buffer
 
         previous = self.inbound
         if previous is not None and previous.track.readyState == "ended":
@@ -140,7 +140,7 @@ class AgentSession:
             # Not listened to: still read it, or aiortc queues its decoded frames unbounded.
             self._track_task(_drain(track))
             return
-        if not shorten_jitter_buffer(receiver, self.config.listen.receive_prefetch_frames):
+        if not install_receive_buffer(receiver, self.config.listen.receive_reorder_wait):
             log.warning("session %s: aiortc's jitter buffer left as is (+80 ms)", self.id)
         self.inbound = InboundAudio(track, pool, self.config.listen, self.conversation)
         self.inbound.start()

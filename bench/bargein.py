@@ -33,11 +33,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import random
 import sys
 import time
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -60,7 +62,8 @@ from tests.services import FakeSTT  # noqa: E402
 
 TARGET_P95_MS = 150.0
 SILENT_RMS = 0.01
-VARIANTS = {"ours (prefetch 0)": 0, "aiortc jitter buffer (prefetch 4)": 4}
+# The product's receive buffer (agent/receive_buffer.py) against aiortc's own (prefetch 4).
+VARIANTS = {"ours (prompt receive buffer)": True, "aiortc jitter buffer (prefetch 4)": False}
 
 
 class Tap:
@@ -91,7 +94,16 @@ async def wait_ready(http: aiohttp.ClientSession, url: str, sid: str) -> None:
     raise SystemExit("the server's VAD never became ready")
 
 
-async def run_variant(prefetch: int, args: argparse.Namespace) -> dict[str, Any]:
+async def run_variant(prompt_buffer: bool, args: argparse.Namespace) -> dict[str, Any]:
+    with contextlib.ExitStack() as patches:
+        if not prompt_buffer:  # the session then leaves aiortc's jitter buffer as it is
+            patches.enter_context(
+                mock.patch("agent.inbound.install_receive_buffer", return_value=False)
+            )
+        return await _run_variant(args)
+
+
+async def _run_variant(args: argparse.Namespace) -> dict[str, Any]:
     speech, rate = read_wav(SPEECH_WAV)
     onset_s = speech_onset(speech, rate)
     rng = random.Random(args.seed)
@@ -99,9 +111,7 @@ async def run_variant(prefetch: int, args: argparse.Namespace) -> dict[str, Any]
     async with stt:
         config = Config(
             host="127.0.0.1",
-            listen=ListenSettings(
-                min_speech_ms=args.min_speech_ms, receive_prefetch_frames=prefetch
-            ),
+            listen=ListenSettings(min_speech_ms=args.min_speech_ms),
             services=ServiceSettings(stt_base_url=stt.url),
         )
         async with serve(config, ToneEngine()) as server, aiohttp.ClientSession() as http:
@@ -178,9 +188,9 @@ async def run_variant(prefetch: int, args: argparse.Namespace) -> dict[str, Any]
 
 async def main_async(args: argparse.Namespace) -> None:
     results = {}
-    for name, prefetch in VARIANTS.items():
+    for name, prompt_buffer in VARIANTS.items():
         print(f"running {name}: {args.trials} trials ...", flush=True)
-        results[name] = await run_variant(prefetch, args)
+        results[name] = await run_variant(prompt_buffer, args)
     ours = results[next(iter(VARIANTS))]
     rows = []
     for name, r in results.items():

@@ -1,0 +1,77 @@
+"""A receive buffer for the microphone, which the server analyses and never plays.
+
+aiortc's ``JitterBuffer`` is built for playout. Two of its habits cost the agent latency:
+
+- it releases a frame only once the next frame's first packet has arrived (one frame,
+  20 ms, even with ``prefetch=0``);
+- a missing packet stalls it until its 16-packet window overflows. After that it still
+  releases one frame per arriving packet, so the ~15 frames that piled up behind the gap
+  are never caught up: one lost packet made every later onset, barge-in and end of turn
+  ~280 ms late for the rest of the call.
+
+Opus sends one packet per frame, so ``PromptAudioBuffer`` releases each packet as it
+arrives, in sequence order. A missing packet is given up once ``reorder_wait + 1`` later
+packets have arrived; a packet that arrives after it was given up is dropped (the decoder
+has moved on). With ``reorder_wait`` 0 (the default) the delay is never more than the
+network's, and reordered packets count as lost. With ``reorder_wait`` W, up to W frames
+may queue behind a late packet and stay queued; the added delay is bounded by W frames.
+"""
+
+from __future__ import annotations
+
+from aiortc.jitterbuffer import JitterBuffer, JitterFrame
+from aiortc.rtp import RtpPacket
+
+SEQUENCE_SPACE = 1 << 16
+# A packet this far behind the next expected one is not late: the sender restarted its
+# sequence numbers (aiortc's JitterBuffer uses the same bound).
+MAX_MISORDER = 100
+
+
+class PromptAudioBuffer(JitterBuffer):
+    """Releases audio packets in order as soon as they arrive (one packet is one frame)."""
+
+    def __init__(self, capacity: int = 16, reorder_wait: int = 0) -> None:
+        super().__init__(capacity)
+        if not 0 <= reorder_wait < capacity - 1:
+            raise ValueError(f"reorder_wait must be 0-{capacity - 2}, got {reorder_wait}")
+        self.reorder_wait = reorder_wait
+        self.given_up = 0  # missing packets skipped over
+        self.dropped_late = 0  # packets that came after they were given up, or twice
+        self._held: dict[int, RtpPacket] = {}
+        self._next: int | None = None  # the sequence number released next
+
+    @property
+    def queued(self) -> int:
+        """Packets held: waiting behind a missing one, or for their turn."""
+        return len(self._held)
+
+    def add(self, packet: RtpPacket) -> tuple[bool, JitterFrame | None]:
+        """(no PLI, the next frame in order if there is one now)."""
+        seq = packet.sequence_number
+        if self._next is None:
+            self._next = seq
+        ahead = (seq - self._next) % SEQUENCE_SPACE
+        if ahead >= SEQUENCE_SPACE - MAX_MISORDER:  # behind the next one: already gone
+            self.dropped_late += 1
+            return False, None
+        if ahead >= self.capacity:  # a long burst lost, or the sender restarted
+            self.given_up += ahead - len(self._held)
+            self._held.clear()
+            self._next = seq
+        self._held[seq] = packet
+        return False, self._release()
+
+    def _release(self) -> JitterFrame | None:
+        assert self._next is not None
+        head = self._held.pop(self._next, None)
+        if head is None:
+            offsets = [(seq - self._next) % SEQUENCE_SPACE for seq in self._held]
+            if max(offsets) <= self.reorder_wait:
+                return None  # the missing one may still come
+            skip = min(offsets)  # give up what is missing before the oldest held packet
+            self.given_up += skip
+            self._next = (self._next + skip) % SEQUENCE_SPACE
+            head = self._held.pop(self._next)
+        self._next = (self._next + 1) % SEQUENCE_SPACE
+        return JitterFrame(data=head._data, timestamp=head.timestamp)  # type: ignore[attr-defined]
