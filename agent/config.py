@@ -147,7 +147,10 @@ class ChatTTSSettings:
     # None: chosen after warm-up from the device's measured speed.
     chunk_growth: float | None = None
     max_chunk_tokens: int = 192
-    max_batch: int = 8  # streams generating together; more wait for a slot
+    # Streams generating together; more wait for a slot. A parked stream (far ahead of its
+    # listener) lends its slot, and takes it back when its listener needs more even if the
+    # batch is then wider for a while.
+    max_batch: int = 8
     max_buffered_s: float = 2.0  # unread audio per stream before it stops using compute
     default_voice: str = "seed:2"
     max_new_tokens: int = 2048  # ChatTTS's own cap (~44 s per utterance)

@@ -188,6 +188,36 @@ async def test_unread_stream_is_parked_and_resumes(chattts_engine: ChatTTSEngine
     assert len(rest) > 0 and slow.stats.finished is not None
 
 
+async def test_a_parked_stream_resumes_even_when_newer_streams_fill_the_batch(
+    chattts_engine: ChatTTSEngine,
+) -> None:
+    """A parked stream (already playing) lent its slot to a newer stream, and then waited
+    for that one to finish or park before it could resume: its listener ran dry for seconds."""
+    sched = chattts_engine.scheduler
+    assert sched is not None
+    long_text = " ".join(["a listener in a busy room hears this long sentence"] * 4)
+    max_batch, sched.max_batch = sched.max_batch, 1  # one slot: the newcomer takes it
+    try:
+        playing = sched.submit(long_text, VoiceOptions())
+        assert await playing.get() is not None
+        deadline = time.monotonic() + 20
+        while not playing.parked and time.monotonic() < deadline:  # ahead of its listener
+            await asyncio.sleep(0.005)
+        assert playing.parked
+        newcomer = sched.submit(long_text, VoiceOptions(voice="seed:7"))
+        newcomer_audio = asyncio.create_task(drain(newcomer))  # read as fast as it comes
+        while newcomer.row is None and time.monotonic() < deadline:
+            await asyncio.sleep(0.005)
+        assert newcomer.row is not None and not newcomer.parked
+        while playing._chunks:  # the listener plays out what was buffered ...
+            await playing.get()
+        assert await playing.get() is not None  # ... and needs more: it resumed at once
+        assert not newcomer_audio.done(), "the playing stream waited for the newcomer to end"
+        assert len(await newcomer_audio) > 0 and len(await drain(playing)) > 0
+    finally:
+        sched.max_batch = max_batch
+
+
 async def test_voice_options(chattts_engine: ChatTTSEngine) -> None:
     sched = chattts_engine.scheduler
     assert sched is not None

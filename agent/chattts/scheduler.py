@@ -7,8 +7,9 @@
   whose text arrives together therefore generate together, and every active stream gets
   exactly one token per step (fairness).
 - Backpressure: each stream has a bounded hand-off buffer (seconds of audio not yet taken by
-  its consumer). A stream over the limit is parked (its KV cache set aside, no compute) and
-  resumes once its consumer has read it down to half.
+  its consumer). A stream over the limit is parked (its KV cache set aside, no compute; its
+  slot goes to the next stream waiting) and resumes once its consumer has read it down to
+  half, even if that makes the batch wider than ``max_batch`` for a while.
 - Cancellation marks one stream; the worker drops its row at the next step boundary. Other
   streams are untouched (ChatTTS's ``interrupt()`` is never used: it stops everyone).
 """
@@ -358,7 +359,11 @@ class Scheduler:
                 self._gpt.remove(s.row)
                 self._retire(s)
                 s.finish()
-            elif s.parked and s.may_resume and self._room():
+            elif s.parked and s.may_resume:
+                # Even when streams admitted meanwhile filled the batch: this one is already
+                # playing and its listener is running out. The batch then exceeds max_batch
+                # until someone parks or ends (its KV cache was kept all along, so memory
+                # does not grow; only the step widens).
                 s.parked = False
                 self._gpt.add(s.row)
             elif not s.parked and not s.row.finished and s.over_limit:
