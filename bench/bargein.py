@@ -20,13 +20,15 @@ Then false barge-ins: the agent speaks for ``--noise-seconds`` while the microph
 noise + music with no speech (tests/clips.py); every ``user.speech.started`` is a false one.
 Target: none.
 
-Both for the product's receive path (aiortc's jitter buffer shortened to release each frame
-when the next arrives) and for aiortc's own (it holds 4 frames = 80 ms): the ratio says what
-the shortening buys. Server and client share one process and event loop (a second process
+Both for the product's receive path (agent/receive_buffer.py: each packet released as it
+arrives) and for aiortc's own jitter buffer (it holds 4 frames = 80 ms, and after one lost
+packet it stays ~280 ms behind): the ratio says what the product's buffer buys.
+``--upstream-loss`` sends the microphone through tests/netem.py's lossy UDP relay. Server and client share one process and event loop (a second process
 would not change the order of magnitude: the loop is idle most of the time).
 
     .venv/bin/python bench/bargein.py             # 20 trials per variant, ~2.5 min
     .venv/bin/python bench/bargein.py --trials 40 --min-speech-ms 96
+    .venv/bin/python bench/bargein.py --trials 12 --noise-seconds 10 --upstream-loss 0.02
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ from tests.clips import SPEECH_WAV, noise_and_music, read_wav, speech_onset  # n
 from tests.conftest import serve  # noqa: E402
 from tests.doubles import ToneEngine  # noqa: E402
 from tests.mic import ClipMic  # noqa: E402
+from tests.netem import LossyRelay  # noqa: E402
 from tests.rtc_client import RtcClient  # noqa: E402
 from tests.services import FakeSTT  # noqa: E402
 
@@ -114,12 +117,21 @@ async def _run_variant(args: argparse.Namespace) -> dict[str, Any]:
             listen=ListenSettings(min_speech_ms=args.min_speech_ms),
             services=ServiceSettings(stt_base_url=stt.url),
         )
-        async with serve(config, ToneEngine()) as server, aiohttp.ClientSession() as http:
+        async with (
+            serve(config, ToneEngine()) as server,
+            aiohttp.ClientSession() as http,
+            LossyRelay(seed=args.seed, upstream_loss=args.upstream_loss) as relay,
+        ):
             client = RtcClient(server.url, http)
             mic = ClipMic()
             tap = Tap()
             client.mic, client.rtp_tap = mic, tap
-            await client.connect()
+            if args.upstream_loss > 0:  # the microphone's packets cross a lossy relay
+                await client.connect(
+                    rewrite_offer=relay.rewrite_offer, rewrite_answer=relay.rewrite_answer
+                )
+            else:
+                await client.connect()
             assert client.session_id is not None
             await wait_ready(http, server.url, client.session_id)
             session = server.app[SESSIONS].get(client.session_id).session
@@ -243,6 +255,13 @@ def main() -> None:
     p.add_argument("--min-speech-ms", type=int, default=ListenSettings().min_speech_ms)
     p.add_argument("--noise-seconds", type=float, default=20.0)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument(
+        "--upstream-loss",
+        type=float,
+        default=0.0,
+        help="share of the microphone's RTP packets lost on the way in (tests/netem.py's "
+        "relay); aiortc's jitter buffer stays ~280 ms behind after the first loss",
+    )
     asyncio.run(main_async(p.parse_args()))
 
 

@@ -7,6 +7,11 @@ frame reached the VAD 14 frames (280 ms) late for the rest of the call.
 
 from __future__ import annotations
 
+import asyncio
+import statistics
+from typing import Any
+
+import aiohttp
 import pytest
 from aiortc import RTCRtpReceiver
 from aiortc.jitterbuffer import JitterBuffer
@@ -114,3 +119,42 @@ def test_it_replaces_aiortcs_buffer_in_a_real_receiver() -> None:
     installed = receiver._RTCRtpReceiver__jitter_buffer  # type: ignore[attr-defined]
     assert isinstance(installed, PromptAudioBuffer)
     assert not install_receive_buffer(receiver, 0)  # not aiortc's buffer any more: left alone
+
+
+async def test_upstream_loss_adds_no_delay_end_to_end(live_server: Any) -> None:
+    """Real loss on the microphone's way in (the tests' UDP relay drops 5 % of its RTP): the
+    server's microphone path keeps up with what arrives. With aiortc's buffer each session
+    fell ~14 frames behind at the first lost packet and stayed there."""
+    from signaling.keys import SESSIONS
+    from tests.mic import ClipMic
+    from tests.netem import relayed_client
+
+    def with_mic(client: Any) -> None:
+        client.mic = ClipMic()  # sends 20 ms packets (silence) from the start
+
+    relay_kwargs = {"seed": 3, "upstream_loss": 0.05}
+    async with (
+        aiohttp.ClientSession() as http,
+        relayed_client(live_server.url, http, relay_kwargs, prepare=with_mic) as (client, relay),
+    ):
+        peer = live_server.app[SESSIONS].get(client.session_id)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 20
+        while (peer.session.inbound is None or peer.session.inbound.stats.frames == 0) and (
+            loop.time() < deadline
+        ):
+            await asyncio.sleep(0.05)
+        inbound = peer.session.inbound
+        assert inbound is not None and inbound.stats.frames > 0
+        (receiver,) = [r for r in peer.pc.getReceivers() if r.track.kind == "audio"]
+        buffer = receiver._RTCRtpReceiver__jitter_buffer
+        assert isinstance(buffer, PromptAudioBuffer)
+        behind = []
+        while relay.upstream.rtp_dropped < 8 and loop.time() < deadline:
+            await asyncio.sleep(0.1)
+            # Frames that crossed the relay but have not reached the VAD's reader yet.
+            behind.append(relay.upstream.rtp_forwarded - inbound.stats.frames)
+        assert relay.upstream.rtp_dropped >= 8, relay.upstream
+        assert buffer.given_up >= relay.upstream.rtp_dropped - 1  # each loss skipped at once
+        assert statistics.median(behind) <= 3, behind
+        assert max(behind[len(behind) // 2 :]) <= 6, behind
