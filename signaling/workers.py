@@ -88,7 +88,7 @@ class Worker:
     started_at: float = 0.0
     restarts: int = 0
     quick_deaths: int = 0
-    ready: bool = False
+    ready: bool = False  # takes new sessions, as its last status said (signaling/app.py)
     sessions: int = 0  # from the last status poll, plus offers routed since
     status: dict[str, Any] = field(default_factory=dict)
 
