@@ -18,6 +18,7 @@ too); a worker's answer, which carries them already, passes through unchanged.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import signal
@@ -33,6 +34,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.parser import text_string_to_metric_families
 
 from agent.config import Config
+from agent.logcontext import SESSION_ID
 from signaling import routes
 from signaling.app import FORWARDED_FOR_HEADER, MAX_REQUEST_BYTES, runner_options
 from signaling.cors import make_cors_middleware
@@ -145,7 +147,8 @@ def _new_session_worker(request: web.Request, room: str | None) -> Worker:
 
 
 async def to_session_worker(request: web.Request) -> web.StreamResponse:
-    return await _forward(request, _session_worker(request, request.match_info["session_id"]))
+    session_id = request.match_info["session_id"]
+    return await _forward(request, _session_worker(request, session_id), session_id=session_id)
 
 
 def _session_worker(request: web.Request, session_id_or_token: str) -> Worker:
@@ -163,8 +166,13 @@ async def to_any_worker(request: web.Request) -> web.StreamResponse:
 
 
 async def _forward(
-    request: web.Request, worker: Worker, body: bytes | None = None
+    request: web.Request,
+    worker: Worker,
+    body: bytes | None = None,
+    *,
+    session_id: str | None = None,
 ) -> web.StreamResponse:
+    """The worker's answer to ``request``; ``session_id``: the session the path names."""
     if body is None:
         body = await request.read()
     headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_HEADERS}
@@ -179,6 +187,7 @@ async def _forward(
             allow_redirects=False,
         ) as resp:
             payload = await resp.read()
+            _name_session(session_id, resp, payload)
             out_headers = {k: v for k, v in resp.headers.items() if k.lower() not in _HOP_HEADERS}
             return web.Response(status=resp.status, body=payload, headers=out_headers)
     except (aiohttp.ClientError, TimeoutError) as exc:
@@ -196,6 +205,24 @@ async def _forward(
             "the media worker for this request is restarting",
             {"Retry-After": "2"},
         ) from None
+
+
+def _name_session(path_id: str | None, resp: aiohttp.ClientResponse, payload: bytes) -> None:
+    """Name the request's session on its log lines, the access log's included, as a single
+    process does (workers write no access log): the one the path names, unless the worker
+    refused the request before looking (401) or knew no such session (404); or the one an
+    offer created or resumed (JSON ``session_id``; a WHEP answer's ``Location``)."""
+    session_id: object = None
+    if path_id is not None:
+        session_id = path_id if resp.status not in (401, 404) else None
+    elif resp.status < 300 and resp.headers.get("Location", "").startswith("/whep/"):
+        session_id = resp.headers["Location"].removeprefix("/whep/")
+    elif resp.status < 300 and resp.content_type == "application/json":
+        with contextlib.suppress(ValueError, RecursionError):  # a JSON error is a ValueError
+            answer = json.loads(payload)
+            session_id = answer.get("session_id") if isinstance(answer, dict) else None
+    if isinstance(session_id, str) and session_id:
+        SESSION_ID.set(session_id)
 
 
 # --- one readiness and one metrics page for the whole server ---------------------------------

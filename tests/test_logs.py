@@ -20,6 +20,7 @@ from tests.conftest import LiveServer, serve
 from tests.doubles import FailingEngine, ToneEngine
 from tests.rtc_client import RtcClient
 from tests.test_shutdown import an_offer
+from tests.test_worker_routing import front_and_worker
 
 
 @pytest.fixture
@@ -159,3 +160,37 @@ async def test_a_rooms_and_the_breakers_own_lines_name_no_session(
     assert [r["session_id"] for r in failed] == [None, alone]  # the room's, then alone's
     probe = [r for r in records if "the probe succeeded" in r["message"]]
     assert probe and all(r["session_id"] is None for r in probe), probe
+
+
+async def test_the_fronts_access_lines_name_the_session(json_log: io.StringIO) -> None:
+    """With --workers N the access log is the front's (workers write none), and the front
+    never named the session: every access line had session_id null. Now a request for a
+    session names it (an unknown one does not), and so does an offer once answered."""
+    config = Config(host="127.0.0.1", port=0, listen=ListenSettings(enabled=False))
+    async with front_and_worker(config) as url, aiohttp.ClientSession() as http:
+        sid = await offer(http, url)
+        async with http.post(f"{url}/sessions/{sid}/say", json={"text": "hi"}) as resp:
+            assert resp.status == 202
+        async with http.delete(f"{url}/sessions/{sid}") as resp:
+            assert resp.status == 204
+        async with http.get(f"{url}/sessions/w0-{'0' * 32}") as resp:
+            assert resp.status == 404
+        headers = {"Content-Type": "application/sdp"}
+        async with http.post(url + "/whep", data=await an_offer(), headers=headers) as resp:
+            assert resp.status == 201
+            whep = resp.headers["Location"].removeprefix("/whep/")
+        async with http.delete(f"{url}/whep/{whep}") as resp:
+            assert resp.status == 204
+    access = [
+        (r["method"], r["path"], r["session_id"])
+        for r in lines(json_log)
+        if r["logger"] == "aiohttp.access"
+    ]
+    assert access == [
+        ("POST", "/offer", sid),
+        ("POST", f"/sessions/{sid}/say", sid),
+        ("DELETE", f"/sessions/{sid}", sid),
+        ("GET", f"/sessions/w0-{'0' * 32}", None),
+        ("POST", "/whep", whep),
+        ("DELETE", f"/whep/{whep}", whep),
+    ]
