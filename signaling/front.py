@@ -40,6 +40,7 @@ from signaling.app import FORWARDED_FOR_HEADER, MAX_REQUEST_BYTES, runner_option
 from signaling.cors import make_cors_middleware
 from signaling.errors import ApiError, error_middleware
 from signaling.keys import CONFIG, DRAIN
+from signaling.metrics import offer_outcome_middleware, offers_counter
 from signaling.routes import SESSION_TOKEN_HEADER
 from signaling.shutdown import Drain
 from signaling.workers import Worker, WorkerPool
@@ -47,6 +48,8 @@ from signaling.workers import Worker, WorkerPool
 log = logging.getLogger(__name__)
 
 POOL: web.AppKey[WorkerPool] = web.AppKey("pool", WorkerPool)
+FRONT_METRICS = web.AppKey("front_metrics", CollectorRegistry)  # the front's own series
+FRONT_LABEL = "front"  # the ``worker`` label of the front's own series in /metrics
 # Hop-by-hop headers (RFC 9110 7.6.1) and those aiohttp recomputes: never forwarded.
 _HOP_HEADERS = frozenset(
     h.lower()
@@ -66,13 +69,24 @@ _HOP_HEADERS = frozenset(
 
 
 def build_front_app(config: Config, pool: WorkerPool) -> web.Application:
+    # The offers the front refuses itself (no worker ready, shutting down...) reach no
+    # worker's count: the front counts them, and /metrics merges them into the same series.
+    registry = CollectorRegistry()
+    offers = offers_counter(registry)
     app = web.Application(
         # Outermost first, as in signaling/app.py: CORS headers on every answer, errors too.
-        middlewares=[make_cors_middleware(config.security.cors_origins), error_middleware],
+        middlewares=[
+            make_cors_middleware(config.security.cors_origins),
+            error_middleware,
+            offer_outcome_middleware(
+                offers, {post_offer: "offer", post_whep: "whep"}, count_answers=False
+            ),
+        ],
         client_max_size=MAX_REQUEST_BYTES,
     )
     app[CONFIG] = config
     app[POOL] = pool
+    app[FRONT_METRICS] = registry
     app[DRAIN] = Drain()
     app.router.add_post("/offer", post_offer)
     app.router.add_post("/whep", post_whep)
@@ -266,11 +280,15 @@ async def readyz(request: web.Request) -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.Response:
-    """Every worker's metrics with a ``worker`` label, plus the front's own."""
+    """Every worker's metrics with a ``worker`` label, plus the front's own (its offer
+    refusals labelled ``worker="front"``, in the workers' families)."""
     pool = request.app[POOL]
     texts = await asyncio.gather(*(_scrape(request, w) for w in pool.workers))
+    scraped = [(str(w.index), text) for w, text in zip(pool.workers, texts, strict=True)]
+    # Through the text format, as the workers' come: one family per name, whoever has it.
+    scraped.append((FRONT_LABEL, generate_latest(request.app[FRONT_METRICS]).decode()))
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(_MergedCollector(pool, list(zip(pool.workers, texts, strict=True))))
+    registry.register(_MergedCollector(pool, scraped))
     return web.Response(
         body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
     )
@@ -296,7 +314,8 @@ async def _scrape(request: web.Request, worker: Worker) -> str:
 
 
 class _MergedCollector:
-    def __init__(self, pool: WorkerPool, scraped: list[tuple[Worker, str]]) -> None:
+    def __init__(self, pool: WorkerPool, scraped: list[tuple[str, str]]) -> None:
+        """``scraped``: (``worker`` label, metrics text) pairs."""
         self._pool = pool
         self._scraped = scraped
 
@@ -309,7 +328,7 @@ class _MergedCollector:
                     target = Metric(family.name, family.documentation, family.type, family.unit)
                     merged[family.name] = target
                 for sample in family.samples:
-                    labels = {**sample.labels, "worker": str(worker.index)}
+                    labels = {**sample.labels, "worker": worker}
                     target.add_sample(sample.name, labels, sample.value, sample.timestamp)
         yield from merged.values()
         alive = Metric("voice_agent_workers_alive", "Media worker processes running", "gauge")

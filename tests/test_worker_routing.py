@@ -14,12 +14,13 @@ from pathlib import Path
 import aiohttp
 import pytest
 from aiohttp import web
+from prometheus_client.parser import text_string_to_metric_families
 
 from agent.config import BreakerSettings, Config, SecuritySettings
 from agent.conversation_config import ListenSettings
 from signaling.app import build_app, runner_options
 from signaling.front import build_front_app
-from signaling.keys import BREAKER
+from signaling.keys import BREAKER, DRAIN
 from signaling.workers import WorkerPool
 from tests.conftest import raw_http, raw_status
 from tests.doubles import ToneEngine
@@ -259,3 +260,52 @@ async def test_new_sessions_go_around_a_worker_whose_circuit_breaker_is_open() -
             body = await resp.json()
             assert body["ready_workers"] == 1
             assert [w["ready"] for w in body["workers"]] == [False, True]
+
+
+async def test_offers_the_front_refuses_itself_are_counted() -> None:
+    """voice_agent_offers_total counts every new-session request, but the offers the front
+    refused itself (503 ``not_ready``: no worker, or the room's, ready; 503 ``shutting_down``)
+    reached no worker and were counted nowhere. The front counts them now, in the same
+    family as the workers' series (labelled ``worker="front"``), one HELP/TYPE for it."""
+    config = Config(host="127.0.0.1", port=0, listen=ListenSettings(enabled=False))
+    pools: list[WorkerPool] = []
+    apps: list[web.Application] = []
+    async with (
+        front_and_worker(config, ready=False, pools=pools, apps=apps) as url,
+        aiohttp.ClientSession() as http,
+    ):
+        offer = {"type": "offer", "sdp": "v=0"}
+        answers = []
+        async with http.post(url + "/offer", json=offer) as resp:
+            answers.append((resp.status, (await resp.json())["error"]["code"]))
+        async with http.post(url + "/whep?room=r", data="v=0") as resp:
+            answers.append((resp.status, (await resp.json())["error"]["code"]))
+        pools[0].workers[0].ready = True
+        async with http.post(url + "/offer", json=offer) as resp:  # the worker's refusal
+            answers.append((resp.status, (await resp.json())["error"]["code"]))
+        apps[0][DRAIN].draining = True
+        async with http.post(url + "/offer", json=offer) as resp:
+            answers.append((resp.status, (await resp.json())["error"]["code"]))
+        assert answers == [
+            (503, "not_ready"),
+            (503, "not_ready"),
+            (400, "no_audio"),
+            (503, "shutting_down"),
+        ]
+        async with http.get(url + "/metrics") as resp:
+            assert resp.status == 200
+            text = await resp.text()
+    offers = {
+        (s.labels["worker"], s.labels["kind"], s.labels["outcome"]): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == "voice_agent_offers_total"
+    }
+    assert offers == {
+        ("front", "offer", "rejected_not_ready"): 1,
+        ("front", "whep", "rejected_not_ready"): 1,
+        ("0", "offer", "rejected_no_audio"): 1,
+        ("front", "offer", "rejected_shutting_down"): 1,
+    }
+    types = [line.split()[2] for line in text.splitlines() if line.startswith("# TYPE ")]
+    assert len(types) == len(set(types)), "a family described twice"
