@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import contextvars
 import logging
-import os
 import time
 import uuid
 from collections.abc import Callable
@@ -31,6 +30,7 @@ from agent.hooks import SessionHooks
 from agent.logcontext import SESSION_ID
 from agent.room import RoomMember
 from agent.session import AgentSession
+from agent.threads import cores
 from agent.vad import VadPool
 from signaling.errors import ApiError
 from signaling.lifecycle import Liveness, Verdict, check_interval, tap_rtcp, verdict
@@ -513,7 +513,7 @@ def _receiver_opus(offer: OpusOffer) -> ReceiverOpus:
 def _encode_executor(threads: int) -> ThreadPoolExecutor | None:
     """Threads shared by every session's track to encode speech frames ahead of their tick."""
     if threads < 0:
-        threads = (os.cpu_count() or 1) - 1
+        threads = cores() - 1
     if threads == 0:
         return None
     return ThreadPoolExecutor(max_workers=threads, thread_name_prefix="opus-encode")

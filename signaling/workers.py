@@ -31,6 +31,7 @@ import aiohttp
 from aiohttp import web
 
 from agent.config import Config
+from agent.threads import cores
 from signaling.app import STATUS_PATH
 
 log = logging.getLogger(__name__)
@@ -69,14 +70,6 @@ def _die_with_parent() -> None:
 
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG = 1
-
-
-def cores() -> int:
-    """Cores this process may run on (affinity and cpusets, not the machine's count)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
 
 
 @dataclass
