@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 import time
 from collections import deque
@@ -132,7 +133,11 @@ class CircuitBreaker:
             self.settings.cooldown_s,
         )
         loop = asyncio.get_running_loop()
-        self._timer = loop.call_later(self.settings.cooldown_s, self._start_probe)
+        # Opened by some session's failing utterance, in its context: the probe is no one
+        # session's, so its lines must not carry that session's id.
+        self._timer = loop.call_later(
+            self.settings.cooldown_s, self._start_probe, context=contextvars.Context()
+        )
 
     def _start_probe(self) -> None:
         self._timer = None

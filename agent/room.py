@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import dataclasses
 import json
 import logging
@@ -103,6 +104,12 @@ class Room:
 
     # --- lifecycle -----------------------------------------------------------------------
     def start(self) -> None:
+        # Started by the first participant's join, in its context: the room's tasks (its
+        # agent's speech included) outlive that participant and are no one session's, so
+        # they must not log with its id.
+        contextvars.Context().run(self._start_tasks)
+
+    def _start_tasks(self) -> None:
         self.pipeline.start()
         loop = asyncio.get_running_loop()
         self._tasks.append(loop.create_task(self._pump_agent()))

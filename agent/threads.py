@@ -1,9 +1,11 @@
-"""Running blocking work on a thread of our own and awaiting its result on the event loop."""
+"""Running blocking work on a thread of our own and awaiting its result on the event loop;
+how many cores there are to run threads on."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -36,3 +38,12 @@ def job_settling(
             loop.call_soon_threadsafe(deliver, result, error)
 
     return job
+
+
+def cores() -> int:
+    """Cores this process may run on (affinity and cpusets, not the machine's count): what
+    every "one per core" sizes itself by (--workers 0, --encode-threads -1, --threads 0)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # no sched_getaffinity on macOS
+        return os.cpu_count() or 1

@@ -90,9 +90,11 @@ def _add_worker_parts(app: web.Application) -> None:
             {
                 "index": request.app[CONFIG].worker_index,
                 "pid": os.getpid(),
-                # Offers are routed once the engine is ready (they are answered meanwhile,
-                # as in one process); the front's /readyz also waits for listening.
-                "ready": engine.ready,
+                # New sessions are routed here only while this worker takes them: its engine
+                # loaded, its circuit breaker closed, not draining (a worker that refuses every
+                # offer stays the least loaded and would get them all). The front's /readyz
+                # also waits for listening.
+                "ready": routes.takes_new_sessions(request.app),
                 "listening_ready": request.app[SESSIONS].listening_ready,
                 "engine": engine.name,
                 "engine_error": load_errors[0] if load_errors else engine.failure,

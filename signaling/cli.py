@@ -39,7 +39,7 @@ INPUT_RATE_CHOICES = ("auto", *(str(rate) for rate in OPUS_INPUT_RATES))
 
 
 def _cores() -> int:
-    from signaling.workers import cores
+    from agent.threads import cores
 
     return cores()
 

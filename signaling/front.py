@@ -18,6 +18,7 @@ too); a worker's answer, which carries them already, passes through unchanged.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import signal
@@ -33,11 +34,13 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.parser import text_string_to_metric_families
 
 from agent.config import Config
+from agent.logcontext import SESSION_ID
 from signaling import routes
 from signaling.app import FORWARDED_FOR_HEADER, MAX_REQUEST_BYTES, runner_options
 from signaling.cors import make_cors_middleware
 from signaling.errors import ApiError, error_middleware
 from signaling.keys import CONFIG, DRAIN
+from signaling.metrics import offer_outcome_middleware, offers_counter
 from signaling.routes import SESSION_TOKEN_HEADER
 from signaling.shutdown import Drain
 from signaling.workers import Worker, WorkerPool
@@ -45,6 +48,8 @@ from signaling.workers import Worker, WorkerPool
 log = logging.getLogger(__name__)
 
 POOL: web.AppKey[WorkerPool] = web.AppKey("pool", WorkerPool)
+FRONT_METRICS = web.AppKey("front_metrics", CollectorRegistry)  # the front's own series
+FRONT_LABEL = "front"  # the ``worker`` label of the front's own series in /metrics
 # Hop-by-hop headers (RFC 9110 7.6.1) and those aiohttp recomputes: never forwarded.
 _HOP_HEADERS = frozenset(
     h.lower()
@@ -64,13 +69,24 @@ _HOP_HEADERS = frozenset(
 
 
 def build_front_app(config: Config, pool: WorkerPool) -> web.Application:
+    # The offers the front refuses itself (no worker ready, shutting down...) reach no
+    # worker's count: the front counts them, and /metrics merges them into the same series.
+    registry = CollectorRegistry()
+    offers = offers_counter(registry)
     app = web.Application(
         # Outermost first, as in signaling/app.py: CORS headers on every answer, errors too.
-        middlewares=[make_cors_middleware(config.security.cors_origins), error_middleware],
+        middlewares=[
+            make_cors_middleware(config.security.cors_origins),
+            error_middleware,
+            offer_outcome_middleware(
+                offers, {post_offer: "offer", post_whep: "whep"}, count_answers=False
+            ),
+        ],
         client_max_size=MAX_REQUEST_BYTES,
     )
     app[CONFIG] = config
     app[POOL] = pool
+    app[FRONT_METRICS] = registry
     app[DRAIN] = Drain()
     app.router.add_post("/offer", post_offer)
     app.router.add_post("/whep", post_whep)
@@ -145,7 +161,8 @@ def _new_session_worker(request: web.Request, room: str | None) -> Worker:
 
 
 async def to_session_worker(request: web.Request) -> web.StreamResponse:
-    return await _forward(request, _session_worker(request, request.match_info["session_id"]))
+    session_id = request.match_info["session_id"]
+    return await _forward(request, _session_worker(request, session_id), session_id=session_id)
 
 
 def _session_worker(request: web.Request, session_id_or_token: str) -> Worker:
@@ -163,8 +180,13 @@ async def to_any_worker(request: web.Request) -> web.StreamResponse:
 
 
 async def _forward(
-    request: web.Request, worker: Worker, body: bytes | None = None
+    request: web.Request,
+    worker: Worker,
+    body: bytes | None = None,
+    *,
+    session_id: str | None = None,
 ) -> web.StreamResponse:
+    """The worker's answer to ``request``; ``session_id``: the session the path names."""
     if body is None:
         body = await request.read()
     headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_HEADERS}
@@ -179,6 +201,7 @@ async def _forward(
             allow_redirects=False,
         ) as resp:
             payload = await resp.read()
+            _name_session(session_id, resp, payload)
             out_headers = {k: v for k, v in resp.headers.items() if k.lower() not in _HOP_HEADERS}
             return web.Response(status=resp.status, body=payload, headers=out_headers)
     except (aiohttp.ClientError, TimeoutError) as exc:
@@ -196,6 +219,24 @@ async def _forward(
             "the media worker for this request is restarting",
             {"Retry-After": "2"},
         ) from None
+
+
+def _name_session(path_id: str | None, resp: aiohttp.ClientResponse, payload: bytes) -> None:
+    """Name the request's session on its log lines, the access log's included, as a single
+    process does (workers write no access log): the one the path names, unless the worker
+    refused the request before looking (401) or knew no such session (404); or the one an
+    offer created or resumed (JSON ``session_id``; a WHEP answer's ``Location``)."""
+    session_id: object = None
+    if path_id is not None:
+        session_id = path_id if resp.status not in (401, 404) else None
+    elif resp.status < 300 and resp.headers.get("Location", "").startswith("/whep/"):
+        session_id = resp.headers["Location"].removeprefix("/whep/")
+    elif resp.status < 300 and resp.content_type == "application/json":
+        with contextlib.suppress(ValueError, RecursionError):  # a JSON error is a ValueError
+            answer = json.loads(payload)
+            session_id = answer.get("session_id") if isinstance(answer, dict) else None
+    if isinstance(session_id, str) and session_id:
+        SESSION_ID.set(session_id)
 
 
 # --- one readiness and one metrics page for the whole server ---------------------------------
@@ -239,11 +280,15 @@ async def readyz(request: web.Request) -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.Response:
-    """Every worker's metrics with a ``worker`` label, plus the front's own."""
+    """Every worker's metrics with a ``worker`` label, plus the front's own (its offer
+    refusals labelled ``worker="front"``, in the workers' families)."""
     pool = request.app[POOL]
     texts = await asyncio.gather(*(_scrape(request, w) for w in pool.workers))
+    scraped = [(str(w.index), text) for w, text in zip(pool.workers, texts, strict=True)]
+    # Through the text format, as the workers' come: one family per name, whoever has it.
+    scraped.append((FRONT_LABEL, generate_latest(request.app[FRONT_METRICS]).decode()))
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(_MergedCollector(pool, list(zip(pool.workers, texts, strict=True))))
+    registry.register(_MergedCollector(pool, scraped))
     return web.Response(
         body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
     )
@@ -269,7 +314,8 @@ async def _scrape(request: web.Request, worker: Worker) -> str:
 
 
 class _MergedCollector:
-    def __init__(self, pool: WorkerPool, scraped: list[tuple[Worker, str]]) -> None:
+    def __init__(self, pool: WorkerPool, scraped: list[tuple[str, str]]) -> None:
+        """``scraped``: (``worker`` label, metrics text) pairs."""
         self._pool = pool
         self._scraped = scraped
 
@@ -282,7 +328,7 @@ class _MergedCollector:
                     target = Metric(family.name, family.documentation, family.type, family.unit)
                     merged[family.name] = target
                 for sample in family.samples:
-                    labels = {**sample.labels, "worker": str(worker.index)}
+                    labels = {**sample.labels, "worker": worker}
                     target.add_sample(sample.name, labels, sample.value, sample.timestamp)
         yield from merged.values()
         alive = Metric("voice_agent_workers_alive", "Media worker processes running", "gauge")

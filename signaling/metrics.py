@@ -63,13 +63,7 @@ def _peer_counters(peer: Peer) -> dict[str, int]:
 class Metrics:
     def __init__(self, engine: TTSEngine, max_sessions: int) -> None:
         self.registry = CollectorRegistry()
-        self.offers = Counter(
-            "voice_agent_offers",
-            "New-session requests (POST /offer, POST /whep) by outcome: answered or "
-            "rejected_<error code>",
-            ["kind", "outcome"],
-            registry=self.registry,
-        )
+        self.offers = offers_counter(self.registry)
         self.first_audio = Histogram(
             "voice_agent_first_audio_seconds",
             "Time from an utterance's synthesis start to its first audio packet sent "
@@ -100,27 +94,53 @@ class Metrics:
 
     def offer_outcome_middleware(self, kinds: dict[Handler, str]) -> Any:
         """Counts each new-session request's outcome, whichever layer refused it."""
+        return offer_outcome_middleware(self.offers, kinds)
 
-        @web.middleware
-        async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-            kind = kinds.get(request.match_info.handler)
-            if kind is None:
-                return await handler(request)
-            outcome = "rejected_internal"
-            try:
-                response = await handler(request)
-                outcome = "answered" if response.status < 400 else f"rejected_{response.status}"
-                return response
-            except ApiError as exc:
-                outcome = f"rejected_{exc.code}"
-                raise
-            except web.HTTPException as exc:
-                outcome = f"rejected_{HTTP_CODES.get(exc.status, 'http_error')}"
-                raise
-            finally:
-                self.offers.labels(kind, outcome).inc()
 
-        return middleware
+def offers_counter(registry: CollectorRegistry) -> Counter:
+    """``voice_agent_offers_total{kind, outcome}``: a worker's and the front's, one family."""
+    return Counter(
+        "voice_agent_offers",
+        "New-session requests (POST /offer, POST /whep) by outcome: answered or "
+        "rejected_<error code>",
+        ["kind", "outcome"],
+        registry=registry,
+    )
+
+
+def offer_outcome_middleware(
+    offers: Counter, kinds: dict[Handler, str], *, count_answers: bool = True
+) -> Any:
+    """Counts each new-session request's outcome in ``offers``, whichever layer refused it.
+    The front counts only what it refuses itself (``count_answers=False``): an answer it
+    passes on was counted by the worker that gave it."""
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        kind = kinds.get(request.match_info.handler)
+        if kind is None:
+            return await handler(request)
+        outcome: str | None = "rejected_internal"
+        try:
+            response = await handler(request)
+            if not count_answers:
+                outcome = None
+            elif response.status < 400:
+                outcome = "answered"
+            else:
+                outcome = f"rejected_{response.status}"
+            return response
+        except ApiError as exc:
+            outcome = f"rejected_{exc.code}"
+            raise
+        except web.HTTPException as exc:
+            outcome = f"rejected_{HTTP_CODES.get(exc.status, 'http_error')}"
+            raise
+        finally:
+            if outcome is not None:
+                offers.labels(kind, outcome).inc()
+
+    return middleware
 
 
 class _LiveCollector:

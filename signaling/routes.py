@@ -84,6 +84,21 @@ def _check_breaker(request: web.Request) -> None:
         raise ApiError(503, "tts_unavailable", reason, {"Retry-After": retry})
 
 
+def takes_new_sessions(app: web.Application) -> bool:
+    """Whether an offer would get a new session now: the engine loaded and working, its
+    circuit breaker closed, no shutdown begun (what /readyz says, but for the voice activity
+    model: offers are answered while it loads). A worker's status reports it: the front
+    routes new sessions only to workers that take them."""
+    engine = app[ENGINE]
+    return (
+        engine.ready
+        and engine.failure is None
+        and not app[ENGINE_ERROR]
+        and app[BREAKER].unavailable is None
+        and not app[DRAIN].draining
+    )
+
+
 def _engine_failure(request: web.Request) -> str | None:
     """Why the engine cannot speak: it failed to load, or failed after it started."""
     load_error = request.app[ENGINE_ERROR]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
-import os
 import time
 import uuid
 from collections.abc import Callable
@@ -30,6 +30,7 @@ from agent.hooks import SessionHooks
 from agent.logcontext import SESSION_ID
 from agent.room import RoomMember
 from agent.session import AgentSession
+from agent.threads import cores
 from agent.vad import VadPool
 from signaling.errors import ApiError
 from signaling.lifecycle import Liveness, Verdict, check_interval, tap_rtcp, verdict
@@ -341,7 +342,11 @@ class SessionRegistry:
     # --- watchdog ------------------------------------------------------------------------
     def _start_watchdog(self) -> None:
         if self._watchdog is None or self._watchdog.done():
-            self._watchdog = asyncio.get_running_loop().create_task(self._watch())
+            # Started by the first session's offer, in its context: a copy of that would put
+            # its id on every line the watchdog writes about any session, for good.
+            self._watchdog = asyncio.get_running_loop().create_task(
+                self._watch(), context=contextvars.Context()
+            )
 
     async def _watch(self) -> None:
         interval = check_interval(self.config.lifecycle)
@@ -360,16 +365,23 @@ class SessionRegistry:
             if peer.session.pipeline.busy:
                 peer.life.active()
             connected = peer.pc.connectionState == "connected"
-            match verdict(peer.life, connected, self.config.lifecycle, now):
-                case Verdict.LOST:
-                    self._spawn(self._lose(peer, peer.pc))
-                case Verdict.EXPIRED:
-                    log.info("session %s: not resumed in time", peer.session.id)
-                    self._spawn(self.close(peer.session.id))
-                case Verdict.IDLE:
-                    log.info("session %s: idle", peer.session.id)
-                    peer.session.send_event({"type": "session.closed", "reason": "idle_timeout"})
-                    self._spawn(self.close(peer.session.id))
+            session_id = peer.session.id
+            named = SESSION_ID.set(session_id)  # the lines below are about this session
+            try:
+                match verdict(peer.life, connected, self.config.lifecycle, now):
+                    case Verdict.LOST:
+                        self._spawn(self._lose(peer, peer.pc), session_id)
+                    case Verdict.EXPIRED:
+                        log.info("session %s: not resumed in time", session_id)
+                        self._spawn(self.close(session_id), session_id)
+                    case Verdict.IDLE:
+                        log.info("session %s: idle", session_id)
+                        peer.session.send_event(
+                            {"type": "session.closed", "reason": "idle_timeout"}
+                        )
+                        self._spawn(self.close(session_id), session_id)
+            finally:
+                SESSION_ID.reset(named)
 
     async def _lose(self, peer: Peer, pc: RTCPeerConnection) -> None:
         """``pc`` is gone: keep the session for a resume if it may have one, else close."""
@@ -392,8 +404,12 @@ class SessionRegistry:
             log.info("session %s: peer lost (%s)", peer.session.id, reason)
             await self.close(peer.session.id)
 
-    def _spawn(self, coro: Any) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
+    def _spawn(self, coro: Any, session_id: str) -> None:
+        """Run ``coro`` (losing or closing ``session_id``) on its own, its lines naming that
+        session whatever context spawns it (the watchdog's names none)."""
+        context = contextvars.Context()
+        context.run(SESSION_ID.set, session_id)
+        task = asyncio.get_running_loop().create_task(coro, context=context)
         self._closing.add(task)
         task.add_done_callback(self._closing.discard)
 
@@ -428,7 +444,7 @@ class SessionRegistry:
         elif state in ("failed", "closed"):
             if life.lost_reason is None:
                 life.lost_reason = state
-            self._spawn(self._lose(peer, pc))
+            self._spawn(self._lose(peer, pc), peer.session.id)
 
     async def close(self, session_id: str) -> bool:
         peer = self._peers.pop(session_id, None)
@@ -497,7 +513,7 @@ def _receiver_opus(offer: OpusOffer) -> ReceiverOpus:
 def _encode_executor(threads: int) -> ThreadPoolExecutor | None:
     """Threads shared by every session's track to encode speech frames ahead of their tick."""
     if threads < 0:
-        threads = (os.cpu_count() or 1) - 1
+        threads = cores() - 1
     if threads == 0:
         return None
     return ThreadPoolExecutor(max_workers=threads, thread_name_prefix="opus-encode")

@@ -31,6 +31,7 @@ import aiohttp
 from aiohttp import web
 
 from agent.config import Config
+from agent.threads import cores
 from signaling.app import STATUS_PATH
 
 log = logging.getLogger(__name__)
@@ -71,14 +72,6 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG = 1
 
 
-def cores() -> int:
-    """Cores this process may run on (affinity and cpusets, not the machine's count)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
-
-
 @dataclass
 class Worker:
     index: int
@@ -88,7 +81,7 @@ class Worker:
     started_at: float = 0.0
     restarts: int = 0
     quick_deaths: int = 0
-    ready: bool = False
+    ready: bool = False  # takes new sessions, as its last status said (signaling/app.py)
     sessions: int = 0  # from the last status poll, plus offers routed since
     status: dict[str, Any] = field(default_factory=dict)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -119,6 +120,30 @@ def test_decoder_slices_only_settled_audio() -> None:
     out = [dec.push(hiddens[:n], False) for n in range(1, 101) if dec.due(n)]
     out.append(dec.push(hiddens, True))
     np.testing.assert_allclose(np.concatenate(out), decode(torch.stack(hiddens)), atol=1e-5)
+
+
+def test_threads_0_on_a_cpu_leaves_one_of_the_cores_this_process_may_run_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """--threads 0 ("all cores but one") sized torch by os.cpu_count(): 63 threads in a
+    container pinned to 3 CPUs of a 64-core host. It counts the CPU affinity now, as
+    --workers 0 does."""
+    import ChatTTS
+
+    class Stop(Exception):
+        pass
+
+    def stop(*args: object) -> None:
+        raise Stop  # the thread count is set before ChatTTS is built: no need to go on
+
+    threads: list[int] = []
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2}, raising=False)
+    monkeypatch.setattr(torch, "set_num_threads", threads.append)
+    monkeypatch.setattr(ChatTTS, "Chat", stop)
+    with pytest.raises(Stop):
+        load_chat(ChatTTSSettings(device="cpu", threads=0))
+    assert threads == [2]
 
 
 def test_loader_rejects_missing_and_tampered_models(tiny_model_dir: Path, tmp_path: Path) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 import pytest
@@ -153,10 +154,30 @@ def test_lifecycle_and_breaker_settings() -> None:
         build(["serve", "--breaker-failures", "0"])
 
 
+def test_one_per_core_counts_the_cores_this_process_may_run_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """In a container pinned to 2 CPUs of a 64-core host, --workers 0 counted 2 cores (the
+    CPU affinity) but --encode-threads -1 sized its pool by os.cpu_count(): 63 threads on 2
+    cores. Every "one per core" counts the affinity now (agent.threads.cores)."""
+    from signaling.sessions import _encode_executor
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    assert build(["serve", "--workers", "0"]).workers == 2
+    executor = _encode_executor(-1)
+    try:
+        assert executor is not None and executor._max_workers == 1
+    finally:
+        if executor is not None:
+            executor.shutdown()
+
+
 def test_workers_default_to_the_cores_but_one_process_starts_local_ray(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from signaling.workers import cores
+    from agent.threads import cores
 
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     assert build(["serve"]).workers == cores()
@@ -298,7 +319,7 @@ def test_a_setting_that_would_crash_or_be_changed_is_refused(
 def test_the_edges_of_those_ranges_are_accepted(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from signaling.workers import cores
+    from agent.threads import cores
 
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     assert build(["serve", "--log-level", "debug"]).log_level == "DEBUG"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import logging
@@ -11,10 +12,15 @@ from typing import Any
 import aiohttp
 import pytest
 
-from agent.config import Config
+from agent.config import BreakerSettings, Config, LifecycleSettings
+from agent.conversation_config import ListenSettings
+from signaling.keys import BREAKER, SESSIONS
 from signaling.logs import configure_logging, log_handler
-from tests.conftest import LiveServer
+from tests.conftest import LiveServer, serve
+from tests.doubles import FailingEngine, ToneEngine
 from tests.rtc_client import RtcClient
+from tests.test_shutdown import an_offer
+from tests.test_worker_routing import front_and_worker
 
 
 @pytest.fixture
@@ -83,3 +89,108 @@ def test_configure_logging_switches_the_root_handler() -> None:
     finally:
         root.handlers[:] = saved[0]
         root.setLevel(saved[1])
+
+
+async def offer(http: aiohttp.ClientSession, url: str, **fields: str) -> str:
+    """A new session (never connected): its id."""
+    body = {"type": "offer", "sdp": await an_offer(), **fields}
+    async with http.post(url + "/offer", json=body) as resp:
+        assert resp.status == 200, await resp.text()
+        session_id: str = (await resp.json())["session_id"]
+        return session_id
+
+
+async def test_the_watchdogs_lines_name_the_session_they_are_about(
+    json_log: io.StringIO,
+) -> None:
+    """The session watchdog was started in the first session's context, and it and the
+    closes it started kept that id: the lines saying another session idled out and closed
+    carried the first session's id."""
+    config = Config(
+        host="127.0.0.1",
+        port=0,
+        listen=ListenSettings(enabled=False),
+        lifecycle=LifecycleSettings(idle_timeout_s=0.6),
+    )
+    async with serve(config, ToneEngine()) as server, aiohttp.ClientSession() as http:
+        first = await offer(http, server.url)
+        second = await offer(http, server.url)
+        async with asyncio.timeout(10):
+            while len(server.app[SESSIONS]):
+                await asyncio.sleep(0.05)
+    for sid in (first, second):
+        about = [r for r in lines(json_log) if sid in r["message"]]
+        messages = [r["message"] for r in about]
+        assert any("idle" in m for m in messages) and any("closed" in m for m in messages)
+        assert all(r["session_id"] == sid for r in about), about
+
+
+async def test_a_rooms_and_the_breakers_own_lines_name_no_session(
+    json_log: io.StringIO,
+) -> None:
+    """A room's tasks (its agent's speech) were started in its first participant's context
+    and the breaker's probe in that of the session whose failure opened it: their lines
+    carried that session's id for good. They belong to no session."""
+    config = Config(
+        host="127.0.0.1",
+        port=0,
+        listen=ListenSettings(enabled=False),
+        breaker=BreakerSettings(failures=2, window_s=30, cooldown_s=0.2),
+    )
+    engine = FailingEngine()
+    async with serve(config, engine) as server, aiohttp.ClientSession() as http:
+        await offer(http, server.url, room="r")  # the first participant starts the room
+        second = await offer(http, server.url, room="r")
+        alone = await offer(http, server.url)
+        engine.mode = "start"
+        for sid in (second, alone):  # the room's agent fails once, then alone's session
+            async with http.post(f"{server.url}/sessions/{sid}/say", json={"text": "hi"}) as r:
+                assert r.status == 202, await r.text()
+            async with asyncio.timeout(10):
+                while engine.failures < (1 if sid == second else 2):
+                    await asyncio.sleep(0.02)
+        breaker = server.app[BREAKER]
+        assert breaker.state != "closed"
+        engine.mode = "ok"
+        async with asyncio.timeout(10):  # the probe closes it
+            while breaker.state != "closed":
+                await asyncio.sleep(0.02)
+    records = lines(json_log)
+    failed = [r for r in records if "engine failed on utterance" in r["message"]]
+    assert [r["session_id"] for r in failed] == [None, alone]  # the room's, then alone's
+    probe = [r for r in records if "the probe succeeded" in r["message"]]
+    assert probe and all(r["session_id"] is None for r in probe), probe
+
+
+async def test_the_fronts_access_lines_name_the_session(json_log: io.StringIO) -> None:
+    """With --workers N the access log is the front's (workers write none), and the front
+    never named the session: every access line had session_id null. Now a request for a
+    session names it (an unknown one does not), and so does an offer once answered."""
+    config = Config(host="127.0.0.1", port=0, listen=ListenSettings(enabled=False))
+    async with front_and_worker(config) as url, aiohttp.ClientSession() as http:
+        sid = await offer(http, url)
+        async with http.post(f"{url}/sessions/{sid}/say", json={"text": "hi"}) as resp:
+            assert resp.status == 202
+        async with http.delete(f"{url}/sessions/{sid}") as resp:
+            assert resp.status == 204
+        async with http.get(f"{url}/sessions/w0-{'0' * 32}") as resp:
+            assert resp.status == 404
+        headers = {"Content-Type": "application/sdp"}
+        async with http.post(url + "/whep", data=await an_offer(), headers=headers) as resp:
+            assert resp.status == 201
+            whep = resp.headers["Location"].removeprefix("/whep/")
+        async with http.delete(f"{url}/whep/{whep}") as resp:
+            assert resp.status == 204
+    access = [
+        (r["method"], r["path"], r["session_id"])
+        for r in lines(json_log)
+        if r["logger"] == "aiohttp.access"
+    ]
+    assert access == [
+        ("POST", "/offer", sid),
+        ("POST", f"/sessions/{sid}/say", sid),
+        ("DELETE", f"/sessions/{sid}", sid),
+        ("GET", f"/sessions/w0-{'0' * 32}", None),
+        ("POST", "/whep", whep),
+        ("DELETE", f"/whep/{whep}", whep),
+    ]

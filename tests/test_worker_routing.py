@@ -3,6 +3,7 @@ front's own answers, with a worker app in this process behind it."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import shutil
 import tempfile
@@ -13,13 +14,17 @@ from pathlib import Path
 import aiohttp
 import pytest
 from aiohttp import web
+from prometheus_client.parser import text_string_to_metric_families
 
-from agent.config import Config, SecuritySettings
-from signaling.app import build_app
+from agent.config import BreakerSettings, Config, SecuritySettings
+from agent.conversation_config import ListenSettings
+from signaling.app import build_app, runner_options
 from signaling.front import build_front_app
+from signaling.keys import BREAKER, DRAIN
 from signaling.workers import WorkerPool
 from tests.conftest import raw_http, raw_status
 from tests.doubles import ToneEngine
+from tests.test_shutdown import an_offer
 
 
 def pool(tmp_path: Path, workers: int = 3) -> WorkerPool:
@@ -56,24 +61,39 @@ class _Running:
 
 @contextlib.asynccontextmanager
 async def front_and_worker(
-    config: Config, *, ready: bool = True, pools: list[WorkerPool] | None = None
+    config: Config,
+    *,
+    ready: bool = True,
+    pools: list[WorkerPool] | None = None,
+    workers: int = 1,
+    apps: list[web.Application] | None = None,
 ) -> AsyncIterator[str]:
-    """The front app on a localhost port (its URL is yielded) and worker 0's app on its
-    socket, both in this event loop (no processes: fast, and the front's own code runs);
-    ``pools`` receives the front's worker pool."""
+    """The front app on a localhost port (its URL is yielded) and ``workers`` worker apps on
+    their sockets, all in this event loop (no processes: fast, and the front's own code
+    runs), each run as ``serve`` runs it; ``pools`` receives the front's worker pool,
+    ``apps`` the front's app and then the workers'."""
     socket_dir = Path(tempfile.mkdtemp(prefix="front"))  # short: Unix socket paths are
-    worker_app = build_app(replace(config, worker_index=0, workers=1), ToneEngine())
-    worker_runner = web.AppRunner(worker_app)
-    await worker_runner.setup()
-    pool = WorkerPool(replace(config, workers=1), lambda c: worker_app, socket_dir)
-    worker = pool.workers[0]
-    await web.UnixSite(worker_runner, worker.socket_path).start()
-    worker.process = _Running()  # type: ignore[assignment]
-    worker.ready = ready
+    pool = WorkerPool(replace(config, workers=workers), lambda c: None, socket_dir)  # type: ignore[arg-type,return-value]
+    worker_apps, runners = [], []
+    for worker in pool.workers:
+        worker_app = build_app(replace(config, worker_index=worker.index, workers=1), ToneEngine())
+        # As worker_main runs it: no access log (the front writes one line per request).
+        worker_runner = web.AppRunner(worker_app, **{**runner_options(), "access_log": None})
+        await worker_runner.setup()
+        runners.append(worker_runner)
+        worker_apps.append(worker_app)
+        await web.UnixSite(worker_runner, worker.socket_path).start()
+        worker.process = _Running()  # type: ignore[assignment]
+        worker.ready = ready
+        worker.http = aiohttp.ClientSession(
+            connector=aiohttp.UnixConnector(path=worker.socket_path)
+        )
     if pools is not None:
         pools.append(pool)
-    worker.http = aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=worker.socket_path))
-    front_runner = web.AppRunner(build_front_app(config, pool))
+    front_app = build_front_app(config, pool)
+    if apps is not None:
+        apps.extend([front_app, *worker_apps])
+    front_runner = web.AppRunner(front_app, **runner_options())
     await front_runner.setup()
     site = web.TCPSite(front_runner, "127.0.0.1", 0)
     await site.start()
@@ -82,9 +102,12 @@ async def front_and_worker(
     try:
         yield f"http://127.0.0.1:{port}"
     finally:
-        await worker.http.close()
+        for worker in pool.workers:
+            assert worker.http is not None
+            await worker.http.close()
         await front_runner.cleanup()
-        await worker_runner.cleanup()
+        for worker_runner in runners:
+            await worker_runner.cleanup()
         shutil.rmtree(socket_dir, ignore_errors=True)
 
 
@@ -198,3 +221,91 @@ async def test_the_fronts_readyz_waits_for_the_workers_voice_activity_model() ->
         worker.status = {"ready": True, "listening_ready": True}
         async with http.get(url + "/readyz") as resp:
             assert resp.status == 200
+
+
+async def test_new_sessions_go_around_a_worker_whose_circuit_breaker_is_open() -> None:
+    """A worker whose engine's circuit breaker was open refused every offer (503
+    ``tts_unavailable``) but its status said ready (its engine was loaded): refusing kept it
+    the least loaded, so the front sent it every new session while a healthy worker stood
+    idle, and the front's /readyz counted it. Now its status says it takes no sessions."""
+    config = Config(
+        host="127.0.0.1",
+        port=0,
+        listen=ListenSettings(enabled=False),
+        breaker=BreakerSettings(cooldown_s=600),
+    )
+    pools: list[WorkerPool] = []
+    apps: list[web.Application] = []
+    async with (
+        front_and_worker(config, pools=pools, workers=2, apps=apps) as url,
+        aiohttp.ClientSession() as http,
+    ):
+        pool, broken = pools[0], apps[1][BREAKER]
+        async with asyncio.timeout(30):  # the engines load in the apps' startup
+            while not all(app[BREAKER].ready for app in apps[1:]):
+                await asyncio.sleep(0.01)
+        for _ in range(config.breaker.failures):
+            broken._failed(RuntimeError("CUDA out of memory"))  # as the engine's failures do
+        assert broken.state == "open"
+        for worker in pool.workers:  # the front's status poll
+            await pool._poll(worker)
+        assert [w.ready for w in pool.workers] == [False, True]
+        offer = await an_offer()
+        for _ in range(3):
+            async with http.post(url + "/offer", json={"type": "offer", "sdp": offer}) as resp:
+                assert resp.status == 200, await resp.text()
+                assert (await resp.json())["session_id"].startswith("w1-")
+        async with http.get(url + "/readyz") as resp:
+            assert resp.status == 200
+            body = await resp.json()
+            assert body["ready_workers"] == 1
+            assert [w["ready"] for w in body["workers"]] == [False, True]
+
+
+async def test_offers_the_front_refuses_itself_are_counted() -> None:
+    """voice_agent_offers_total counts every new-session request, but the offers the front
+    refused itself (503 ``not_ready``: no worker, or the room's, ready; 503 ``shutting_down``)
+    reached no worker and were counted nowhere. The front counts them now, in the same
+    family as the workers' series (labelled ``worker="front"``), one HELP/TYPE for it."""
+    config = Config(host="127.0.0.1", port=0, listen=ListenSettings(enabled=False))
+    pools: list[WorkerPool] = []
+    apps: list[web.Application] = []
+    async with (
+        front_and_worker(config, ready=False, pools=pools, apps=apps) as url,
+        aiohttp.ClientSession() as http,
+    ):
+        offer = {"type": "offer", "sdp": "v=0"}
+        answers = []
+        async with http.post(url + "/offer", json=offer) as resp:
+            answers.append((resp.status, (await resp.json())["error"]["code"]))
+        async with http.post(url + "/whep?room=r", data="v=0") as resp:
+            answers.append((resp.status, (await resp.json())["error"]["code"]))
+        pools[0].workers[0].ready = True
+        async with http.post(url + "/offer", json=offer) as resp:  # the worker's refusal
+            answers.append((resp.status, (await resp.json())["error"]["code"]))
+        apps[0][DRAIN].draining = True
+        async with http.post(url + "/offer", json=offer) as resp:
+            answers.append((resp.status, (await resp.json())["error"]["code"]))
+        assert answers == [
+            (503, "not_ready"),
+            (503, "not_ready"),
+            (400, "no_audio"),
+            (503, "shutting_down"),
+        ]
+        async with http.get(url + "/metrics") as resp:
+            assert resp.status == 200
+            text = await resp.text()
+    offers = {
+        (s.labels["worker"], s.labels["kind"], s.labels["outcome"]): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == "voice_agent_offers_total"
+    }
+    assert offers == {
+        ("front", "offer", "rejected_not_ready"): 1,
+        ("front", "whep", "rejected_not_ready"): 1,
+        ("0", "offer", "rejected_no_audio"): 1,
+        ("front", "offer", "rejected_shutting_down"): 1,
+    }
+    types = [line.split()[2] for line in text.splitlines() if line.startswith("# TYPE ")]
+    assert len(types) == len(set(types)), "a family described twice"

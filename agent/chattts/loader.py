@@ -7,7 +7,6 @@ the event loop. The engine calls it once and shares the result between all sessi
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ import torch
 from agent.chattts.tiny import apply_dims, dims_from_manifest, read_manifest
 from agent.config import ChatTTSSettings
 from agent.engine import EngineLoadError
+from agent.threads import cores
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +85,7 @@ def load_chat(settings: ChatTTSSettings) -> LoadedModel:
     elif device.type == "cpu":
         # Leave a core to the event loop that paces the audio: inference on every core
         # would delay packets for every session in the process.
-        torch.set_num_threads(max(1, (os.cpu_count() or 2) - 1))
+        torch.set_num_threads(max(1, cores() - 1))
     chat = ChatTTS.Chat(logging.getLogger("agent.chattts.ChatTTS"))
     manifest = None
     if settings.model_dir is None:
