@@ -599,6 +599,11 @@ class RoomMember:
             case Chat(text=text):
                 pipeline.say(text)  # the echo brain, as in a 1:1 session
             case ConfigUpdate(fields=fields):
+                if "barge_in" in fields:  # refused whole: no voice setting half applied
+                    raise ProtocolError(
+                        "bad_config",
+                        "barge_in is a 1:1 call's setting: a room's agent listens to no one",
+                    )
                 pipeline.voice = dataclasses.replace(pipeline.voice, **fields)
 
     def send_event(self, event: Event) -> None:

@@ -339,3 +339,24 @@ async def test_metrics_count_a_rooms_shared_agent_once() -> None:
     assert float(line.split()[1]) == queued  # once for the room, not once per participant
     sessions = [x for x in text.splitlines() if x.startswith("voice_agent_sessions_active{")]
     assert any('kind="offer"' in x and x.endswith(" 3.0") for x in sessions), sessions
+
+
+async def test_config_in_a_room_sets_the_voice_and_refuses_barge_in() -> None:
+    """`config` with `barge_in` in a room was an `internal` error (VoiceOptions has no such
+    field): it is a 1:1 call's setting, refused as `bad_config`; voice settings still apply."""
+    async with room_server() as server, aiohttp.ClientSession() as http:
+        member = RtcClient(server.url, http)
+        try:
+            await member.connect(room="configured")
+            room_member = server.app[SESSIONS].get(member.session_id).session
+            member.send({"type": "config", "barge_in": False, "speed": 7})
+            error = await member.wait_event(lambda e: e["type"] == "error")
+            assert error["code"] == "bad_config" and "barge_in" in error["message"]
+            assert room_member.pipeline.voice.speed != 7  # refused whole
+            member.send({"type": "config", "speed": 7})
+            member.send({"type": "say", "text": "after the config", "id": "s"})
+            await member.wait_event(lambda e: e["type"] == "speech.started" and e["id"] == "s")
+            assert room_member.pipeline.voice.speed == 7
+            assert [e for e in member.events if e["type"] == "error"] == [error]
+        finally:
+            await member.close()
