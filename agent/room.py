@@ -59,6 +59,7 @@ from agent.protocol import (
 )
 from agent.speech import Event, SpeechError, SpeechPipeline
 from agent.track import OpusPacketTrack
+from agent.turns import Conversation
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +91,12 @@ class Room:
         self.config = config
         self.settings = config.rooms
         self.pipeline = SpeechPipeline(
-            engine, config.speech, self.broadcast, rate=config.opus.input_rate
+            engine, config.speech, self._agent_event, rate=config.opus.input_rate
+        )
+        # The room's agent answers `chat` with the brain (an LLM with --llm-url, else echo),
+        # one history for the room: what it said, as everyone heard it, and what was asked.
+        self.conversation = Conversation(
+            self.pipeline, config.listen, config.services, self.broadcast
         )
         self.agent_track = OpusPacketTrack(
             self.pipeline.buffer, config.opus, encode_executor=encode_executor, governor=governor
@@ -142,6 +148,7 @@ class Room:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks.clear()
+        await self.conversation.close()  # a reply being written, and its HTTP client
         await self.pipeline.close()
         self.agent_track.stop()
         self.agent.close()
@@ -270,6 +277,10 @@ class Room:
         track.set_expected_loss(target.expected_loss_pct)
 
     # --- events --------------------------------------------------------------------------
+    def _agent_event(self, event: Event) -> None:
+        self.conversation.observe(event)  # what was played becomes the history
+        self.broadcast(event)
+
     def broadcast(self, event: Event, skip: RoomMember | None = None) -> None:
         kind = event.get("type")
         if kind in ("speech.started", "speech.ended"):
@@ -595,9 +606,9 @@ class RoomMember:
             case TextEnd():
                 pipeline.text_end(owner=self.participant_id)
             case Interrupt():
-                pipeline.interrupt()
+                self.room.conversation.interrupt()  # a reply being written too
             case Chat(text=text):
-                pipeline.say(text)  # the echo brain, as in a 1:1 session
+                self.room.conversation.ask(text)  # the room's brain; everyone hears it
             case ConfigUpdate(fields=fields):
                 if "barge_in" in fields:  # refused whole: no voice setting half applied
                     raise ProtocolError(

@@ -360,3 +360,49 @@ async def test_config_in_a_room_sets_the_voice_and_refuses_barge_in() -> None:
             assert [e for e in member.events if e["type"] == "error"] == [error]
         finally:
             await member.close()
+
+
+async def test_chat_in_a_room_is_answered_by_the_brain_for_everyone() -> None:
+    """`chat` in a room only spoke its own text back, even with --llm-url: the room's agent
+    now asks the brain, with the room's history, and everyone hears the reply; `interrupt`
+    cancels a reply still being written."""
+    from agent.conversation_config import ServiceSettings
+    from tests.services import FakeLLM
+
+    llm = FakeLLM()
+    llm.replies.append(["The answer", " is four."])
+    llm.replies.append(["A very", " slow", " reply", " that", " is", " cut."])
+    async with llm:
+        services = ServiceSettings(llm_base_url=llm.url, llm_model="m", llm_timeout_s=5.0)
+        async with room_server(services=services) as server, aiohttp.ClientSession() as http:
+            asker, other = RtcClient(server.url, http), RtcClient(server.url, http)
+            try:
+                await asker.connect(room="brainy")
+                await other.connect(room="brainy")
+                asker.send({"type": "chat", "text": "What is two plus two?"})
+                for client in (asker, other):
+                    caption = await client.wait_event(
+                        lambda e: e["type"] == "speech.segment" and "four" in e["text"]
+                    )
+                    assert caption["id"].startswith("reply-")
+                assert llm.requests[0]["messages"][-1] == {
+                    "role": "user",
+                    "content": "What is two plus two?",
+                }
+                await other.wait_event(
+                    lambda e: e["type"] == "speech.ended" and e["id"] == caption["id"]
+                )
+                # The next question carries the room's history; interrupting it cancels it.
+                llm.first_token_delay_s = 3.0
+                other.send({"type": "chat", "text": "And three plus three?"})
+                while len(llm.requests) < 2:
+                    await asyncio.sleep(0.02)
+                history = llm.requests[1]["messages"]
+                assert {"role": "assistant", "content": "The answer is four."} in history
+                other.send({"type": "interrupt"})
+                await asyncio.sleep(3.5)
+                assert not [e for e in asker.events if "cut" in str(e.get("text", ""))]
+                assert not [e for e in asker.events + other.events if e["type"] == "error"]
+            finally:
+                await asker.close()
+                await other.close()
