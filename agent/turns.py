@@ -12,7 +12,9 @@
   sentence is spoken while the brain is still writing. Replies run one after another.
 - History: each reply keeps a slot in the history at the place it was asked; when its
   utterance ends, the slot gets what was played (the captions whose audio went out), so an
-  interrupted reply is cut at the last segment played, and a reply nobody heard leaves none.
+  interrupted reply is cut at the last segment played, and a reply nobody heard leaves none:
+  the question it was to answer is open again, and the next turn's reply answers it (that
+  turn's transcript may be empty, a cough, or have failed).
 """
 
 from __future__ import annotations
@@ -142,6 +144,17 @@ class Conversation:
         task.add_done_callback(self._turn_tasks.discard)
 
     async def _turn(self, turn_id: str, seq: int, audio: npt.NDArray[np.float32]) -> None:
+        text = await self._transcribe(turn_id, audio)
+        if text:
+            self._add_user(text)
+        # Only the latest turn is answered (the reply covers earlier unanswered ones); an
+        # empty or failed transcript (a cough) still lets an earlier unanswered message be
+        # answered, one whose reply this very turn's barge-in cancelled unheard included.
+        if self._unanswered and seq == self._turn_seq and not self.user_speaking:
+            self._start_reply()
+
+    async def _transcribe(self, turn_id: str, audio: npt.NDArray[np.float32]) -> str:
+        """The turn's text; empty if it has none, or could not be had (an error says why)."""
         stt = self._stt()
         if stt is None:
             # Said once per session: barge-in still works without STT, and repeating the same
@@ -154,24 +167,19 @@ class Conversation:
                     "transcribed (barge-in still works; said once per session)",
                     turn_id,
                 )
-            return
+            return ""
         try:
             text = await stt.transcribe(audio)
         except ServiceError as exc:
             self._error(exc.code, exc.message, turn_id)
-            return
+            return ""
         except Exception:  # a bug must not leave the turn unanswered without a word
             log.exception("turn %s: transcription failed", turn_id)
             self._error("internal", "the transcription failed", turn_id)
-            return
+            return ""
         self.stats.transcripts += 1
         self._emit({"type": "user.transcript", "id": turn_id, "text": text})
-        if text:
-            self._add_user(text)
-        # Only the latest turn is answered (the reply covers earlier unanswered ones); an
-        # empty transcript (a cough) still lets an earlier unanswered message be answered.
-        if self._unanswered and seq == self._turn_seq and not self.user_speaking:
-            self._start_reply()
+        return text
 
     # --- typed chat (data channel `chat`) ------------------------------------------------
     def ask(self, text: str) -> str:
@@ -276,6 +284,17 @@ class Conversation:
         for i, message in enumerate(self.history):
             if message is reply.slot:
                 del self.history[i]
+                self._reopen()
+                return
+
+    def _reopen(self) -> None:
+        """A reply nobody heard answered nothing: the user's last message is open again
+        (the next turn's reply answers it, even if that turn is only a cough)."""
+        for message in reversed(self.history):
+            if message["role"] == "assistant":
+                return  # a later reply (played, or still to come) answers it
+            if message["content"]:
+                self._unanswered = True
                 return
 
     # --- what was played (every event the session sends passes here) ---------------------

@@ -2,18 +2,26 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
 import aiohttp
 import numpy as np
 import pytest
 
+from agent.config import Config
 from agent.conversation_config import ListenSettings, ServiceSettings
 from agent.httpservice import ServiceError
-from agent.llm import ChatCompletions
+from agent.llm import ChatCompletions, Message
 from agent.protocol import ConfigUpdate, ProtocolError, parse_message
+from agent.session import AgentSession
 from agent.stt import Transcriber, wav_bytes
-from agent.vad import Activity, SpeechDetector
+from agent.vad import Activity, ActivityEvent, SpeechDetector
 from signaling.cli import build_parser, config_from_args
+from tests.doubles import ToneEngine
 from tests.services import FakeLLM, FakeSTT
+from tests.test_speech_pipeline import Drain, wait_for
 
 
 def run(detector: SpeechDetector, probabilities: list[float]) -> list[tuple[str, int, int]]:
@@ -185,3 +193,95 @@ async def test_the_voice_activity_model_loads_at_startup_not_at_the_first_microp
         assert len(server.app[SESSIONS]) == 0  # no session, no microphone
         # Listening: loaded by the time it is ready. Not listening: torch is not even loaded.
         assert (pool._base is not None) is listening
+
+
+# --- turns: what the user said, in order, and answered ----------------------------------------
+class ScriptedSTT:
+    """Speech-to-text whose n-th call answers the n-th (text, delay) of its script; a
+    ServiceError in place of the text is raised instead."""
+
+    def __init__(self, *script: tuple[str | ServiceError, float]) -> None:
+        self.script = list(script)
+        self.calls = 0
+
+    async def transcribe(self, audio: np.ndarray) -> str:
+        text, delay = self.script[self.calls]
+        self.calls += 1
+        await asyncio.sleep(delay)
+        if isinstance(text, ServiceError):
+            raise text
+        return text
+
+
+class RecordingBrain:
+    """Answers "Sure." after ``think_s``; records the history each reply was asked with."""
+
+    name = "recording"
+
+    def __init__(self, think_s: float = 0.0) -> None:
+        self.think_s = think_s
+        self.asked: list[list[Message]] = []
+
+    async def reply(self, history: list[Message]) -> AsyncIterator[str]:
+        self.asked.append([dict(m) for m in history])
+        await asyncio.sleep(self.think_s)
+        yield "Sure."
+
+
+def talking_session(
+    stt: ScriptedSTT, brain: RecordingBrain, engine: ToneEngine | None = None
+) -> tuple[AgentSession, list[dict[str, Any]], Drain]:
+    session = AgentSession("s", engine or ToneEngine(seconds_per_word=0.05), Config())
+    events: list[dict[str, Any]] = []
+    session.outbox.send = events.append  # type: ignore[method-assign, assignment]
+    session.conversation._transcriber = stt  # type: ignore[assignment]
+    session.conversation._brain = brain
+    session.pipeline.start()
+    return session, events, Drain(session.pipeline)
+
+
+def say_turn(session: AgentSession, seconds: float = 1.0) -> None:
+    """The detector's onset and end of turn, ``seconds`` of (silent) audio between."""
+    conversation = session.conversation
+    conversation.user_started(ActivityEvent(Activity.STARTED, 0))
+    conversation.user_ended(
+        np.zeros(int(16_000 * seconds), np.float32), ActivityEvent(Activity.ENDED, 0)
+    )
+
+
+@pytest.mark.parametrize(
+    ("preparing", "cough"),
+    [
+        ("thinking", ""),
+        ("before_audio", ""),
+        ("thinking", ServiceError("stt_failed", "the STT is down")),
+    ],
+    ids=["cough-while-thinking", "cough-before-audio", "failed-stt-while-thinking"],
+)
+async def test_a_cough_that_cancels_an_unheard_reply_does_not_lose_the_question(
+    preparing: str, cough: str | ServiceError
+) -> None:
+    """Bug: a barge-in that cancelled a reply before any of it was heard left the question
+    marked answered, so a cough after it (an empty transcript, or a failed one) got no
+    reply: "What time is it?" was never answered."""
+    brain = RecordingBrain(think_s=0.5 if preparing == "thinking" else 0.0)
+    engine = ToneEngine(seconds_per_word=0.05, first_chunk_delay_s=0.5)
+    stt = ScriptedSTT(("What time is it?", 0.0), (cough, 0.05))
+    session, events, drain = talking_session(stt, brain, engine)
+    try:
+        say_turn(session)
+        await wait_for(lambda: brain.asked)
+        if preparing == "before_audio":
+            await wait_for(lambda: session.pipeline.busy)  # the reply's stream is open
+        assert not [e for e in events if e["type"] == "speech.segment"]  # nothing heard yet
+        say_turn(session, 0.2)  # a cough: barges in, cancels the reply
+        await wait_for(lambda: len(brain.asked) == 2, timeout=3)
+        assert brain.asked[1] == [{"role": "user", "content": "What time is it?"}]
+        await wait_for(lambda: session.conversation.history[-1]["content"], timeout=3)
+        assert session.conversation.history == [
+            {"role": "user", "content": "What time is it?"},
+            {"role": "assistant", "content": "Sure."},
+        ]
+    finally:
+        drain.stop()
+        await session.close()
