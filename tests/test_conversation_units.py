@@ -285,3 +285,30 @@ async def test_a_cough_that_cancels_an_unheard_reply_does_not_lose_the_question(
     finally:
         drain.stop()
         await session.close()
+
+
+async def test_transcripts_that_come_back_out_of_order_keep_the_order_spoken() -> None:
+    """Bug: a long turn's slow transcript that came back after the next, short turn's was
+    appended after it, and after the reply: the short turn was answered alone, in the
+    wrong order ("What is my name?" before "My name is Ann."), and the long one never."""
+    stt = ScriptedSTT(("My name is Ann.", 0.4), ("What is my name?", 0.0))
+    brain = RecordingBrain()
+    session, events, drain = talking_session(stt, brain)
+    conversation = session.conversation
+    try:
+        say_turn(session, 3.0)
+        say_turn(session, 0.5)
+        await wait_for(lambda: stt.calls == 2 and not conversation._turn_tasks)
+        await wait_for(lambda: [e for e in events if e["type"] == "speech.ended"], timeout=3)
+        await asyncio.sleep(0.1)  # a second reply, if any, would have been asked for by now
+    finally:
+        drain.stop()
+        await session.close()
+    arrived = [e["text"] for e in events if e["type"] == "user.transcript"]
+    assert arrived == ["What is my name?", "My name is Ann."]  # the short turn's came first
+    said = [
+        {"role": "user", "content": "My name is Ann."},
+        {"role": "user", "content": "What is my name?"},
+    ]
+    assert brain.asked == [said]  # one reply, to both, in the order spoken
+    assert conversation.history == [*said, {"role": "assistant", "content": "Sure."}]
