@@ -312,3 +312,51 @@ async def test_transcripts_that_come_back_out_of_order_keep_the_order_spoken() -
     ]
     assert brain.asked == [said]  # one reply, to both, in the order spoken
     assert conversation.history == [*said, {"role": "assistant", "content": "Sure."}]
+
+
+class LoudVad:
+    """A voice activity model that hears any loud window as speech (no torch)."""
+
+    async def probability(self, window: np.ndarray) -> float:
+        return 1.0 if float(np.abs(window).max()) > 0.1 else 0.0
+
+
+class LoudVadPool:
+    async def new_vad(self) -> LoudVad:
+        return LoudVad()
+
+
+@pytest.mark.parametrize("how", ["track_ends", "closed"])
+async def test_a_turn_the_microphone_ends_in_the_middle_of_still_ends(how: str) -> None:
+    """Bug: a microphone track that ended mid-turn (the connection lost; a resumed one
+    closes the old listener) never ended the turn: user_speaking stayed True, so no reply
+    ever started again, and the client never got user.speech.ended."""
+    from types import SimpleNamespace
+
+    from tests.doubles import ToneMicrophone
+
+    stt = ScriptedSTT(("What time is it?", 0.0))
+    brain = RecordingBrain()
+    session, events, drain = talking_session(stt, brain)
+    conversation = session.conversation
+    mic = ToneMicrophone(440)  # steady and loud: the user talks until the track ends
+    try:
+        session.listen(mic, SimpleNamespace(), LoudVadPool())  # type: ignore[arg-type]
+        inbound = session.inbound
+        assert inbound is not None
+        await wait_for(lambda: conversation.user_speaking)
+        await asyncio.sleep(0.3)
+        if how == "track_ends":
+            mic.stop()  # its peer connection closed
+        else:
+            await inbound.close()  # what a resumed session's new connection does to it
+        await wait_for(lambda: not conversation.user_speaking, timeout=2)
+        # The turn ends with what was heard of it, and is answered.
+        await wait_for(lambda: brain.asked, timeout=2)
+        assert not inbound.detector.speaking and inbound.stats.turns == 1
+    finally:
+        drain.stop()
+        await session.close()
+    (ended,) = [e for e in events if e["type"] == "user.speech.ended"]
+    assert ended["duration_ms"] >= 300
+    assert brain.asked == [[{"role": "user", "content": "What time is it?"}]]
