@@ -156,6 +156,24 @@ class InboundAudio:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks = []
+        self._end_turn()  # closed mid-turn: a resumed session's new connection replaces it
+
+    def _end_turn(self) -> None:
+        """The microphone is gone mid-turn: the turn ends with what was heard of it.
+
+        Left open, the user would be talking for ever: no reply starts while they do, and
+        the client would never get ``user.speech.ended``. The detector had confirmed the
+        speech (``--min-speech-ms``), so the audio so far is a turn like any other; one
+        cut too short to say anything has an empty transcript, like a cough.
+        """
+        if not self.detector.speaking:
+            return
+        last = self.detector.index
+        self.detector = SpeechDetector(self.settings)  # no window comes after this one
+        self.stats.turns += 1
+        audio = np.concatenate(self._turn) if self._turn else np.zeros(0, np.float32)
+        self._turn = []
+        self._listener.user_ended(audio, ActivityEvent(Activity.ENDED, last))
 
     # --- reader: frames -> windows -----------------------------------------------------
     async def _read(self) -> None:
@@ -171,6 +189,15 @@ class InboundAudio:
                     self._queue.put_nowait((window, arrived))
         except MediaStreamError:
             log.debug("inbound audio ended")
+        # No window will come any more: stop the scorer (it keeps up, so at most a window or
+        # two are left unscored) and end a turn the track ended in the middle of.
+        scorers = [task for task in self._tasks if task is not asyncio.current_task()]
+        for task in scorers:
+            task.cancel()
+        for task in scorers:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._end_turn()
 
     def _windows(self, frame: Any) -> list[Window]:
         rate = int(frame.sample_rate)

@@ -3,9 +3,10 @@
 Server-sent events are read line by line as they arrive; each ``data:`` line's
 ``choices[0].delta.content`` is yielded at once, so the speech pipeline can speak the first
 sentence while the model is still writing. A timeout applies to the wait for every event
-(the first included; keep-alive comments do not count), so a stalled stream fails instead of
-hanging the turn. A server that ignores ``stream`` and answers ``application/json`` has its
-whole completion spoken.
+(the first included, counted from the request: the response's headers are part of that wait;
+keep-alive comments do not count), so a stalled stream fails instead of hanging the turn.
+A server that ignores ``stream`` and answers ``application/json`` has its whole completion
+spoken.
 """
 
 from __future__ import annotations
@@ -41,8 +42,12 @@ class ChatCompletions:
             "max_tokens": s.llm_max_tokens,
         }
         headers = {**auth_headers(s.llm_api_key), "Accept": "text/event-stream"}
+        loop = asyncio.get_running_loop()
+        # The first event is due one timeout after the request, not after the headers: each
+        # wait with a whole timeout of its own let a slow server hold the turn for two.
+        deadline = loop.time() + s.llm_timeout_s
         try:
-            async with asyncio.timeout(s.llm_timeout_s):
+            async with asyncio.timeout_at(deadline):
                 response = await self._http.post(self._url, json=body, headers=headers)
         except TimeoutError:
             raise _timeout(s.llm_timeout_s) from None
@@ -54,14 +59,12 @@ class ChatCompletions:
                 raise ServiceError("llm_failed", f"the LLM failed: {detail}")
             if response.content_type == "application/json":
                 # A server that ignores "stream": true answers with one whole completion.
-                answer = await _whole_answer(response, s.llm_timeout_s)
+                answer = await _whole_answer(response, deadline, s.llm_timeout_s)
                 if answer:
                     yield answer
                 return
-            loop = asyncio.get_running_loop()
             # Only events count as progress: an upstream that sends ': keep-alive' comments
             # while it queues must still time out.
-            deadline = loop.time() + s.llm_timeout_s
             events = 0
             while True:
                 try:
@@ -91,11 +94,12 @@ class ChatCompletions:
                     yield delta
 
 
-async def _whole_answer(response: aiohttp.ClientResponse, timeout_s: float) -> str:
-    """The message of a non-streamed completion (bounded in size and time)."""
+async def _whole_answer(response: aiohttp.ClientResponse, deadline: float, timeout_s: float) -> str:
+    """The message of a non-streamed completion (bounded in size, and due by ``deadline``:
+    the whole answer is its first event)."""
     body = bytearray()
     try:
-        async with asyncio.timeout(timeout_s):
+        async with asyncio.timeout_at(deadline):
             while chunk := await response.content.read(65536):
                 body += chunk
                 if len(body) > MAX_SSE_LINE:

@@ -5,14 +5,18 @@
   dropped (the pipeline's interrupt: ``speech.ended`` with ``interrupted: true``, silence
   from the next frame).
 - The user's turn ends (enough silence): ``user.speech.ended``; the turn's audio goes to
-  speech-to-text; ``user.transcript``; the text joins the history and the brain answers. A
-  turn whose transcript arrives after a newer turn began is added to the history but not
-  answered on its own: the newer turn's reply answers both.
+  speech-to-text; ``user.transcript``; the text takes the turn's place in the history (kept
+  when it ends, so turns stay in the order spoken whichever transcript comes back first) and
+  the brain answers once the user is silent and no turn's transcript is still to come. A
+  turn whose transcript arrives after a newer turn began is not answered on its own: the
+  newer turn's reply answers both.
 - Replies stream into the pipeline as text deltas (one utterance per reply), so the first
   sentence is spoken while the brain is still writing. Replies run one after another.
 - History: each reply keeps a slot in the history at the place it was asked; when its
   utterance ends, the slot gets what was played (the captions whose audio went out), so an
-  interrupted reply is cut at the last segment played, and a reply nobody heard leaves none.
+  interrupted reply is cut at the last segment played, and a reply nobody heard leaves none:
+  the question it was to answer is open again, and the next turn's reply answers it (that
+  turn's transcript may be empty, a cough, or have failed).
 """
 
 from __future__ import annotations
@@ -84,7 +88,6 @@ class Conversation:
         # Replies with no utterance in the pipeline yet (waiting, or the LLM not started).
         self._unopened: set[str] = set()
         self._turn_tasks: set[asyncio.Task[None]] = set()
-        self._turn_seq = 0
         self._turn_id: str | None = None
         self._unanswered = False  # a user message in the history that no reply follows yet
         self._closed = False
@@ -121,7 +124,6 @@ class Conversation:
         return self.pipeline.busy or any(not t.done() for t in self._reply_tasks)
 
     def user_started(self, event: ActivityEvent) -> None:
-        self._turn_seq += 1
         self._turn_id = f"turn-{uuid.uuid4().hex[:10]}"
         self.user_speaking = True
         self.stats.turns += 1
@@ -137,11 +139,35 @@ class Conversation:
         self._emit({"type": "user.speech.ended", "id": turn_id, "duration_ms": duration_ms})
         if self._closed:
             return
-        task = asyncio.get_running_loop().create_task(self._turn(turn_id, self._turn_seq, audio))
+        # The turn's place in the history, taken now: a long turn's transcript may come back
+        # after a shorter next one's, and must still come before it.
+        slot: Message = {"role": "user", "content": ""}
+        self.history.append(slot)
+        self._trim_history()
+        task = asyncio.get_running_loop().create_task(self._turn(turn_id, slot, audio))
         self._turn_tasks.add(task)
         task.add_done_callback(self._turn_tasks.discard)
 
-    async def _turn(self, turn_id: str, seq: int, audio: npt.NDArray[np.float32]) -> None:
+    async def _turn(self, turn_id: str, slot: Message, audio: npt.NDArray[np.float32]) -> None:
+        text = await self._transcribe(turn_id, audio)
+        if text:
+            slot["content"] = text
+            self._unanswered = True
+        else:
+            self._remove(slot)  # nothing said (a cough), or nothing known of it (a failure)
+        # The last transcript to come in starts the reply, which covers every unanswered turn
+        # before it; an empty or failed one (a cough) still lets an earlier unanswered message
+        # be answered, one whose reply this very turn's barge-in cancelled unheard included.
+        if self._unanswered and not self.user_speaking and not self._transcribing():
+            self._start_reply()
+
+    def _transcribing(self) -> bool:
+        """Another turn's transcript is still to come."""
+        current = asyncio.current_task()
+        return any(task is not current and not task.done() for task in self._turn_tasks)
+
+    async def _transcribe(self, turn_id: str, audio: npt.NDArray[np.float32]) -> str:
+        """The turn's text; empty if it has none, or could not be had (an error says why)."""
         stt = self._stt()
         if stt is None:
             # Said once per session: barge-in still works without STT, and repeating the same
@@ -154,24 +180,19 @@ class Conversation:
                     "transcribed (barge-in still works; said once per session)",
                     turn_id,
                 )
-            return
+            return ""
         try:
             text = await stt.transcribe(audio)
         except ServiceError as exc:
             self._error(exc.code, exc.message, turn_id)
-            return
+            return ""
         except Exception:  # a bug must not leave the turn unanswered without a word
             log.exception("turn %s: transcription failed", turn_id)
             self._error("internal", "the transcription failed", turn_id)
-            return
+            return ""
         self.stats.transcripts += 1
         self._emit({"type": "user.transcript", "id": turn_id, "text": text})
-        if text:
-            self._add_user(text)
-        # Only the latest turn is answered (the reply covers earlier unanswered ones); an
-        # empty transcript (a cough) still lets an earlier unanswered message be answered.
-        if self._unanswered and seq == self._turn_seq and not self.user_speaking:
-            self._start_reply()
+        return text
 
     # --- typed chat (data channel `chat`) ------------------------------------------------
     def ask(self, text: str) -> str:
@@ -227,8 +248,8 @@ class Conversation:
         return reply.id
 
     def _request_history(self, reply: Reply) -> list[Message]:
-        """What the brain sees: settled messages only (no pending or empty reply slots)."""
-        # A reply's slot stays empty until its utterance ends.
+        """What the brain sees: settled messages only (no pending or empty slots)."""
+        # A reply's slot stays empty until its utterance ends, a turn's until its transcript.
         return [dict(m) for m in self.history if m is not reply.slot and m["content"]]
 
     async def _run_reply(self, reply: Reply, previous: asyncio.Task[None] | None) -> None:
@@ -273,9 +294,24 @@ class Conversation:
                 self.pipeline.text_end(owner=reply.id)
 
     def _drop_slot(self, reply: Reply) -> None:
+        if self._remove(reply.slot):
+            self._reopen()
+
+    def _remove(self, slot: Message) -> bool:
         for i, message in enumerate(self.history):
-            if message is reply.slot:
+            if message is slot:
                 del self.history[i]
+                return True
+        return False
+
+    def _reopen(self) -> None:
+        """A reply nobody heard answered nothing: the user's last message is open again
+        (the next turn's reply answers it, even if that turn is only a cough)."""
+        for message in reversed(self.history):
+            if message["role"] == "assistant":
+                return  # a later reply (played, or still to come) answers it
+            if message["content"]:  # not a turn still being transcribed: that one tells
+                self._unanswered = True
                 return
 
     # --- what was played (every event the session sends passes here) ---------------------

@@ -2,18 +2,26 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
 import aiohttp
 import numpy as np
 import pytest
 
+from agent.config import Config
 from agent.conversation_config import ListenSettings, ServiceSettings
 from agent.httpservice import ServiceError
-from agent.llm import ChatCompletions
+from agent.llm import ChatCompletions, Message
 from agent.protocol import ConfigUpdate, ProtocolError, parse_message
+from agent.session import AgentSession
 from agent.stt import Transcriber, wav_bytes
-from agent.vad import Activity, SpeechDetector
+from agent.vad import Activity, ActivityEvent, SpeechDetector
 from signaling.cli import build_parser, config_from_args
+from tests.doubles import ToneEngine
 from tests.services import FakeLLM, FakeSTT
+from tests.test_speech_pipeline import Drain, wait_for
 
 
 def run(detector: SpeechDetector, probabilities: list[float]) -> list[tuple[str, int, int]]:
@@ -185,3 +193,170 @@ async def test_the_voice_activity_model_loads_at_startup_not_at_the_first_microp
         assert len(server.app[SESSIONS]) == 0  # no session, no microphone
         # Listening: loaded by the time it is ready. Not listening: torch is not even loaded.
         assert (pool._base is not None) is listening
+
+
+# --- turns: what the user said, in order, and answered ----------------------------------------
+class ScriptedSTT:
+    """Speech-to-text whose n-th call answers the n-th (text, delay) of its script; a
+    ServiceError in place of the text is raised instead."""
+
+    def __init__(self, *script: tuple[str | ServiceError, float]) -> None:
+        self.script = list(script)
+        self.calls = 0
+
+    async def transcribe(self, audio: np.ndarray) -> str:
+        text, delay = self.script[self.calls]
+        self.calls += 1
+        await asyncio.sleep(delay)
+        if isinstance(text, ServiceError):
+            raise text
+        return text
+
+
+class RecordingBrain:
+    """Answers "Sure." after ``think_s``; records the history each reply was asked with."""
+
+    name = "recording"
+
+    def __init__(self, think_s: float = 0.0) -> None:
+        self.think_s = think_s
+        self.asked: list[list[Message]] = []
+
+    async def reply(self, history: list[Message]) -> AsyncIterator[str]:
+        self.asked.append([dict(m) for m in history])
+        await asyncio.sleep(self.think_s)
+        yield "Sure."
+
+
+def talking_session(
+    stt: ScriptedSTT, brain: RecordingBrain, engine: ToneEngine | None = None
+) -> tuple[AgentSession, list[dict[str, Any]], Drain]:
+    session = AgentSession("s", engine or ToneEngine(seconds_per_word=0.05), Config())
+    events: list[dict[str, Any]] = []
+    session.outbox.send = events.append  # type: ignore[method-assign, assignment]
+    session.conversation._transcriber = stt  # type: ignore[assignment]
+    session.conversation._brain = brain
+    session.pipeline.start()
+    return session, events, Drain(session.pipeline)
+
+
+def say_turn(session: AgentSession, seconds: float = 1.0) -> None:
+    """The detector's onset and end of turn, ``seconds`` of (silent) audio between."""
+    conversation = session.conversation
+    conversation.user_started(ActivityEvent(Activity.STARTED, 0))
+    conversation.user_ended(
+        np.zeros(int(16_000 * seconds), np.float32), ActivityEvent(Activity.ENDED, 0)
+    )
+
+
+@pytest.mark.parametrize(
+    ("preparing", "cough"),
+    [
+        ("thinking", ""),
+        ("before_audio", ""),
+        ("thinking", ServiceError("stt_failed", "the STT is down")),
+    ],
+    ids=["cough-while-thinking", "cough-before-audio", "failed-stt-while-thinking"],
+)
+async def test_a_cough_that_cancels_an_unheard_reply_does_not_lose_the_question(
+    preparing: str, cough: str | ServiceError
+) -> None:
+    """Bug: a barge-in that cancelled a reply before any of it was heard left the question
+    marked answered, so a cough after it (an empty transcript, or a failed one) got no
+    reply: "What time is it?" was never answered."""
+    brain = RecordingBrain(think_s=0.5 if preparing == "thinking" else 0.0)
+    engine = ToneEngine(seconds_per_word=0.05, first_chunk_delay_s=0.5)
+    stt = ScriptedSTT(("What time is it?", 0.0), (cough, 0.05))
+    session, events, drain = talking_session(stt, brain, engine)
+    try:
+        say_turn(session)
+        await wait_for(lambda: brain.asked)
+        if preparing == "before_audio":
+            await wait_for(lambda: session.pipeline.busy)  # the reply's stream is open
+        assert not [e for e in events if e["type"] == "speech.segment"]  # nothing heard yet
+        say_turn(session, 0.2)  # a cough: barges in, cancels the reply
+        await wait_for(lambda: len(brain.asked) == 2, timeout=3)
+        assert brain.asked[1] == [{"role": "user", "content": "What time is it?"}]
+        await wait_for(lambda: session.conversation.history[-1]["content"], timeout=3)
+        assert session.conversation.history == [
+            {"role": "user", "content": "What time is it?"},
+            {"role": "assistant", "content": "Sure."},
+        ]
+    finally:
+        drain.stop()
+        await session.close()
+
+
+async def test_transcripts_that_come_back_out_of_order_keep_the_order_spoken() -> None:
+    """Bug: a long turn's slow transcript that came back after the next, short turn's was
+    appended after it, and after the reply: the short turn was answered alone, in the
+    wrong order ("What is my name?" before "My name is Ann."), and the long one never."""
+    stt = ScriptedSTT(("My name is Ann.", 0.4), ("What is my name?", 0.0))
+    brain = RecordingBrain()
+    session, events, drain = talking_session(stt, brain)
+    conversation = session.conversation
+    try:
+        say_turn(session, 3.0)
+        say_turn(session, 0.5)
+        await wait_for(lambda: stt.calls == 2 and not conversation._turn_tasks)
+        await wait_for(lambda: [e for e in events if e["type"] == "speech.ended"], timeout=3)
+        await asyncio.sleep(0.1)  # a second reply, if any, would have been asked for by now
+    finally:
+        drain.stop()
+        await session.close()
+    arrived = [e["text"] for e in events if e["type"] == "user.transcript"]
+    assert arrived == ["What is my name?", "My name is Ann."]  # the short turn's came first
+    said = [
+        {"role": "user", "content": "My name is Ann."},
+        {"role": "user", "content": "What is my name?"},
+    ]
+    assert brain.asked == [said]  # one reply, to both, in the order spoken
+    assert conversation.history == [*said, {"role": "assistant", "content": "Sure."}]
+
+
+class LoudVad:
+    """A voice activity model that hears any loud window as speech (no torch)."""
+
+    async def probability(self, window: np.ndarray) -> float:
+        return 1.0 if float(np.abs(window).max()) > 0.1 else 0.0
+
+
+class LoudVadPool:
+    async def new_vad(self) -> LoudVad:
+        return LoudVad()
+
+
+@pytest.mark.parametrize("how", ["track_ends", "closed"])
+async def test_a_turn_the_microphone_ends_in_the_middle_of_still_ends(how: str) -> None:
+    """Bug: a microphone track that ended mid-turn (the connection lost; a resumed one
+    closes the old listener) never ended the turn: user_speaking stayed True, so no reply
+    ever started again, and the client never got user.speech.ended."""
+    from types import SimpleNamespace
+
+    from tests.doubles import ToneMicrophone
+
+    stt = ScriptedSTT(("What time is it?", 0.0))
+    brain = RecordingBrain()
+    session, events, drain = talking_session(stt, brain)
+    conversation = session.conversation
+    mic = ToneMicrophone(440)  # steady and loud: the user talks until the track ends
+    try:
+        session.listen(mic, SimpleNamespace(), LoudVadPool())  # type: ignore[arg-type]
+        inbound = session.inbound
+        assert inbound is not None
+        await wait_for(lambda: conversation.user_speaking)
+        await asyncio.sleep(0.3)
+        if how == "track_ends":
+            mic.stop()  # its peer connection closed
+        else:
+            await inbound.close()  # what a resumed session's new connection does to it
+        await wait_for(lambda: not conversation.user_speaking, timeout=2)
+        # The turn ends with what was heard of it, and is answered.
+        await wait_for(lambda: brain.asked, timeout=2)
+        assert not inbound.detector.speaking and inbound.stats.turns == 1
+    finally:
+        drain.stop()
+        await session.close()
+    (ended,) = [e for e in events if e["type"] == "user.speech.ended"]
+    assert ended["duration_ms"] >= 300
+    assert brain.asked == [[{"role": "user", "content": "What time is it?"}]]

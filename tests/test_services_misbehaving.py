@@ -83,6 +83,30 @@ async def empty_stream(request: web.Request) -> web.StreamResponse:
     return response
 
 
+FIRST_EVENT_TIMEOUT_S = 1.0
+SLOW_S = 0.7 * FIRST_EVENT_TIMEOUT_S  # the headers', then the first event's, each inside it
+
+
+async def slow_headers_then_slow_event(request: web.Request) -> web.StreamResponse:
+    await request.read()
+    await asyncio.sleep(SLOW_S)  # the headers, inside the timeout
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await response.prepare(request)
+    await asyncio.sleep(SLOW_S)  # the first event, inside it again counted from the headers
+    await response.write(b'data: {"choices":[{"delta":{"content":"Hi."}}]}\n\ndata: [DONE]\n\n')
+    return response
+
+
+async def slow_whole_completion(request: web.Request) -> web.StreamResponse:
+    await request.read()
+    response = web.StreamResponse(headers={"Content-Type": "application/json"})
+    await asyncio.sleep(SLOW_S)
+    await response.prepare(request)
+    await asyncio.sleep(SLOW_S)
+    await response.write(b'{"choices": [{"message": {"content": "Hello there."}}]}')
+    return response
+
+
 async def serve(handler: Handler) -> tuple[web.AppRunner, str]:
     app = web.Application()
     app.router.add_post("/v1/chat/completions", handler)
@@ -95,9 +119,11 @@ async def serve(handler: Handler) -> tuple[web.AppRunner, str]:
     return runner, f"http://127.0.0.1:{port}/v1"
 
 
-async def llm_deltas(handler: Handler) -> tuple[list[str], ServiceError | None, float]:
+async def llm_deltas(
+    handler: Handler, timeout_s: float = TIMEOUT_S
+) -> tuple[list[str], ServiceError | None, float]:
     runner, base = await serve(handler)
-    settings = ServiceSettings(llm_base_url=base, llm_timeout_s=TIMEOUT_S)
+    settings = ServiceSettings(llm_base_url=base, llm_timeout_s=timeout_s)
     deltas: list[str] = []
     failure = None
     started = time.monotonic()
@@ -134,6 +160,18 @@ async def test_a_misbehaving_llm_is_a_service_error_in_time(
     assert deltas == []
     assert failure is not None and failure.code == code and says in failure.message
     assert took < 3 * TIMEOUT_S + 1  # not aiohttp's 300 s default, not forever
+
+
+@pytest.mark.parametrize("handler", [slow_headers_then_slow_event, slow_whole_completion])
+async def test_the_first_event_is_due_within_the_timeout_of_the_request(handler: Handler) -> None:
+    """Bug: the wait for the response's headers and the wait for its first event each had
+    the whole --llm-timeout, so a server that sent its headers just before the deadline and
+    its first event just before the next one held the turn silent for nearly twice the
+    timeout without an llm_timeout. README: no event for N s, the first included."""
+    deltas, failure, took = await llm_deltas(handler, FIRST_EVENT_TIMEOUT_S)
+    assert deltas == []  # it came 1.4 x the timeout after the request
+    assert failure is not None and failure.code == "llm_timeout", failure
+    assert took < SLOW_S * 2
 
 
 async def test_a_whole_json_completion_is_spoken() -> None:
