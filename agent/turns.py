@@ -53,6 +53,7 @@ class Reply:
     slot: Message  # its place in the history; content filled when the utterance ends
     heard: list[str] = field(default_factory=list)  # captions whose audio was played
     opened: bool = False  # its text stream was opened in the pipeline
+    withdrawals: int = 0  # the conversation's count of explicit interrupts when it was asked
     stream_open: bool = False  # ... and not ended yet
 
 
@@ -90,6 +91,7 @@ class Conversation:
         self._turn_tasks: set[asyncio.Task[None]] = set()
         self._turn_id: str | None = None
         self._unanswered = False  # a user message in the history that no reply follows yet
+        self._withdrawals = 0  # the client's interrupts so far
         self._closed = False
         self._told_no_stt = False
 
@@ -128,7 +130,7 @@ class Conversation:
         self.user_speaking = True
         self.stats.turns += 1
         if self.barge_in and self.agent_active:
-            self.interrupt()
+            self._cut()  # not a withdrawal: a question whose reply this cuts unheard stays open
             self.stats.barge_ins += 1
         self._emit({"type": "user.speech.started", "id": self._turn_id})
 
@@ -216,7 +218,13 @@ class Conversation:
 
     # --- barge-in ------------------------------------------------------------------------
     def interrupt(self) -> None:
-        """Cancel every reply being prepared and stop speaking from the next frame."""
+        """The client's ``interrupt``: cancel every reply being prepared and stop speaking
+        from the next frame. The questions they were to answer are withdrawn with them: a
+        later cough does not bring them back (a barge-in's cut does not withdraw them)."""
+        self._withdrawals += 1
+        self._cut()
+
+    def _cut(self) -> None:
         for task in self._reply_tasks:
             task.cancel()
         self.pipeline.interrupt()  # ends each dropped utterance: observe() settles history
@@ -234,7 +242,11 @@ class Conversation:
 
     def _start_reply(self) -> str:
         self._unanswered = False
-        reply = Reply(f"reply-{uuid.uuid4().hex[:10]}", {"role": "assistant", "content": ""})
+        reply = Reply(
+            f"reply-{uuid.uuid4().hex[:10]}",
+            {"role": "assistant", "content": ""},
+            withdrawals=self._withdrawals,
+        )
         self.history.append(reply.slot)
         self._reply_tasks = [t for t in self._reply_tasks if not t.done()]
         previous = self._reply_tasks[-1] if self._reply_tasks else None
@@ -294,7 +306,7 @@ class Conversation:
                 self.pipeline.text_end(owner=reply.id)
 
     def _drop_slot(self, reply: Reply) -> None:
-        if self._remove(reply.slot):
+        if self._remove(reply.slot) and reply.withdrawals == self._withdrawals:
             self._reopen()
 
     def _remove(self, slot: Message) -> bool:

@@ -287,6 +287,27 @@ async def test_a_cough_that_cancels_an_unheard_reply_does_not_lose_the_question(
         await session.close()
 
 
+async def test_the_clients_interrupt_withdraws_the_question_a_cough_does_not_revive_it() -> None:
+    """The client's `interrupt` (a Stop button) cancels the reply unheard; unlike a barge-in's
+    cut, the question goes with it: a cough after that gets no answer to it."""
+    brain = RecordingBrain(think_s=0.5)
+    stt = ScriptedSTT(("What time is it?", 0.0), ("", 0.05))
+    session, events, drain = talking_session(stt, brain)
+    try:
+        say_turn(session)
+        await wait_for(lambda: brain.asked)
+        session.conversation.interrupt()
+        await asyncio.sleep(0.1)
+        say_turn(session, 0.2)  # a cough, nothing to barge in on
+        await wait_for(lambda: stt.calls == 2 and not session.conversation._turn_tasks)
+        await asyncio.sleep(0.6)  # a second reply would have been asked for by now
+        assert len(brain.asked) == 1
+        assert not [e for e in events if e["type"] == "speech.started"]
+    finally:
+        drain.stop()
+        await session.close()
+
+
 async def test_transcripts_that_come_back_out_of_order_keep_the_order_spoken() -> None:
     """Bug: a long turn's slow transcript that came back after the next, short turn's was
     appended after it, and after the reply: the short turn was answered alone, in the
