@@ -324,7 +324,9 @@ async def test_a_streaming_reply_counts_once_against_the_chat_limit() -> None:
     session, events, drain = make_session(SlowBrain(REPLY, delay=0.3))
     limit = session.config.speech.max_queued_utterances
     session.handle_message(msg(type="chat", text="first"))
-    await wait_for(lambda: session.pipeline.busy)  # its stream is open: one utterance
+    # Its stream is open and being spoken (not still queued for the pipeline's runner to
+    # take up: then it is waiting too, and 31 more reach the limit).
+    await wait_for(lambda: session.pipeline.busy and session.pipeline.queued == 0)
     for i in range(limit):
         session.handle_message(msg(type="chat", text=f"question {i}"))
     # The streaming reply is the utterance being spoken, not a waiting one (as for say):
