@@ -592,7 +592,7 @@ class RoomMember:
             case Chat(text=text):
                 pipeline.say(text)  # the echo brain, as in a 1:1 session
             case ConfigUpdate(fields=fields):
-                pipeline.voice = dataclasses.replace(pipeline.voice, **fields)
+                pipeline.configure(fields)
 
     def send_event(self, event: Event) -> None:
         self.outbox.send(event)
