@@ -8,7 +8,9 @@ refused). After ``cooldown_s`` one probe utterance (``probe_text``) runs on the 
 (half-open); if it produces audio the breaker closes, otherwise it stays open for another
 cool-down. The probe runs on its own, so readiness comes back without waiting for traffic.
 
-Cancellation (an interrupt, a hang-up) is neither a failure nor a success.
+Cancellation (an interrupt, a hang-up) is neither a failure nor a success, and nor is a
+``RequestError`` (a voice or option the engine refuses): that is one client's mistake, and
+must not take speech down for every session.
 """
 
 from __future__ import annotations
@@ -23,7 +25,14 @@ from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
 
 from agent.config import BreakerSettings
-from agent.engine import PCM, EngineUnavailable, TTSEngine, VoiceOptions
+from agent.engine import (
+    PCM,
+    EngineUnavailable,
+    RequestError,
+    TTSEngine,
+    VoiceOptions,
+    check_voice,
+)
 
 log = logging.getLogger(__name__)
 
@@ -85,12 +94,15 @@ class CircuitBreaker:
             async with aclosing(self.inner.synthesize(text, voice)) as chunks:
                 async for chunk in chunks:
                     yield chunk
-        except (asyncio.CancelledError, GeneratorExit):
+        except (asyncio.CancelledError, GeneratorExit, RequestError):
             raise
         except Exception as exc:
             self._failed(exc)
             raise
         self._succeeded()
+
+    def check_voice(self, voice: VoiceOptions) -> None:
+        check_voice(self.inner, voice)  # the engine's own check, if it has one
 
     # --- state -----------------------------------------------------------------------------
     @property

@@ -7,7 +7,7 @@ to stop promptly when asked.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -33,6 +33,20 @@ class EngineError(Exception):
     """An engine failed to produce speech for a piece of text (reported, session goes on)."""
 
 
+class RequestError(EngineError):
+    """The request itself cannot be spoken (options out of range, an unknown voice): the
+    client's mistake, not an engine fault. Reported to that client alone as ``code``; the
+    circuit breaker does not count it (agent/breaker.py)."""
+
+    code = "bad_config"  # a class attribute: the exception still pickles like any other
+
+
+class UnknownVoice(RequestError):
+    """Not a voice this engine can speak in (not seed:N, a corrupt speaker string...)."""
+
+    code = "unknown_voice"
+
+
 class EngineLoadError(Exception):
     """An engine could not load its model; the message tells the user what to do."""
 
@@ -47,6 +61,10 @@ class TTSEngine(Protocol):
       task iterating it. Either must stop the engine's work for that stream promptly and
       leave every other stream untouched.
     - Heavy work (inference) runs off the event loop.
+    - A request it cannot speak (an unknown voice, options out of range) raises
+      ``RequestError``, not a bare ``EngineError``: the circuit breaker counts only faults.
+      An engine that can tell without speaking also has ``check_voice`` (see ``check_voice``
+      below); it is optional.
     """
 
     name: str
@@ -82,3 +100,15 @@ class TTSEngine(Protocol):
 class EngineUnavailable(EngineError):
     """The engine is not tried at all: it failed repeatedly and the circuit breaker is open
     (agent/breaker.py). Reported to clients as ``tts_unavailable``."""
+
+
+def check_voice(engine: TTSEngine, voice: VoiceOptions) -> None:
+    """Raise ``RequestError`` if ``engine`` can tell now that it cannot speak in ``voice``,
+    so a client hears it when it sets its voice rather than at every utterance after.
+
+    An engine may offer this as a method ``check_voice(voice)``: cheap, as it runs on the event
+    loop, and refusing nothing it would speak. One without it accepts every voice here.
+    """
+    check: Callable[[VoiceOptions], None] | None = getattr(engine, "check_voice", None)
+    if check is not None:
+        check(voice)

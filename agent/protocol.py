@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -116,7 +117,8 @@ def _config_fields(obj: dict[str, Any]) -> dict[str, Any]:
             raise ProtocolError("bad_config", "'voice' must be a string (or null for the default)")
         if isinstance(voice, str) and voice.startswith("seed:"):
             digits = voice[5:]
-            if not digits.isdigit() or int(digits) >= 2**63:
+            # ASCII digits only: str.isdigit() also accepts "²" and "①", which int() refuses.
+            if not re.fullmatch(r"[0-9]+", digits) or int(digits) >= 2**63:
                 raise ProtocolError("bad_config", "'voice' seed:N needs an integer 0 <= N < 2^63")
         fields["voice"] = voice
     if "barge_in" in obj:

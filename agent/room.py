@@ -615,7 +615,7 @@ class RoomMember:
                         "bad_config",
                         "barge_in is a 1:1 call's setting: a room's agent listens to no one",
                     )
-                pipeline.voice = dataclasses.replace(pipeline.voice, **fields)
+                pipeline.configure(fields)
 
     def send_event(self, event: Event) -> None:
         self.outbox.send(event)

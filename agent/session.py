@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 from collections.abc import Coroutine
 from concurrent.futures import Executor
@@ -187,9 +186,10 @@ class AgentSession:
                 return self.conversation.ask(text)
             case ConfigUpdate(fields=fields):
                 fields = dict(fields)
-                if "barge_in" in fields:
-                    self.conversation.barge_in = bool(fields.pop("barge_in"))
-                self.pipeline.voice = dataclasses.replace(self.pipeline.voice, **fields)
+                barge_in = fields.pop("barge_in", None)
+                self.pipeline.configure(fields)  # first: a voice it refuses changes nothing
+                if barge_in is not None:
+                    self.conversation.barge_in = bool(barge_in)
                 return None
         raise ProtocolError("unknown_type", "unsupported message")
 

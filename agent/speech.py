@@ -10,6 +10,7 @@ when the listener gets the audio, not when it was generated.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 import uuid
@@ -22,7 +23,7 @@ from typing import Any
 
 from agent.audio import Framer, Int16Frame, StreamResampler
 from agent.config import SpeechSettings
-from agent.engine import EngineUnavailable, TTSEngine, VoiceOptions
+from agent.engine import EngineUnavailable, RequestError, TTSEngine, VoiceOptions, check_voice
 from agent.opus_rates import FRAMES_PER_SECOND, frame_samples, input_rate_for
 from agent.playout import PlayoutBuffer
 from agent.protocol import MAX_ID_CHARS
@@ -130,6 +131,17 @@ class SpeechPipeline:
     def start(self) -> None:
         if self._worker is None and not self._closed:
             self._worker = asyncio.get_running_loop().create_task(self._run())
+
+    def configure(self, fields: dict[str, Any]) -> None:
+        """Apply a ``config`` message's voice fields. A voice the engine can already tell it
+        cannot speak is refused now (``unknown_voice``), the current one kept, rather than
+        failing every utterance after."""
+        voice = dataclasses.replace(self.voice, **fields)
+        try:
+            check_voice(self.engine, voice)
+        except RequestError as exc:
+            raise SpeechError(exc.code, str(exc)) from None
+        self.voice = voice
 
     def say(self, text: str, utterance_id: str | None = None) -> str:
         text = self._check_text(text)
@@ -372,7 +384,10 @@ class SpeechPipeline:
                 task = asyncio.current_task()
                 if task is not None and task.cancelling():
                     raise  # an engine whose aclose() failed while we were being cancelled
-                log.warning("engine failed on utterance %s: %s", utt.id, exc, exc_info=True)
+                if isinstance(exc, RequestError):  # the client's voice or options
+                    log.info("engine refused utterance %s: %s", utt.id, exc)
+                else:
+                    log.warning("engine failed on utterance %s: %s", utt.id, exc, exc_info=True)
                 self._emit_failure(utt, exc)
                 if engine_samples == segment_start:
                     # Not a sample of this segment was made: its caption would announce
@@ -387,16 +402,14 @@ class SpeechPipeline:
 
     def _emit_failure(self, utt: Utterance, exc: Exception) -> None:
         self.stats.engine_errors += 1
-        # An open circuit breaker: the engine was not even tried (agent/breaker.py).
-        unavailable = isinstance(exc, EngineUnavailable)
-        self._emit(
-            {
-                "type": "error",
-                "code": "tts_unavailable" if unavailable else "tts_failed",
-                "message": f"speech engine {'unavailable' if unavailable else 'failed'}: {exc}",
-                "id": utt.id,
-            }
-        )
+        if isinstance(exc, RequestError):  # e.g. unknown_voice: the client has to change it
+            code, message = exc.code, str(exc)
+        elif isinstance(exc, EngineUnavailable):
+            # An open circuit breaker: the engine was not even tried (agent/breaker.py).
+            code, message = "tts_unavailable", f"speech engine unavailable: {exc}"
+        else:
+            code, message = "tts_failed", f"speech engine failed: {exc}"
+        self._emit({"type": "error", "code": code, "message": message, "id": utt.id})
 
     def _fire_now(self, marks: list[tuple[int, Callable[[], None]]]) -> None:
         """Marks that never got a frame (no audio produced) fire in playout order."""

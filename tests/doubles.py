@@ -14,7 +14,7 @@ import numpy as np
 import numpy.typing as npt
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
-from agent.engine import PCM, EngineError, VoiceOptions
+from agent.engine import PCM, EngineError, UnknownVoice, VoiceOptions
 
 
 def tone_frequency(text: str) -> float:
@@ -141,7 +141,9 @@ class ClipEngine(ToneEngine):
 
 class FailingEngine(ToneEngine):
     """A ToneEngine that fails when told: ``mode`` is ``"ok"``, ``"start"`` (raises before
-    any audio) or ``"midway"`` (raises after ``good_chunks`` chunks of audio)."""
+    any audio), ``"midway"`` (raises after ``good_chunks`` chunks of audio) or ``"refuse"``
+    (refuses every voice, as an engine that finds out only when it speaks). Like ChatTTS, its
+    ``check_voice`` refuses voices other than ``seed:N`` when a client sets them."""
 
     name = "failing"
 
@@ -151,7 +153,14 @@ class FailingEngine(ToneEngine):
         self.good_chunks = 3
         self.failures = 0
 
+    def check_voice(self, voice: VoiceOptions) -> None:
+        if voice.voice is not None and not voice.voice.startswith("seed:"):
+            raise UnknownVoice(f"unknown voice {voice.voice[:40]!r}")
+
     async def synthesize(self, text: str, voice: VoiceOptions) -> AsyncGenerator[PCM, None]:
+        self.check_voice(voice)
+        if self.mode == "refuse":
+            raise UnknownVoice(f"unknown voice {voice.voice!r}: no speaker for it")
         if self.mode == "start":
             self.failures += 1
             raise EngineError("the engine's worker crashed")

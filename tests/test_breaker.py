@@ -125,6 +125,38 @@ async def test_repeated_failures_open_the_breaker_and_a_probe_closes_it(
             await client.close()
 
 
+async def test_one_clients_unusable_voice_is_its_error_not_an_engine_failure(
+    live_server: LiveServer,
+) -> None:
+    """One client's bad voice took speech down for every session: the breaker counted the
+    engine's "unknown voice" as an engine failure, so a few utterances in a typo'd voice opened
+    it (tts_unavailable for everyone, /readyz unready). Now an engine that can tell refuses
+    the voice at ``config`` (unknown_voice, the voice in use kept); a refusal found only when
+    speaking is that utterance's unknown_voice; neither counts as a failure."""
+    engine = live_server.engine
+    assert isinstance(engine, FailingEngine)
+    async with aiohttp.ClientSession() as http:
+        client = RtcClient(live_server.url, http)
+        await client.connect()
+        try:
+            client.send({"type": "config", "voice": "my-favourite-voice"})
+            error = await client.wait_event(lambda e: e["type"] == "error")
+            assert error["code"] == "unknown_voice" and "my-favourite-voice" in error["message"]
+            events = await say(client, "kept")
+            assert not [e for e in events if e["type"] == "error"]
+            engine.mode = "refuse"
+            for n in range(BREAKER.failures + 1):
+                events = await say(client, f"r{n}")
+                assert [e["code"] for e in events if e["type"] == "error"] == ["unknown_voice"]
+            assert (await readyz(http, live_server.url))[0] == 200
+            engine.mode = "ok"
+            events = await say(client, "fine")
+            assert not [e for e in events if e["type"] == "error"]
+            assert events[-1] == {"type": "speech.ended", "id": "fine", "interrupted": False}
+        finally:
+            await client.close()
+
+
 async def test_interrupts_are_not_failures(live_server: LiveServer) -> None:
     async with aiohttp.ClientSession() as http:
         client = RtcClient(live_server.url, http)

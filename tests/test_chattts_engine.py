@@ -9,20 +9,20 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
+from agent.breaker import CircuitBreaker
 from agent.chattts.engine import ChatTTSEngine
 from agent.chattts.scheduler import SAMPLE_RATE, Stream
-from agent.config import ChatTTSSettings
-from agent.engine import EngineError, TTSEngine, VoiceOptions
+from agent.config import BreakerSettings, ChatTTSSettings
+from agent.engine import EngineError, TTSEngine, UnknownVoice, VoiceOptions
 from tests.conftest_chattts import TEST_DEVICE
 
 # Session fixtures (tiny checkpoint, loaded Chat, started engine), shared by both modules.
 pytest_plugins = ["tests.conftest_chattts"]
 
 
-async def collect(
-    engine: ChatTTSEngine, text: str, voice: VoiceOptions | None = None
-) -> np.ndarray:
+async def collect(engine: TTSEngine, text: str, voice: VoiceOptions | None = None) -> np.ndarray:
     chunks = [c async for c in engine.synthesize(text, voice or VoiceOptions())]
     for c in chunks:
         assert c.dtype == np.float32 and c.ndim == 1 and len(c) > 0
@@ -237,6 +237,40 @@ async def test_voice_options(chattts_engine: ChatTTSEngine) -> None:
     ):
         with pytest.raises(EngineError):
             await collect(chattts_engine, "bad options", bad)
+
+
+async def test_a_bad_voice_is_the_clients_error_and_does_not_open_the_breaker(
+    chattts_engine: ChatTTSEngine,
+) -> None:
+    """One client's bad voice took speech down for every session: ChatTTS's "unknown voice"
+    (and the sampling failure a NaN speaker string led to) reached the circuit breaker as
+    engine failures, so a few utterances in a typo'd voice opened it for everyone. They are
+    UnknownVoice now, found before any work (check_voice too), and the breaker lets them by."""
+    assert chattts_engine.model is not None and chattts_engine.scheduler is not None
+    encode = chattts_engine.model.chat.speaker._encode
+    dim = int(chattts_engine.model.chat.config.gpt.hidden_size)
+    bad = [
+        "my-favourite-voice",
+        "seed:x",
+        encode(torch.full((dim,), float("nan"))),
+        encode(torch.zeros(dim)),  # NaN too, once ChatTTS scales it to unit length in float16
+        encode(torch.ones(dim + 2)),
+    ]
+    breaker = CircuitBreaker(chattts_engine, BreakerSettings(failures=2))
+    refusals = []
+    for voice in bad:
+        with pytest.raises(EngineError) as info:
+            await collect(breaker, "hello there", VoiceOptions(voice=voice))
+        refusals.append(info.value)
+    assert breaker.unavailable is None  # every other session still speaks
+    assert len(await collect(breaker, "good morning")) > 0
+    assert all(isinstance(e, UnknownVoice) for e in refusals), refusals
+    for voice in bad:
+        with pytest.raises(UnknownVoice):
+            breaker.check_voice(VoiceOptions(voice=voice))  # at config, before any utterance
+    good = chattts_engine.scheduler._voices.speaker_string(42)
+    for voice in (good, "seed:7", "none", None):
+        breaker.check_voice(VoiceOptions(voice=voice))
 
 
 async def test_text_that_normalizes_to_nothing_yields_no_audio(

@@ -164,6 +164,30 @@ def test_loader_rejects_missing_and_tampered_models(tiny_model_dir: Path, tmp_pa
         load_chat(ChatTTSSettings(model_dir=bad, device="cpu"))
 
 
+def test_loader_says_what_is_wrong_with_a_bad_model_dir(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """A --model-dir that was a file was taken for a Hugging Face cache and reported as a
+    network problem; a manifest.json that was not JSON, or lacked "dims", escaped as a raw
+    JSONDecodeError / KeyError. Each is now a ModelLoadError saying what is wrong."""
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    with pytest.raises(ModelLoadError, match="is not a directory"):
+        load_chat(ChatTTSSettings(model_dir=a_file, device="cpu"))
+    not_json = tmp_path / "not-json"
+    shutil.copytree(tiny_model_dir, not_json)
+    (not_json / "manifest.json").write_text("{not json")
+    with pytest.raises(ModelLoadError, match=r"manifest\.json is not valid JSON"):
+        load_chat(ChatTTSSettings(model_dir=not_json, device="cpu"))
+    no_dims = tmp_path / "no-dims"
+    shutil.copytree(tiny_model_dir, no_dims)
+    manifest = json.loads((no_dims / "manifest.json").read_text())
+    del manifest["dims"]
+    (no_dims / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ModelLoadError, match=r"manifest\.json is incomplete.*'dims'"):
+        load_chat(ChatTTSSettings(model_dir=no_dims, device="cpu"))
+
+
 def test_tiny_model_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from agent.chattts.tiny import main, read_manifest
 

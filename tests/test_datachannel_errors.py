@@ -8,6 +8,7 @@ import aiohttp
 import pytest
 
 from agent.config import Config, SpeechSettings
+from agent.protocol import ProtocolError, parse_message
 from tests.conftest import LiveServer
 from tests.rtc_client import RtcClient
 
@@ -51,6 +52,16 @@ async def test_bad_messages_get_error_events_and_session_lives_on(live_server: L
             assert ended == {"type": "speech.ended", "id": "ok", "interrupted": False}
         finally:
             await client.close()
+
+
+@pytest.mark.parametrize("voice", ["seed:\u00b2", "seed:\u2460", "seed:\u0663"])
+def test_a_seed_of_other_digits_is_bad_config(voice: str) -> None:
+    """``seed:²`` answered ``internal``: str.isdigit() accepts superscript and circled digits,
+    which int() then refuses (and Arabic-Indic ones, which it takes). A seed is ASCII digits;
+    anything else is ``bad_config``."""
+    with pytest.raises(ProtocolError) as info:
+        parse_message(json.dumps({"type": "config", "voice": voice}), 65_536)
+    assert info.value.code == "bad_config"
 
 
 @pytest.fixture

@@ -17,6 +17,7 @@ from collections.abc import AsyncGenerator, Callable
 from agent.chattts.decode import StreamParams, auto_growth
 from agent.chattts.loader import LoadedModel, load_chat
 from agent.chattts.scheduler import SAMPLE_RATE, Scheduler
+from agent.chattts.voices import VoiceBank
 from agent.config import ChatTTSSettings
 from agent.engine import PCM, EngineError, VoiceOptions
 from agent.text.normalize import normalize_for_tts
@@ -42,6 +43,8 @@ class ChatTTSEngine:
         )
         self.model: LoadedModel | None = None
         self.scheduler: Scheduler | None = None
+        # check_voice's, on the event loop (the worker has its own).
+        self._voices: VoiceBank | None = None
         self._ready = False
         self._start_lock = asyncio.Lock()
 
@@ -60,6 +63,9 @@ class ChatTTSEngine:
                 return
             if self.model is None:
                 self.model = await _in_daemon_thread(load_chat, self.settings)
+                self._voices = VoiceBank(
+                    self.model.chat, self.settings.default_voice, self.settings.max_new_tokens
+                )
             if self.scheduler is None:
                 self.scheduler = Scheduler(
                     self.model.chat,
@@ -94,6 +100,13 @@ class ChatTTSEngine:
             await asyncio.to_thread(self.scheduler.stop)
             self.scheduler = None
         self.model = None
+        self._voices = None
+
+    def check_voice(self, voice: VoiceOptions) -> None:
+        """Raise ``RequestError`` (``UnknownVoice``) if ``voice`` cannot be spoken: cheap,
+        for the event loop. Before ``start`` nothing is known, so nothing is refused."""
+        if self._voices is not None:
+            self._voices.check(voice)
 
     async def synthesize(self, text: str, voice: VoiceOptions) -> AsyncGenerator[PCM, None]:
         if not self._ready:
@@ -106,6 +119,9 @@ class ChatTTSEngine:
     async def _stream(self, text: str, voice: VoiceOptions) -> AsyncGenerator[PCM, None]:
         if self.scheduler is None:
             raise EngineError("ChatTTS engine is not started")
+        # Refused here rather than by the worker, which reports every error as a plain
+        # EngineError: the circuit breaker must tell a client's bad voice from a fault.
+        self.check_voice(voice)
         stream = self.scheduler.submit(text, voice)
         try:
             while (chunk := await stream.get()) is not None:

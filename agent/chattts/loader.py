@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from agent.chattts.tiny import apply_dims, dims_from_manifest, read_manifest
+from agent.chattts.tiny import MANIFEST_NAME, apply_dims, dims_from_manifest, read_manifest
 from agent.config import ChatTTSSettings
 from agent.engine import EngineLoadError
 from agent.threads import cores
@@ -54,6 +54,8 @@ def ensure_downloaded(settings: ChatTTSSettings) -> None:
     """
     if settings.model_dir is not None and (Path(settings.model_dir) / "asset").is_dir():
         return
+    if settings.model_dir is not None:
+        _not_a_file(Path(settings.model_dir).expanduser())
     import ChatTTS
 
     custom = str(Path(settings.model_dir).expanduser()) if settings.model_dir else None
@@ -95,11 +97,9 @@ def load_chat(settings: ChatTTSSettings) -> LoadedModel:
         model_dir = Path(settings.model_dir).expanduser()
         if not model_dir.exists():
             raise ModelLoadError(f"model directory {model_dir} does not exist")
-        manifest = read_manifest(model_dir)
+        _not_a_file(model_dir)
+        manifest = _apply_manifest(chat, model_dir)
         if manifest is not None:
-            apply_dims(chat, dims_from_manifest(manifest))
-            # Our files, our hashes: ChatTTS still verifies every file against this table.
-            chat.sha256_map = dict(manifest["sha256"])
             log.warning(
                 "loading a RANDOM-WEIGHT ChatTTS checkpoint (%s, size=%s): it speaks noise",
                 model_dir,
@@ -131,3 +131,31 @@ def load_chat(settings: ChatTTSSettings) -> LoadedModel:
         random_weights=manifest is not None,
         manifest=manifest,
     )
+
+
+def _not_a_file(model_dir: Path) -> None:
+    # Otherwise a file would be taken for a Hugging Face cache directory, and the download
+    # into it reported as a network problem.
+    if model_dir.exists() and not model_dir.is_dir():
+        raise ModelLoadError(f"model directory {model_dir} is not a directory")
+
+
+def _apply_manifest(chat: Any, model_dir: Path) -> dict[str, Any] | None:
+    """If ``model_dir`` is a random checkpoint built here, point ``chat`` at its dimensions
+    and hashes and return its manifest; None for any other directory. A damaged manifest is a
+    ``ModelLoadError`` naming the file, not a JSONDecodeError or KeyError from deep inside."""
+    path = model_dir / MANIFEST_NAME
+    rebuild = "rebuild the model with `voice-agent tiny-model DIR`"
+    try:
+        manifest = read_manifest(model_dir)
+        if manifest is not None:
+            apply_dims(chat, dims_from_manifest(manifest))
+            # Our files, our hashes: ChatTTS still verifies every file against this table.
+            chat.sha256_map = dict(manifest["sha256"])
+        return manifest
+    except OSError as e:
+        raise ModelLoadError(f"cannot read {path}: {e}") from e
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
+        raise ModelLoadError(f"{path} is not valid JSON ({e}): {rebuild}") from e
+    except (KeyError, TypeError) as e:  # a field missing, or of the wrong kind
+        raise ModelLoadError(f"{path} is incomplete or damaged ({e!r}): {rebuild}") from e

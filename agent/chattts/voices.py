@@ -10,15 +10,22 @@ given (text, voice, options) always produces the same audio.
 from __future__ import annotations
 
 import hashlib
+import lzma
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
+import pybase16384 as b14
 import torch
+import torch.nn.functional as F
 
 from agent.chattts.gpt import Sampling
-from agent.engine import EngineError, VoiceOptions
+from agent.engine import RequestError, UnknownVoice, VoiceOptions
 
 DEFAULT_SPEED = 5
+# How ChatTTS compresses a speaker string (ChatTTS.model.speaker.Speaker._encode).
+SPEAKER_FILTERS = [{"id": lzma.FILTER_LZMA2, "preset": 9 | lzma.PRESET_EXTREME}]
 
 
 @dataclass(frozen=True)
@@ -35,7 +42,30 @@ def parse_seed(voice: str) -> int | None:
     try:
         return int(voice[5:])
     except ValueError as e:
-        raise EngineError(f"bad voice {voice!r}: expected seed:<integer>") from e
+        raise UnknownVoice(f"bad voice {voice[:40]!r}: expected seed:<integer>") from e
+
+
+def decode_speaker(voice: str, dim: int) -> npt.NDArray[np.float16]:
+    """The embedding of a ChatTTS speaker string (what ``Speaker._decode`` reads), or
+    ``UnknownVoice``. Decompresses no more than ``dim`` values need: a crafted string of a few
+    kB must not expand to megabytes, on the event loop (``VoiceBank.check``) or the worker."""
+    try:
+        packed = b14.decode_from_string(voice)
+        raw = lzma.LZMADecompressor(lzma.FORMAT_RAW, filters=SPEAKER_FILTERS).decompress(
+            packed, max_length=2 * dim + 2
+        )
+        arr = np.frombuffer(raw, dtype=np.float16).copy()
+    except Exception as e:  # lzma / base16384 errors: not a speaker string
+        raise UnknownVoice(f"unknown voice {voice[:40]!r}: not seed:N nor a ChatTTS speaker") from e
+    if arr.shape != (dim,):
+        got = f"more than {dim}" if arr.size > dim else str(arr.size)
+        raise UnknownVoice(f"speaker string has {got} values, model needs {dim}")
+    # ChatTTS scales the embedding to unit length in float16 (Speaker.apply): NaN or infinite
+    # values, or a vector too short for float16 (zeros), come out NaN, and every sampling step
+    # of the utterance then fails: the string is corrupt, not the engine.
+    if not torch.isfinite(F.normalize(torch.from_numpy(arr), p=2.0, dim=0, eps=1e-12)).all():
+        raise UnknownVoice("the speaker string holds NaN, infinite or zero values")
+    return arr
 
 
 class VoiceBank:
@@ -59,6 +89,14 @@ class VoiceBank:
         """The ChatTTS speaker string of ``seed:N`` (portable to any ChatTTS install)."""
         return str(self._chat.speaker._encode(self.speaker_for_seed(seed)))
 
+    def check(self, opts: VoiceOptions) -> None:
+        """Raise ``RequestError`` where ``resolve`` would. Cheap and without the model or
+        the device, so the event loop can call it while the worker speaks."""
+        voice = opts.voice or self._default
+        if voice != "none" and parse_seed(voice) is None:
+            decode_speaker(voice, self._dim)
+        self._options(opts)
+
     def resolve(self, opts: VoiceOptions) -> ResolvedVoice:
         voice = opts.voice or self._default
         seed = parse_seed(voice)
@@ -69,21 +107,16 @@ class VoiceBank:
         elif seed is not None:
             spk_emb = self.speaker_for_seed(seed)
         else:
-            try:
-                arr = self._chat.speaker._decode(voice)
-            except Exception as e:  # lzma / base16384 errors: not a speaker string
-                raise EngineError(
-                    f"unknown voice {voice[:40]!r}: not seed:N nor a ChatTTS speaker"
-                ) from e
-            if arr.shape != (self._dim,):
-                raise EngineError(
-                    f"speaker string has {arr.shape[0]} values, model needs {self._dim}"
-                )
-            spk_emb = torch.from_numpy(arr)
+            spk_emb = torch.from_numpy(decode_speaker(voice, self._dim))
             seed = int.from_bytes(hashlib.sha256(voice.encode()).digest()[:4], "little")
+        prompt, sampling = self._options(opts)
+        return ResolvedVoice(spk_emb=spk_emb, prompt=prompt, sampling=sampling, seed=seed)
+
+    def _options(self, opts: VoiceOptions) -> tuple[str, Sampling]:
+        """The code prompt and sampling of ``opts``, or ``RequestError``."""
         speed = DEFAULT_SPEED if opts.speed is None else opts.speed
         if not 0 <= speed <= 9:
-            raise EngineError(f"speed must be 0..9, got {speed}")
+            raise RequestError(f"speed must be 0..9, got {speed}")
         defaults = Sampling()
         sampling = Sampling(
             temperature=defaults.temperature
@@ -95,7 +128,5 @@ class VoiceBank:
             max_new_tokens=self._max_new_tokens,
         )
         if sampling.temperature <= 0 or not 0 < sampling.top_p <= 1 or sampling.top_k < 1:
-            raise EngineError("temperature must be > 0, top_p in (0, 1], top_k >= 1")
-        return ResolvedVoice(
-            spk_emb=spk_emb, prompt=f"[speed_{speed}]", sampling=sampling, seed=seed
-        )
+            raise RequestError("temperature must be > 0, top_p in (0, 1], top_k >= 1")
+        return f"[speed_{speed}]", sampling
