@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
+import logging
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -12,10 +15,12 @@ import pytest
 import torch
 
 from agent.breaker import CircuitBreaker
-from agent.chattts.engine import ChatTTSEngine
+from agent.chattts.decode import SAMPLES_PER_TOKEN
+from agent.chattts.engine import ChatTTSEngine, speech_tokens, split_spoken
 from agent.chattts.scheduler import SAMPLE_RATE, Stream
 from agent.config import BreakerSettings, ChatTTSSettings
 from agent.engine import EngineError, TTSEngine, UnknownVoice, VoiceOptions
+from agent.text.normalize import normalize_for_tts
 from tests.conftest_chattts import TEST_DEVICE
 
 # Session fixtures (tiny checkpoint, loaded Chat, started engine), shared by both modules.
@@ -286,3 +291,55 @@ async def test_numbers_are_spoken_once_the_text_normalizer_is_there(
     # ChatTTS alone drops digits; the project's normalizer spells them out first.
     digits = await collect(chattts_engine, "123456")
     assert len(digits) / SAMPLE_RATE > 1.0
+
+
+# max_new_tokens of capped_engine: 5.5 s of speech per generation.
+_CAP = 256
+
+
+@pytest.fixture(scope="module")
+def capped_engine(tiny_settings: ChatTTSSettings) -> Iterator[ChatTTSEngine]:
+    engine = ChatTTSEngine(dataclasses.replace(tiny_settings, max_new_tokens=_CAP))
+    asyncio.run(engine.start())
+    yield engine
+    asyncio.run(engine.close())
+
+
+async def test_numbers_spelled_out_past_max_new_tokens_are_all_spoken(
+    capped_engine: ChatTTSEngine, caplog: pytest.LogCaptureFixture
+) -> None:
+    # 55 characters, but spelled out 303: one generation would stop at max_new_tokens with
+    # the rest of the text unspoken (while its caption shows all of it).
+    text = "Prices: $1,234,567.89, $2,345,678.90 and $3,456,789.01."
+    spoken = normalize_for_tts(text)
+    assert len(spoken) > 4 * len(text)
+    with caplog.at_level(logging.WARNING, logger="agent.chattts.gpt"):
+        audio = await collect(capped_engine, text)
+    # The tiny model says about 4 tokens per character (agent/chattts/tiny.py).
+    assert len(audio) > 1.5 * _CAP * SAMPLES_PER_TOKEN
+    assert len(audio) > 0.8 * 4 * len(spoken) * SAMPLES_PER_TOKEN
+    assert "max_new_tokens" not in caplog.text  # no generation was cut off
+
+
+async def test_a_generation_cut_off_at_max_new_tokens_is_logged(
+    capped_engine: ChatTTSEngine, caplog: pytest.LogCaptureFixture
+) -> None:
+    sched = capped_engine.scheduler
+    assert sched is not None
+    # Straight to the scheduler, past the engine's planning: far more than 256 tokens.
+    stream = sched.submit("a sentence that goes on and on " * 6, VoiceOptions())
+    with caplog.at_level(logging.WARNING, logger="agent.chattts.gpt"):
+        await drain(stream)
+    assert stream.stats.tokens == _CAP
+    assert f"speech cut off at max_new_tokens={_CAP}" in caplog.text
+
+
+def test_spoken_text_is_split_at_stops_then_pauses_then_words() -> None:
+    spoken = "One two three. Four five, six seven eight nine ten eleven."
+    pieces = split_spoken(spoken, 100)
+    assert pieces == ["One two three.", "Four five,", "six seven eight nine ten", "eleven."]
+    assert all(speech_tokens(p) <= 100 for p in pieces)
+    chinese = "今天天气很好，我们一起去公园散步吧。然后去吃饭"
+    assert split_spoken(chinese, 150) == ["今天天气很好，", "我们一起去公园散步吧。", "然后去吃饭"]
+    assert split_spoken("一二三四五六七八九十", 40) == ["一二三", "四五六", "七八九", "十"]
+    assert split_spoken("short enough.", 100) == ["short enough."]

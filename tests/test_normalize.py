@@ -198,6 +198,32 @@ CASES: list[tuple[str, str | None, str]] = [
     ("3 pm", "zh", "下午三点"),
     ("你好 5", "en", "你好 five"),
     ("Hello 5", "zh-CN", "Hello 五"),
+    # Readings that must keep the meaning: Chinese writes a minus sign right after a
+    # character, a dashed phone number is not a range, a dash between times is "to", an
+    # exponent is not a digit of its base, "No." before a number is "number".
+    ("气温-5度", None, "气温负五度"),
+    ("余额-100元", None, "余额负一百元"),
+    ("今天最低气温-10°C", None, "今天最低气温负十摄氏度"),
+    (
+        "Call 1-800-555-1234.",
+        None,
+        "Call one, eight zero zero, five five five, one two three four.",
+    ),
+    ("我的电话是138-1234-5678。", None, "我的电话是一三八，一二三四，五六七八。"),
+    ("电话：010-12345678", None, "电话，零一零，一二三四五六七八"),
+    ("Open 9am-5pm.", None, "Open nine A M to five P M."),
+    ("The meeting is 10:00-11:30.", None, "The meeting is ten o clock to eleven thirty."),
+    ("Open 9 a.m. - 5 p.m. Then we close.", None, "Open nine A M to five P M. Then we close."),
+    ("It runs 9-5pm.", None, "It runs nine to five P M."),
+    ("会议9:00-11:30", None, "会议九点到十一点三十分"),
+    ("10³ is a thousand", None, "ten cubed is a thousand"),
+    ("The flat is 50 m².", None, "The flat is fifty square meters."),
+    ("9.8 m/s²", None, "nine point eight meters per second squared"),
+    ("2^10 = 1024", None, "two to the power of ten equals one thousand twenty four"),
+    ("10⁻³ and x²", None, "ten to the power of minus three and x squared"),
+    ("面积50 m²，2^10", None, "面积五十平方米，二的十次方"),
+    ("See No. 5 first.", None, "See number five first."),
+    ("请看No. 5", None, "请看五号"),
 ]
 
 

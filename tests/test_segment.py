@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from agent.text.normalize import normalize_for_tts
 from agent.text.segment import Segmenter, split_text
 
 # (text, expected segments) with the default max_chars.
@@ -124,6 +125,28 @@ LONG: list[tuple[str, int, list[str]]] = [
             "is example.com/path today",
         ],
     ),
+    # A URL or an address is cut around, never inside (the normalizer reads a whole one as
+    # its host name, a cut-off tail character by character); one too long is a piece alone.
+    (
+        "Read the guide at https://docs.example.com/section-1/section-2/section-3?q=1 before"
+        " you start.",
+        40,
+        [
+            "Read the guide at",
+            "https://docs.example.com/section-1/section-2/section-3?q=1",
+            "before you start.",
+        ],
+    ),
+    (
+        "See https://en.example.org/wiki/Mercury_(planet)?(ref) for the facts",
+        50,
+        ["See", "https://en.example.org/wiki/Mercury_(planet)?(ref)", "for the facts"],
+    ),
+    (
+        "Write to a.very.long.name.for.testing@example.com today",
+        20,
+        ["Write to", "a.very.long.name.for.testing@example.com", "today"],
+    ),
 ]
 
 LLM_ANSWER = (
@@ -201,6 +224,19 @@ def test_abbreviation_at_delta_end_waits_for_next_word() -> None:
     assert segmenter.flush() == ["Ask Dr. Lee now."]
 
 
+def test_a_long_url_is_one_segment_streamed_or_not_and_read_as_its_host() -> None:
+    url = "https://docs.example.com/" + "/".join(f"section-{i}" for i in range(30)) + "?q=1"
+    text = f"Read the guide at {url} before you start."
+    assert len(url) > 200
+    assert split_text(text) == ["Read the guide at", url, "before you start."]
+    segmenter = Segmenter()
+    streamed: list[str] = []
+    for ch in text:  # the URL is longer than max_chars long before it is complete
+        streamed += segmenter.push(ch)
+    assert streamed + segmenter.flush() == split_text(text)
+    assert normalize_for_tts(url) == "docs dot example dot com"
+
+
 def test_long_unterminated_text_is_emitted_early_in_clauses() -> None:
     segmenter = Segmenter(max_chars=40)
     out: list[str] = []
@@ -234,8 +270,14 @@ def test_bad_limits_are_rejected(max_chars: int, min_chars: int) -> None:
         Segmenter(max_chars=max_chars, min_chars=min_chars)
 
 
-_TRICKY = st.sampled_from(list('ab Z1.!?;,:。！？；，、\n $3.50 U.S. Mr. 你好 e.g. ...…"”'))
-_DELTAS = st.lists(st.one_of(st.text(max_size=12), st.text(alphabet=_TRICKY, max_size=12)))
+_TRICKY = st.sampled_from(list('ab Z1.!?;,:。！？；，、\n $3.50 U.S. Mr. 你好 e.g. ...…"”@/'))
+_DELTAS = st.lists(
+    st.one_of(
+        st.text(max_size=12),
+        st.text(alphabet=_TRICKY, max_size=12),
+        st.sampled_from([" https://", " www.", "example.com/", "a.b@c.d"]),
+    )
+)
 
 
 @settings(max_examples=300, deadline=None)
@@ -245,16 +287,24 @@ def test_stream_invariants(deltas: list[str], max_chars: int) -> None:
     out: list[str] = []
     for delta in deltas:
         out += segmenter.push(delta)
-        assert len(segmenter._buf) <= max_chars  # memory stays bounded
+        # Memory stays bounded, but for a URL or an address still arriving (never cut).
+        assert len(segmenter._buf) <= max_chars or _unbreakable(segmenter._buf)
     out += segmenter.flush()
     for segment in out:
-        assert segment and segment == segment.strip() and len(segment) <= max_chars
+        assert segment and segment == segment.strip()
+        assert len(segment) <= max_chars or _unbreakable(segment)
 
     # Nothing is lost or reordered: only whitespace at the cuts and orphan closing quotes.
     def visible(text: str) -> str:
         return "".join(text.split()).translate(_DROP_ORPHANS)
 
     assert visible("".join(out)) == visible("".join(deltas))
+
+
+def _unbreakable(text: str) -> bool:
+    """Looks like one URL or e-mail address (neither holds whitespace)."""
+    address = "@" in text or "://" in text or "www." in text.lower()
+    return address and not any(c.isspace() for c in text)
 
 
 _DROP_ORPHANS = str.maketrans("", "", "”」』）】》")

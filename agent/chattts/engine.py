@@ -3,6 +3,11 @@
 Load once (``start``), then every ``synthesize`` call becomes a stream of the shared
 ``Scheduler``: first audio after ``first_chunk_tokens`` generated tokens, seamless chunks,
 continuous batching across sessions, per-stream cancellation and backpressure.
+
+A generation stops at ``max_new_tokens`` (2048 tokens, 43.7 s) wherever its text is, so text
+whose speech might not fit is spoken as several generations, one after the other: segments
+are at most 200 raw characters, but spelled out, numbers are several times longer
+("$1,234,567.89" is eighteen words). The caller still sees one stream for its text.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import re
 import threading
 from collections.abc import AsyncGenerator, Callable
 
@@ -24,6 +30,57 @@ from agent.text.normalize import normalize_for_tts
 from agent.threads import job_settling
 
 log = logging.getLogger(__name__)
+
+# Estimated audio tokens (21.3 ms each) per character of normalized text, on the slow side of
+# ChatTTS's speech: ~12 Latin characters (two words) or ~3.6 Chinese characters a second.
+_TOKENS_PER_CHAR = 4
+_TOKENS_PER_CJK_CHAR = 13
+_CJK = re.compile(r"[\u4e00-\u9fff，。、]")
+# Share of max_new_tokens a generation is planned to need: voices and speeds differ from the
+# estimate by up to about 2x, and a cut-off generation loses the rest of its text.
+_PLANNED_SHARE = 0.5
+_STOPS = ".。"
+_PAUSES = ",，、"
+
+
+def speech_tokens(spoken: str) -> int:
+    """Estimated audio tokens for normalized text (``normalize_for_tts``'s output)."""
+    cjk = len(_CJK.findall(spoken))
+    return _TOKENS_PER_CJK_CHAR * cjk + _TOKENS_PER_CHAR * (len(spoken) - cjk)
+
+
+def split_spoken(spoken: str, max_tokens: int) -> list[str]:
+    """Cut normalized text into pieces of at most ``max_tokens`` estimated audio tokens.
+
+    Cuts after the last sentence stop that fits, else after the last pause, else at the last
+    gap between words (or next to a Chinese character), else inside a word as a last resort.
+    In normalized text every "." is a stop and every "," a pause: numbers are words by then.
+    """
+    pieces: list[str] = []
+    spoken = spoken.strip()
+    while speech_tokens(spoken) > max_tokens:
+        fits = 0  # spoken[:fits] is the longest head within max_tokens (at least one char)
+        spent = 0
+        for ch in spoken:
+            spent += _TOKENS_PER_CJK_CHAR if _CJK.match(ch) else _TOKENS_PER_CHAR
+            if spent > max_tokens:
+                break
+            fits += 1
+        fits = max(fits, 1)
+        cut = 1 + max(spoken.rfind(c, 0, fits) for c in _STOPS)
+        if not cut:
+            cut = 1 + max(spoken.rfind(c, 0, fits) for c in _PAUSES)
+        if not cut:
+            cut = next((i for i in range(fits, 0, -1) if _word_gap(spoken[i - 1], spoken[i])), fits)
+        pieces.append(spoken[:cut].strip())
+        spoken = spoken[cut:].strip()
+    if spoken:
+        pieces.append(spoken)
+    return pieces
+
+
+def _word_gap(before: str, after: str) -> bool:
+    return after == " " or _CJK.match(before) is not None or _CJK.match(after) is not None
 
 
 class ChatTTSEngine:
@@ -122,13 +179,31 @@ class ChatTTSEngine:
         # Refused here rather than by the worker, which reports every error as a plain
         # EngineError: the circuit breaker must tell a client's bad voice from a fault.
         self.check_voice(voice)
-        stream = self.scheduler.submit(text, voice)
-        try:
-            while (chunk := await stream.get()) is not None:
-                yield chunk
-        finally:
-            # Normal end, aclose() or task cancellation: only this stream's row is dropped.
-            stream.cancel()
+        # Normalizing to measure is text work (~1 ms, ~10 ms for a 200-digit run): off the
+        # loop, which paces every session's packets.
+        for piece in await asyncio.to_thread(self._generations, text):
+            stream = self.scheduler.submit(piece, voice)
+            try:
+                while (chunk := await stream.get()) is not None:
+                    yield chunk
+            finally:
+                # Normal end, aclose() or task cancellation: only this stream's row is dropped.
+                stream.cancel()
+
+    def _generations(self, text: str) -> list[str]:
+        """The texts to generate one after the other to speak all of ``text``.
+
+        ``text`` itself when its speech fits well within max_new_tokens (the scheduler
+        normalizes it), else its normalized form in pieces that do (normalizing those again
+        leaves them as they are).
+        """
+        budget = int(self.settings.max_new_tokens * _PLANNED_SHARE)
+        spoken = normalize_for_tts(text)
+        if speech_tokens(spoken) <= budget:
+            return [text]
+        pieces = split_spoken(spoken, budget)
+        log.debug("text of %d characters spoken as %d generations", len(text), len(pieces))
+        return pieces
 
 
 async def _in_daemon_thread(

@@ -17,6 +17,7 @@ DynamicCache (and therefore ChatTTS) does every token.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,7 +25,13 @@ from typing import Any
 import torch
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
 
+from agent.chattts.decode import SAMPLES_PER_TOKEN
+
 KV = list[tuple[torch.Tensor, torch.Tensor]]
+
+log = logging.getLogger(__name__)
+
+_SECONDS_PER_TOKEN = SAMPLES_PER_TOKEN / 24_000  # ChatTTS's output rate
 
 
 @dataclass(frozen=True)
@@ -50,6 +57,7 @@ class Row:
     hiddens: list[torch.Tensor] = field(default_factory=list)  # (H,) each, decoder input
     finished: bool = False
     parked_kv: KV | None = None
+    text_chars: int = 0  # of the text it speaks, for the log
 
     @property
     def n_tokens(self) -> int:
@@ -103,7 +111,13 @@ class BatchedGPT:
             repetition_penalty=sampling.repetition_penalty,
         )
         gen = torch.Generator(device=self.out_device).manual_seed(seed)
-        return Row(emb=emb, sampling=sampling, generator=gen, processors=(*processors, *warpers))
+        return Row(
+            emb=emb,
+            sampling=sampling,
+            generator=gen,
+            processors=(*processors, *warpers),
+            text_chars=len(text),
+        )
 
     # -- sampling ------------------------------------------------------------------------
     def _heads(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -137,7 +151,18 @@ class BatchedGPT:
 
     def _accept(self, row: Row, hidden: torch.Tensor, logits: torch.Tensor) -> None:
         ids = self._sample(row, logits)
-        if bool(ids.eq(self.eos).any()) or row.n_tokens >= row.sampling.max_new_tokens:
+        ended = bool(ids.eq(self.eos).any())
+        if ended or row.n_tokens >= row.sampling.max_new_tokens:
+            if not ended:
+                # Cut off mid-speech, with no error for anyone to see: say so. The engine
+                # plans generations well within the cap (agent/chattts/engine.py).
+                log.warning(
+                    "speech cut off at max_new_tokens=%d (%.1f s of audio): the rest of a "
+                    "%d-character text is not spoken",
+                    row.sampling.max_new_tokens,
+                    row.n_tokens * _SECONDS_PER_TOKEN,
+                    row.text_chars,
+                )
             row.finished = True
             row.next_ids = None
             return

@@ -285,6 +285,8 @@ _UNITS: Final[Mapping[str, tuple[str, str, str]]] = MappingProxyType(
         "h": ("hour", "hours", "小时"),
     }
 )
+# Units that "^2" / "^3" make an area or a volume: "50 m²" is fifty square meters.
+_LENGTH_UNITS: Final = frozenset({"km", "cm", "mm", "m", "ft"})
 # fmt: off
 _MONTHS: Final = (
     "January", "February", "March", "April", "May", "June", "July", "August", "September",
@@ -393,11 +395,21 @@ _CLOCK: Final = re.compile(
     rf"(?<![0-9:])(?P<h>[0-9]{{1,2}}):(?P<m>[0-5][0-9])(?::(?P<s>[0-5][0-9]))?(?![0-9])"
     rf"(?:\s?{_AMPM})?"
 )
+# One end of a time range: "9", "9am", "10:30", "5 p.m." (_time_end tells which are times).
+_TIME: Final = r"[0-9]{1,2}(?::[0-5][0-9]){0,2}(?:\s?[AaPp]\.?[Mm](?![A-Za-z])\.?)?"
+# Before the clock rules, which would leave the dash between two times to become a pause.
+_TIME_RANGE: Final = re.compile(rf"(?<![0-9:.])(?P<a>{_TIME})\s?[-–~～]\s?(?P<b>{_TIME})(?![0-9:])")
 _HOUR_AMPM: Final = re.compile(rf"(?<![0-9:])(?<![0-9][.,])(?P<h>[0-9]{{1,2}})\s?{_AMPM}")
 _RATIO: Final = re.compile(r"(?<![0-9])(?P<a>[0-9]+):(?P<b>[0-9]+)(?![0-9])")
 _PHONE: Final = re.compile(
     r"(?<![\w-])(?P<cc>\+[0-9]{1,3}[\s-]?)?(?:\((?P<area>[0-9]{3})\)\s?|(?P<area2>[0-9]{3})[\s.-])"
     r"(?P<a>[0-9]{3})-(?P<b>[0-9]{4})(?![\w-])"
+)
+# A range has two ends: three or more dash-joined digit groups are a phone number or a code
+# ("1-800-555-1234", "138-1234-5678", an ISBN), and so is a Chinese landline with its area
+# code ("010-12345678": no range starts at 0). Read group by group, digit by digit.
+_DIGIT_GROUPS: Final = re.compile(
+    r"(?<![A-Za-z0-9_.-])(?:[0-9]+(?:-[0-9]+){2,}|0[0-9]{2,3}-[0-9]{7,8})(?![A-Za-z0-9_-])"
 )
 _DOTTED: Final = re.compile(r"(?<![0-9.])[0-9]+(?:\.[0-9]+){2,}(?![0-9])")
 _RANGE: Final = re.compile(r"(?<=[0-9])(?:\s?[~～]\s?|[-–]|\s–\s|\sto\s)(?=[$€£¥]?[0-9])")
@@ -409,7 +421,7 @@ _MINUS_OP: Final = re.compile(r"(?<=[0-9])\s+-\s+(?=[0-9])")
 _TIMES_OP: Final = re.compile(r"(?<=[0-9])\s?[*xX×]\s?(?=[0-9])")
 _APPROX: Final = re.compile(r"(?<![0-9])[~～]\s?(?=[$€£¥]?[0-9])")
 _COMPARE: Final = re.compile(r"(?<=[\s0-9])(?P<op>[<>]=?)(?=[\s0-9])")
-_HASH_NUMBER: Final = re.compile(r"#(?P<n>[0-9]+)(?![0-9])")
+_HASH_NUMBER: Final = re.compile(r"(?:#|(?<![A-Za-z])No\.\s?)(?P<n>[0-9]+)(?![0-9])")
 _CURRENCY_SYMBOL: Final = re.compile(
     rf"(?P<neg>-)?(?P<sym>[$€£¥])\s?(?P<num>{_NUM})"
     r"(?:\s?(?P<scale>thousand|million|billion|trillion)\b|(?P<abbr>[kK]|[mMbB]n?)(?![A-Za-z]))?",
@@ -424,7 +436,12 @@ _PERCENT: Final = re.compile(rf"(?P<neg>-)?(?P<num>{_NUM})\s?[%％]")
 _UNIT: Final = re.compile(
     rf"(?P<neg>-)?(?P<num>{_NUM})\s?(?P<unit>"
     + "|".join(re.escape(u) for u in sorted(_UNITS, key=len, reverse=True))
-    + r")(?![A-Za-z0-9])"
+    + r")(?:\^(?P<pow>[23]))?(?![A-Za-z0-9])"
+)
+# "10^3", "x^2", "10^-3" (superscripts become "^" in _prepare); after _UNIT, which reads
+# "m^2" as square meters. The base is read by the rules after it.
+_POWER: Final = re.compile(
+    r"(?<=[0-9A-Za-z)])\s?\^\s?(?P<neg>-)?(?P<exp>[0-9]+|[A-Za-z](?![A-Za-z]))"
 )
 _ORDINAL: Final = re.compile(r"(?<![0-9])(?P<n>[0-9]+)(?:st|nd|rd|th)\b", re.IGNORECASE | re.ASCII)
 _DECADE: Final = re.compile(r"(?<![0-9])'?(?P<c>1[0-9]|20)?(?P<d>[1-9]0|00)s\b", re.ASCII)
@@ -476,11 +493,17 @@ def _stop_if_sentence_ends(m: re.Match[str]) -> str:
 
 
 def _negative(m: re.Match[str]) -> bool:
-    """A "-" is a minus sign only where it cannot be a hyphen ("COVID-19", "GPT-4")."""
+    """A "-" is a minus sign only where it cannot be a hyphen ("COVID-19", "GPT-4").
+
+    Chinese puts no space before a minus sign: after a CJK ideograph it is one ("气温-5度").
+    """
     if not m.group("neg"):
         return False
     start = m.start()
-    return start == 0 or not m.string[start - 1].isalnum()
+    if start == 0:
+        return True
+    before = m.string[start - 1]
+    return not before.isalnum() or _CJK.match(before) is not None
 
 
 def _signed(m: re.Match[str], words: str, zh: bool) -> str:
@@ -580,6 +603,33 @@ def _clock(m: re.Match[str], zh: bool) -> str:
     return _sp(words, zh) + (_stop_if_sentence_ends(m) if m["ampm"] else "")
 
 
+def _time_end(text: str) -> tuple[int, int, int | None, str | None] | None:
+    """(hour, minute, second, am/pm) of one end of a time range; None for a bare number."""
+    if (m := _CLOCK.fullmatch(text)) is not None:
+        return int(m["h"]), int(m["m"]), int(m["s"]) if m["s"] else None, m["ampm"]
+    if (m := _HOUR_AMPM.fullmatch(text)) is not None:
+        return int(m["h"]), 0, None, m["ampm"]
+    return None
+
+
+def _time_range(m: re.Match[str], zh: bool) -> str:
+    ends = [(_time_end(m[key]), m[key]) for key in ("a", "b")]
+    if all(end is None for end, _ in ends):
+        return m.group(0)  # "3-4 hours": a range of numbers, read by the range rule
+    words: list[str] = []
+    for end, raw in ends:
+        if end is None:  # a bare hour next to a time: "9-5pm"
+            words.append(read_int_zh(int(raw)) if zh else read_int_en(int(raw)))
+            continue
+        hour, minute, second, ampm = end
+        if hour > 24 or (ampm and not 1 <= hour <= 12):
+            return m.group(0)  # not times of day ("25:61"): the rules below read them
+        words.append(_clock_words(hour, minute, second, ampm, zh))
+    if zh:
+        return "到".join(words)
+    return _sp(" to ".join(words), zh) + _stop_if_sentence_ends(m)
+
+
 def _hour_ampm(m: re.Match[str], zh: bool) -> str:
     hour = int(m["h"])
     if not 1 <= hour <= 12:
@@ -600,6 +650,11 @@ def _phone(m: re.Match[str], zh: bool) -> str:
     if m["cc"]:
         cc = m["cc"].strip(" -+")
         parts.insert(0, ("加" if zh else "plus ") + _digits(cc, zh))
+    return _sp(("，" if zh else ", ").join(parts), zh)
+
+
+def _digit_groups(m: re.Match[str], zh: bool) -> str:
+    parts = [_digits(group, zh) for group in m.group(0).split("-")]
     return _sp(("，" if zh else ", ").join(parts), zh)
 
 
@@ -686,10 +741,31 @@ def _unit(m: re.Match[str], zh: bool) -> str:
     int_part, frac = _split_num(m["num"])
     singular, plural, chinese = _UNITS[m["unit"]]
     number = _read_number(int_part, frac, zh)
+    power = m["pow"]
     if zh:
+        if power:
+            chinese = ("平方" if power == "2" else "立方") + chinese
         return _signed(m, number + chinese, zh)
     one = int_part == "1" and not frac and not _negative(m)
-    return _sp(_signed(m, f"{number} {singular if one else plural}", zh), zh)
+    unit = singular if one else plural
+    if power and m["unit"] in _LENGTH_UNITS:
+        unit = ("square " if power == "2" else "cubic ") + unit
+    elif power:  # "m/s^2": meters per second squared
+        unit += " squared" if power == "2" else " cubed"
+    return _sp(_signed(m, f"{number} {unit}", zh), zh)
+
+
+def _power(m: re.Match[str], zh: bool) -> str:
+    exp, neg = m["exp"], bool(m["neg"])
+    if not neg and exp in ("2", "3"):
+        if zh:
+            return "的平方" if exp == "2" else "的立方"
+        return " squared " if exp == "2" else " cubed "
+    if exp.isdigit():
+        exp = _read_number(exp, None, zh)
+    if zh:
+        return f"的{'负' if neg else ''}{exp}次方"
+    return f" to the power of {'minus ' if neg else ''}{exp} "
 
 
 def _ordinal(m: re.Match[str], zh: bool) -> str:
@@ -783,11 +859,13 @@ _RULES: Final[tuple[_Rule, ...]] = (
     (_ABBREVIATION, _abbreviation),
     (_ISO_DATE, _iso_date),
     (_MONTH_DAY, _month_day),
+    (_TIME_RANGE, _time_range),
     (_CLOCK, _clock),
     (_HOUR_AMPM, _hour_ampm),
     (_ACRONYM, _acronym),
     (_RATIO, _ratio),
     (_PHONE, _phone),
+    (_DIGIT_GROUPS, _digit_groups),
     (_DOTTED, _dotted),
     (_YEAR_RANGE, _year_range),
     (_RANGE, _range),
@@ -800,6 +878,7 @@ _RULES: Final[tuple[_Rule, ...]] = (
     (_CURRENCY_CODE, _money),
     (_PERCENT, _percent),
     (_UNIT, _unit),
+    (_POWER, _power),
     (_ORDINAL, _ordinal),
     (_DECADE, _decade),
     (_YEAR_AFTER, _year_after),
@@ -817,11 +896,21 @@ _RULES: Final[tuple[_Rule, ...]] = (
 # ------------------------------------------------------------------------ punctuation
 
 
+def _superscript(m: re.Match[str]) -> str:
+    return "^" + m.group(0).translate(_SUPERSCRIPT_DIGITS)
+
+
 def _prepare(text: str) -> str:
     """Unicode clean-up: full-width forms to ASCII, accents off Latin letters (café)."""
+    # NFKD would turn "10³" into "103" and "m²" into "m2": keep the exponent an exponent.
+    text = _SUPERSCRIPT.sub(_superscript, text.replace("№", "No."))
     text = unicodedata.normalize("NFKD", text)
     text = "".join(ch for ch in text if not unicodedata.combining(ch))
     return text.replace("\u2212", "-").replace("\u2044", "/").replace("\r", "\n")
+
+
+_SUPERSCRIPT: Final = re.compile("[⁺⁻]?[⁰¹²³⁴⁵⁶⁷⁸⁹]+")
+_SUPERSCRIPT_DIGITS: Final = str.maketrans("⁰¹²³⁴⁵⁶⁷⁸⁹⁺⁻", "0123456789+-")
 
 
 def _map_punctuation(text: str, zh: bool) -> str:

@@ -8,7 +8,10 @@ the next visible character, so that "Mr. Smith", "e.g. this" and "U.S. is" stay 
 
 Pieces never exceed ``max_chars``: long sentences are cut at clause marks, then between
 words (anywhere between CJK characters), and only a single word longer than ``max_chars``
-is cut inside. Text is raw here; normalization happens per piece, later.
+is cut inside. A URL or an e-mail address is never cut: the normalizer reads a whole one
+as its host name ("docs dot example dot com"), a cut-off tail character by character, so
+one longer than ``max_chars`` is a piece of its own. Text is raw here; normalization
+happens per piece, later.
 """
 
 from __future__ import annotations
@@ -32,6 +35,16 @@ _ASCII_CLAUSE: Final = ",:;"
 _CJK_CLAUSE: Final = "，、：；—–"
 # Characters that belong to a token ("$3.50", "3元" is two tokens but "3" is one).
 _TOKEN_PUNCT: Final = "$€£¥%.,:/-'+#@&°_"
+# URLs and e-mail addresses, as agent/text/normalize.py reads them (its _URL and _EMAIL),
+# except that an address starts where its run of address characters does: the same spans or
+# wider ones, found in linear time (from every word boundary, a long run of "a.a.a..." without
+# its "@" takes quadratic time). Neither holds whitespace, Unicode's included (the normalizer
+# turns a no-break space into a space before it looks).
+_URL: Final = re.compile(r"(?<![A-Za-z0-9_])(?:https?://|www\.)[^\s<>\"'，。]+", re.IGNORECASE)
+_EMAIL: Final = re.compile(
+    r"(?<![A-Za-z0-9._%+-])[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)+", re.ASCII
+)
+_WHITESPACE: Final = re.compile(r"\s")
 # Words before a "." that do not end a sentence ("Dr. Who", "e.g. this"), lower case.
 _ABBREVIATIONS: Final = frozenset(
     {
@@ -117,20 +130,46 @@ def _find_boundary(buf: str, start: int, final: bool) -> int | None:
     return None
 
 
+def _unbreakable(text: str) -> list[tuple[int, int]]:
+    """(start, end) of every URL and e-mail address in ``text``, in order."""
+    # Most text has neither: skip the scans (this runs for every cut of a long text).
+    url = "://" in text or "www." in text.lower()
+    spans = [(m.start(), m.end()) for m in _URL.finditer(text)] if url else []
+    if "@" in text:
+        spans += [(m.start(), m.end()) for m in _EMAIL.finditer(text)]
+        spans.sort()
+    return spans
+
+
 def _cut_position(text: str, limit: int) -> int:
     """Where to cut ``text`` (longer than ``limit``) so the head fits in ``limit`` chars.
 
     Prefers the last clause mark, then the last gap between words (or next to a CJK
-    character); a word longer than ``limit`` is cut inside as a last resort.
+    character); a word longer than ``limit`` is cut inside as a last resort. Never inside a
+    URL or e-mail address: one that starts the text and is longer than ``limit`` is cut
+    after (the result is then beyond ``limit``, ``len(text)`` if it may still go on).
     """
+    # Spans that hold a position up to ``limit`` end before the first whitespace after it.
+    gap = _WHITESPACE.search(text, limit)
+    window = gap.start() if gap is not None else len(text)
+    spans = _unbreakable(text[:window])
+    inside = [False] * (limit + 1)  # where a cut would split a URL or an address
+    for start, end in spans:
+        for i in range(start + 1, min(end, limit + 1)):
+            inside[i] = True
     clause = word = 0
     for i in range(1, min(limit, len(text) - 1) + 1):
+        if inside[i]:
+            continue
         before, after = text[i - 1], text[i]
         if before in _CJK_CLAUSE or (before in _ASCII_CLAUSE and after.isspace()):
             clause = i
         if after.isspace() or not (before.isspace() or _in_token(before) or _in_token(after)):
             word = i
-    return clause or word or limit
+    if clause or word or not inside[limit]:
+        return clause or word or limit
+    start, end = next((s, e) for s, e in spans if s < limit < e)
+    return start or end
 
 
 def _split_long(text: str, limit: int) -> list[str]:
@@ -172,6 +211,8 @@ class Segmenter:
         # waiting (and buffering) without bound.
         while len(self._buf) > self._max:
             cut = _cut_position(self._buf, self._max)
+            if cut >= len(self._buf):
+                break  # a long URL or address still arriving: cut after it once complete
             out.extend(_split_long(self._buf[:cut], self._max))
             self._buf = self._buf[cut:].lstrip()
         return out
