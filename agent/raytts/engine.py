@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 import numpy as np
 
 from agent.config import ChatTTSSettings, RaySettings
-from agent.engine import PCM, EngineError, EngineLoadError, VoiceOptions
+from agent.engine import PCM, EngineError, EngineLoadError, RequestError, VoiceOptions
 from agent.raytts.deployment import fingerprint, speech_app
 from agent.threads import job_settling
 
@@ -130,6 +130,11 @@ class RayServeEngine:
             raise
         except Exception as exc:  # a replica died, Ray lost its node, the app was deleted...
             finished = True
+            # ... or the replica's engine refused this request (a voice it cannot speak):
+            # the client's mistake, which the circuit breaker must not count as a fault.
+            refusal = exc if isinstance(exc, RequestError) else getattr(exc, "cause", None)
+            if isinstance(refusal, RequestError):
+                raise type(refusal)(*refusal.args) from None
             raise EngineError(f"the speech replica failed: {exc}") from exc
         finally:
             if not finished:
