@@ -173,9 +173,9 @@ def _session_worker(request: web.Request, session_id_or_token: str) -> Worker:
 
 
 async def to_any_worker(request: web.Request) -> web.StreamResponse:
-    worker = request.app[POOL].any_ready()
+    worker = request.app[POOL].any_serving()
     if worker is None:
-        raise ApiError(503, "not_ready", "no worker is ready yet", {"Retry-After": "2"})
+        raise ApiError(503, "not_ready", "no worker is up yet", {"Retry-After": "2"})
     return await _forward(request, worker)
 
 

@@ -262,8 +262,12 @@ class WorkerPool:
             return None
         return self.workers[int(number)]
 
-    def any_ready(self) -> Worker | None:
-        return next((w for w in self.workers if w.alive and w.ready), None)
+    def any_serving(self) -> Worker | None:
+        """A worker that answers requests about no session (``/ice-servers``), which need no
+        engine: a ready one if any, else any whose status came back (its breaker may be open
+        or it may be draining, and a live session's resume still needs the ICE servers)."""
+        serving = [w for w in self.workers if w.alive and w.status]
+        return next((w for w in serving if w.ready), serving[0] if serving else None)
 
 
 def _stable_hash(text: str) -> int:

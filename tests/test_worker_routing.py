@@ -309,3 +309,34 @@ async def test_offers_the_front_refuses_itself_are_counted() -> None:
     }
     types = [line.split()[2] for line in text.splitlines() if line.startswith("# TYPE ")]
     assert len(types) == len(set(types)), "a family described twice"
+
+
+async def test_ice_servers_are_answered_while_no_worker_takes_new_sessions() -> None:
+    """/ice-servers went only to a worker that takes new sessions: with every breaker open it
+    was 503 not_ready, and the page resumed live sessions without STUN/TURN."""
+    config = Config(
+        host="127.0.0.1",
+        port=0,
+        listen=ListenSettings(enabled=False),
+        breaker=BreakerSettings(cooldown_s=600),
+        ice_servers=("turn:turn.example.com:3478",),  # type: ignore[arg-type]
+    )
+    pools: list[WorkerPool] = []
+    apps: list[web.Application] = []
+    async with (
+        front_and_worker(config, pools=pools, workers=1, apps=apps) as url,
+        aiohttp.ClientSession() as http,
+    ):
+        pool, breaker = pools[0], apps[1][BREAKER]
+        async with asyncio.timeout(30):
+            while not breaker.ready:
+                await asyncio.sleep(0.01)
+        for _ in range(config.breaker.failures):
+            breaker._failed(RuntimeError("CUDA out of memory"))
+        for worker in pool.workers:
+            await pool._poll(worker)
+        assert not any(worker.ready for worker in pool.workers)
+        async with http.get(url + "/ice-servers") as resp:
+            assert resp.status == 200, await resp.text()
+            servers = (await resp.json())["iceServers"]
+        assert servers and "turn:turn.example.com:3478" in str(servers)
