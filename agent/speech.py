@@ -110,6 +110,7 @@ class SpeechPipeline:
         self._stream: Utterance | None = None  # the open text.delta utterance
         self._stream_owner = CLIENT  # ... and who writes it
         self._segmenter: Segmenter | None = None
+        self._stream_ended = asyncio.Event()  # set when an open stream ends (stream_free)
         # Each writer's interrupted stream (writer -> its id), whose further deltas are
         # dropped until its end: several writers can each have one (a client, a reply, room
         # participants). One entry per writer at most; its end or next stream removes it.
@@ -197,6 +198,14 @@ class SpeechPipeline:
         interrupted = self._discarding.get(owner)
         return interrupted is None or utterance_id not in (None, interrupted)
 
+    async def stream_free(self, owner: str) -> None:
+        """Return once ``owner`` may open a text stream: no other writer's is open. A brain's
+        reply waits so for a client's or a room participant's stream to end, as a ``say``
+        queues behind it, rather than failing with ``stream_open``."""
+        while self._stream is not None and self._stream_owner != owner:
+            self._stream_ended.clear()
+            await self._stream_ended.wait()
+
     def text_end(self, owner: str = CLIENT) -> str | None:
         """End ``owner``'s text stream (or forget its interrupted one)."""
         if self._stream is None or self._stream_owner != owner:
@@ -210,6 +219,7 @@ class SpeechPipeline:
         utt.segments.put_nowait(None)
         self._stream = None
         self._segmenter = None
+        self._stream_ended.set()
         return utt.id
 
     def interrupt(self) -> list[str]:
@@ -222,6 +232,7 @@ class SpeechPipeline:
             self._discarding[self._stream_owner] = self._stream.id
             self._stream = None
             self._segmenter = None
+            self._stream_ended.set()
         if self._worker is not None:
             self._worker.cancel()
             self._worker = None

@@ -269,6 +269,10 @@ class Conversation:
             if previous is not None:
                 await asyncio.wait([previous])  # one reply at a time, in order
             async for delta in self.brain.reply(self._request_history(reply)):
+                if not reply.opened:
+                    # Another writer's stream (the client's text.delta, a room participant's)
+                    # is open: the reply waits for its end, as a say queues behind it.
+                    await self.pipeline.stream_free(reply.id)
                 # The reply owns its stream: a client's text.end or id-less delta cannot
                 # end or join it, and its own end cannot end a client's stream.
                 self.pipeline.text_delta(delta, reply.id, owner=reply.id)

@@ -336,3 +336,43 @@ async def test_a_streaming_reply_counts_once_against_the_chat_limit() -> None:
     assert [e["code"] for e in of(events, "error")] == ["queue_full"]
     drain.stop()
     await session.close()
+
+
+async def test_a_reply_waits_for_the_clients_open_stream_instead_of_failing() -> None:
+    """A chat asked while the client's own text stream was open failed with stream_open (the
+    reply is a text stream too) and was never answered: it now waits for that stream's end,
+    as a say queues behind it."""
+    session, events, drain = make_session(SlowBrain(REPLY, delay=0.01))
+    session.handle_message(msg(type="text.delta", id="mine", delta="My own words. "))
+    session.handle_message(msg(type="chat", text="a question"))
+    await asyncio.sleep(0.3)  # the brain has its answer ready by now
+    assert not of(events, "error")
+    session.handle_message(msg(type="text.end"))
+    await wait_for(lambda: len(of(events, "speech.ended")) == 2, timeout=10)
+    assert spoken(events) == ["My own words.", "One two three.", "Four five six.", "Seven."]
+    assert not of(events, "error")
+    balanced(events)
+    drain.stop()
+    await session.close()
+
+
+async def test_a_room_chat_waits_for_another_participants_stream() -> None:
+    """The same in a room: a chat while a participant streams text was refused for everyone
+    (stream_open) and never answered; a participant who leaves mid-stream frees it too."""
+    room = Room("r", ToneEngine(seconds_per_word=0.02), Config())
+    room.start()
+    a = room.join("sa", speaking=False, host=True, expects_channel=False)
+    b = room.join("sb", speaking=False, host=True, expects_channel=False)
+    sent: list[Event] = []
+    b.outbox.send = sent.append  # type: ignore[method-assign]
+    try:
+        a.handle_message(msg(type="text.delta", id="a1", delta="Hello everyone, "))
+        b.handle_message(msg(type="chat", text="What is two plus two?"))
+        await asyncio.sleep(0.3)
+        assert not of(sent, "error")
+        await room.leave(a)  # mid-stream: its stream ends, and the reply may start
+        await wait_for(lambda: len(of(sent, "speech.ended")) == 2, timeout=10)
+        assert spoken(sent) == ["Hello everyone,", "What is two plus two?"]  # echo brain
+        assert not of(sent, "error")
+    finally:
+        await room.close()
