@@ -222,6 +222,12 @@ CASES: list[tuple[str, str | None, str]] = [
     ("2^10 = 1024", None, "two to the power of ten equals one thousand twenty four"),
     ("10⁻³ and x²", None, "ten to the power of minus three and x squared"),
     ("面积50 m²，2^10", None, "面积五十平方米，二的十次方"),
+    # An exponent before a unit was read as the unit's number: "ten three kilograms".
+    ("It weighs 10³ kg.", None, "It weighs ten cubed kilograms."),
+    ("c is 3×10⁸ m/s", None, "c is three times ten to the power of eight meters per second"),
+    ("10^6 km away", None, "ten to the power of six kilometers away"),
+    ("about 10⁻³ m", None, "about ten to the power of minus three meters"),
+    ("重10³千克", None, "重十的立方千克"),
     ("See No. 5 first.", None, "See number five first."),
     ("请看No. 5", None, "请看五号"),
 ]

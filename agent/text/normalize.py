@@ -433,8 +433,11 @@ _CURRENCY_CODE: Final = re.compile(
     re.ASCII,
 )
 _PERCENT: Final = re.compile(rf"(?P<neg>-)?(?P<num>{_NUM})\s?[%％]")
+# "10^3 kg": a number with an exponent takes the unit too (the exponent is not the unit's
+# number: a match never starts right after "^" or "^-").
 _UNIT: Final = re.compile(
-    rf"(?P<neg>-)?(?P<num>{_NUM})\s?(?P<unit>"
+    rf"(?<!\^)(?<!\^-)(?P<neg>-)?(?P<num>{_NUM})"
+    r"(?:\s?\^\s?(?P<eneg>-)?(?P<exp>[0-9]+))?\s?(?P<unit>"
     + "|".join(re.escape(u) for u in sorted(_UNITS, key=len, reverse=True))
     + r")(?:\^(?P<pow>[23]))?(?![A-Za-z0-9])"
 )
@@ -741,12 +744,14 @@ def _unit(m: re.Match[str], zh: bool) -> str:
     int_part, frac = _split_num(m["num"])
     singular, plural, chinese = _UNITS[m["unit"]]
     number = _read_number(int_part, frac, zh)
+    if m["exp"]:  # "10^3 kg": ten cubed kilograms
+        number = (number + _power_words(m["exp"], bool(m["eneg"]), zh)).strip()
     power = m["pow"]
     if zh:
         if power:
             chinese = ("平方" if power == "2" else "立方") + chinese
         return _signed(m, number + chinese, zh)
-    one = int_part == "1" and not frac and not _negative(m)
+    one = int_part == "1" and not frac and not _negative(m) and not m["exp"]
     unit = singular if one else plural
     if power and m["unit"] in _LENGTH_UNITS:
         unit = ("square " if power == "2" else "cubic ") + unit
@@ -756,7 +761,10 @@ def _unit(m: re.Match[str], zh: bool) -> str:
 
 
 def _power(m: re.Match[str], zh: bool) -> str:
-    exp, neg = m["exp"], bool(m["neg"])
+    return _power_words(m["exp"], bool(m["neg"]), zh)
+
+
+def _power_words(exp: str, neg: bool, zh: bool) -> str:
     if not neg and exp in ("2", "3"):
         if zh:
             return "的平方" if exp == "2" else "的立方"
