@@ -9,6 +9,7 @@ import logging
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -319,6 +320,44 @@ async def test_numbers_spelled_out_past_max_new_tokens_are_all_spoken(
     assert len(audio) > 1.5 * _CAP * SAMPLES_PER_TOKEN
     assert len(audio) > 0.8 * 4 * len(spoken) * SAMPLES_PER_TOKEN
     assert "max_new_tokens" not in caplog.text  # no generation was cut off
+
+
+async def test_a_later_generation_of_a_segment_does_not_queue_behind_newer_streams(
+    capped_engine: ChatTTSEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A segment spoken as several generations submitted each next one when the last ended:
+    behind streams that arrived meanwhile, so with the batch full it waited for one of them
+    to end (silence mid-utterance). Later generations now continue at once."""
+    sched = capped_engine.scheduler
+    assert sched is not None
+    text = "Prices: $1,234,567.89, $2,345,678.90 and $3,456,789.01."
+    assert len(capped_engine._generations(text)) > 1
+    pieces: list[Stream] = []
+    submit = sched.submit
+
+    def recording_submit(*args: Any, **kwargs: Any) -> Stream:
+        stream = submit(*args, **kwargs)
+        pieces.append(stream)
+        return stream
+
+    max_batch, sched.max_batch = sched.max_batch, 1
+    try:
+        monkeypatch.setattr(sched, "submit", recording_submit)
+        synthesis = capped_engine.synthesize(text, VoiceOptions())
+        assert await anext(synthesis) is not None
+        newer = submit("another session speaks this long sentence " * 6, VoiceOptions())
+        newer_audio = asyncio.create_task(drain(newer))  # its listener keeps up: no parking
+        async for _chunk in synthesis:
+            pass
+        await newer_audio
+    finally:
+        sched.max_batch = max_batch
+    assert newer.stats.finished is not None
+    later = [p for p in pieces[1:] if p.stats.submitted < newer.stats.finished - 1.0]
+    assert later, "no later generation was asked for while the newer stream generated"
+    for piece in later:
+        assert piece.stats.first_audio is not None
+        assert piece.stats.first_audio < newer.stats.finished, "it waited for the newer stream"
 
 
 async def test_a_generation_cut_off_at_max_new_tokens_is_logged(

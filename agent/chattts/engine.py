@@ -181,8 +181,9 @@ class ChatTTSEngine:
         self.check_voice(voice)
         # Normalizing to measure is text work (~1 ms, ~10 ms for a 200-digit run): off the
         # loop, which paces every session's packets.
-        for piece in await asyncio.to_thread(self._generations, text):
-            stream = self.scheduler.submit(piece, voice)
+        for index, piece in enumerate(await asyncio.to_thread(self._generations, text)):
+            # A later piece continues speech already playing: it starts at once.
+            stream = self.scheduler.submit(piece, voice, continuation=index > 0)
             try:
                 while (chunk := await stream.get()) is not None:
                     yield chunk

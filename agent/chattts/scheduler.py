@@ -101,6 +101,7 @@ class Stream:
         self.row: Row | None = None
         self.decoder: StreamingDecoder | None = None
         self.parked = False
+        self.continuation = False  # continues text already playing: admitted at once
 
     # -- consumer side (event loop) --------------------------------------------------------
     async def get(self) -> PCM | None:
@@ -234,13 +235,19 @@ class Scheduler:
     def alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
-    def submit(self, text: str, voice: VoiceOptions) -> Stream:
-        """Queue an utterance; must be called from the event loop that will consume it."""
+    def submit(self, text: str, voice: VoiceOptions, continuation: bool = False) -> Stream:
+        """Queue an utterance; must be called from the event loop that will consume it.
+
+        ``continuation``: the next generation of text already playing (a long segment spoken
+        as several, agent/chattts/engine.py). It starts at the next step, ahead of streams
+        waiting and even with the batch full, as a parked stream resumes: it must not wait
+        behind streams that have not started."""
         if not self.alive:
             raise EngineError("ChatTTS worker is not running")
         stream = Stream(
             next(self._ids), text, voice, asyncio.get_running_loop(), self.max_buffered, self._cond
         )
+        stream.continuation = continuation
         with self._cond:
             if self._stop:
                 raise EngineError("engine is closed")
@@ -269,6 +276,7 @@ class Scheduler:
             bool(self._gpt.rows)
             or any(s.cancelled or (s.parked and s.may_resume) for s in self._streams)
             or (bool(self._inbox) and self._room())
+            or any(s.continuation for s in self._inbox)
             or any(s.cancelled for s in self._inbox)
         )
 
@@ -291,9 +299,13 @@ class Scheduler:
             # Parked streams that may resume keep their slots: a sentence already playing
             # must not stall behind streams that have not started.
             taken = sum(not s.parked or s.may_resume for s in self._streams)
-            admitted: list[Stream] = []
-            while self._inbox and taken + len(admitted) < self.max_batch:
+            admitted = [s for s in self._inbox if s.continuation]
+            for s in admitted:
+                self._inbox.remove(s)
+            taken += len(admitted)
+            while self._inbox and taken < self.max_batch:
                 admitted.append(self._inbox.popleft())
+                taken += 1
         for s in admitted:
             self._admit(s)
         self._housekeeping()
