@@ -161,11 +161,12 @@ class Room:
         """Release a room that was never started (its first join was refused), at once and
         without the event loop: the agent's encoder (the governor no longer counts it) and
         the pipeline's link back to the room, which would leave the room to the cyclic
-        garbage collector."""
+        garbage collector (the conversation's link likewise)."""
         if self._tasks:
             raise RuntimeError("a started room is closed with close()")
         self.closed = True
         self.pipeline.discard()
+        self.conversation.discard()  # its events went to the room: the same link
         self.agent_track.stop()  # closes its encoder
         self.agent.close()
 

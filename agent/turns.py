@@ -363,6 +363,14 @@ class Conversation:
             "history_messages": len(self.history),
         }
 
+    def discard(self) -> None:
+        """Close a conversation that never ran (nothing asked, nothing heard): no task to
+        wait for, no HTTP client yet; only its link to whoever gets its events goes."""
+        if self._reply_tasks or self._turn_tasks or self._http is not None:
+            raise RuntimeError("a conversation that ran is closed with close()")
+        self._closed = True
+        self._emit = discard_event
+
     async def close(self) -> None:
         self._closed = True
         tasks = [*self._reply_tasks, *self._turn_tasks]
