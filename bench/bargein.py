@@ -23,8 +23,9 @@ Target: none.
 Both for the product's receive path (agent/receive_buffer.py: each packet released as it
 arrives) and for aiortc's own jitter buffer (it holds 4 frames = 80 ms, and after one lost
 packet it stays ~280 ms behind): the ratio says what the product's buffer buys.
-``--upstream-loss`` sends the microphone through tests/netem.py's lossy UDP relay. Server and client share one process and event loop (a second process
-would not change the order of magnitude: the loop is idle most of the time).
+``--upstream-loss`` sends the microphone through tests/netem.py's lossy UDP relay. Server
+and client share one process and event loop (a second process would not change the order of
+magnitude: the loop is idle most of the time).
 
     .venv/bin/python bench/bargein.py             # 20 trials per variant, ~2.5 min
     .venv/bin/python bench/bargein.py --trials 40 --min-speech-ms 96
