@@ -266,7 +266,7 @@ class WorkerPool:
         """A worker that answers requests about no session (``/ice-servers``), which need no
         engine: a ready one if any, else any whose status came back (its breaker may be open
         or it may be draining, and a live session's resume still needs the ICE servers)."""
-        serving = [w for w in self.workers if w.alive and w.status]
+        serving = [w for w in self.workers if w.alive and (w.ready or w.status)]
         return next((w for w in serving if w.ready), serving[0] if serving else None)
 
 

@@ -10,6 +10,7 @@ import tempfile
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -223,32 +224,43 @@ async def test_the_fronts_readyz_waits_for_the_workers_voice_activity_model() ->
             assert resp.status == 200
 
 
-async def test_new_sessions_go_around_a_worker_whose_circuit_breaker_is_open() -> None:
-    """A worker whose engine's circuit breaker was open refused every offer (503
-    ``tts_unavailable``) but its status said ready (its engine was loaded): refusing kept it
-    the least loaded, so the front sent it every new session while a healthy worker stood
-    idle, and the front's /readyz counted it. Now its status says it takes no sessions."""
-    config = Config(
+@contextlib.asynccontextmanager
+async def front_with_a_broken_worker(
+    workers: int, **config: Any
+) -> AsyncIterator[tuple[str, aiohttp.ClientSession, WorkerPool]]:
+    """A front and ``workers`` workers, the first one's circuit breaker open (as its engine's
+    failures open it), every worker's status polled by the front since."""
+    cfg = Config(
         host="127.0.0.1",
         port=0,
         listen=ListenSettings(enabled=False),
         breaker=BreakerSettings(cooldown_s=600),
+        **config,
     )
     pools: list[WorkerPool] = []
     apps: list[web.Application] = []
     async with (
-        front_and_worker(config, pools=pools, workers=2, apps=apps) as url,
+        front_and_worker(cfg, pools=pools, workers=workers, apps=apps) as url,
         aiohttp.ClientSession() as http,
     ):
         pool, broken = pools[0], apps[1][BREAKER]
         async with asyncio.timeout(30):  # the engines load in the apps' startup
             while not all(app[BREAKER].ready for app in apps[1:]):
                 await asyncio.sleep(0.01)
-        for _ in range(config.breaker.failures):
-            broken._failed(RuntimeError("CUDA out of memory"))  # as the engine's failures do
+        for _ in range(cfg.breaker.failures):
+            broken._failed(RuntimeError("CUDA out of memory"))
         assert broken.state == "open"
         for worker in pool.workers:  # the front's status poll
             await pool._poll(worker)
+        yield url, http, pool
+
+
+async def test_new_sessions_go_around_a_worker_whose_circuit_breaker_is_open() -> None:
+    """A worker whose engine's circuit breaker was open refused every offer (503
+    ``tts_unavailable``) but its status said ready (its engine was loaded): refusing kept it
+    the least loaded, so the front sent it every new session while a healthy worker stood
+    idle, and the front's /readyz counted it. Now its status says it takes no sessions."""
+    async with front_with_a_broken_worker(2) as (url, http, pool):
         assert [w.ready for w in pool.workers] == [False, True]
         offer = await an_offer()
         for _ in range(3):
@@ -314,27 +326,8 @@ async def test_offers_the_front_refuses_itself_are_counted() -> None:
 async def test_ice_servers_are_answered_while_no_worker_takes_new_sessions() -> None:
     """/ice-servers went only to a worker that takes new sessions: with every breaker open it
     was 503 not_ready, and the page resumed live sessions without STUN/TURN."""
-    config = Config(
-        host="127.0.0.1",
-        port=0,
-        listen=ListenSettings(enabled=False),
-        breaker=BreakerSettings(cooldown_s=600),
-        ice_servers=("turn:turn.example.com:3478",),  # type: ignore[arg-type]
-    )
-    pools: list[WorkerPool] = []
-    apps: list[web.Application] = []
-    async with (
-        front_and_worker(config, pools=pools, workers=1, apps=apps) as url,
-        aiohttp.ClientSession() as http,
-    ):
-        pool, breaker = pools[0], apps[1][BREAKER]
-        async with asyncio.timeout(30):
-            while not breaker.ready:
-                await asyncio.sleep(0.01)
-        for _ in range(config.breaker.failures):
-            breaker._failed(RuntimeError("CUDA out of memory"))
-        for worker in pool.workers:
-            await pool._poll(worker)
+    turn = ("turn:turn.example.com:3478",)
+    async with front_with_a_broken_worker(1, ice_servers=turn) as (url, http, pool):
         assert not any(worker.ready for worker in pool.workers)
         async with http.get(url + "/ice-servers") as resp:
             assert resp.status == 200, await resp.text()
