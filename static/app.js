@@ -35,6 +35,7 @@ const ui = {
   form: $("say-form"),
   text: $("text"),
   say: $("say"),
+  ask: $("ask"),
   interrupt: $("interrupt"),
   mic: $("mic"),
   bargeIn: $("barge-in"),
@@ -138,6 +139,7 @@ function setState(name, detail = "") {
   ui.hangup.disabled = !live && !session.token; // between two resume tries too
   ui.text.disabled = !open;
   ui.say.disabled = !open;
+  ui.ask.disabled = !open;
   ui.interrupt.disabled = !open;
   ui.session.textContent = session.id ? `session ${session.id}` : "";
 }
@@ -523,6 +525,19 @@ function say(text) {
   // oldest texts go once there are more than the transcript keeps.
   if (texts.size > MAX_TRANSCRIPT_ITEMS) texts.delete(texts.keys().next().value);
   send({ type: "say", text: clean, id });
+  return id;
+}
+
+// Ask the agent's brain (`chat`; an LLM when the server has one): the question shows as
+// the user's own item, the answer as the agent's (built from its captions, id "reply-...").
+function ask(text) {
+  const clean = String(text ?? "").trim();
+  if (!clean) return null;
+  send({ type: "chat", text: clean });
+  const id = `asked-${newClientId()}`;
+  const li = ensureUserItem(id);
+  li.querySelector(".text").textContent = clean;
+  setItemStatus(li, "heard", "you (typed)");
   return id;
 }
 
@@ -974,6 +989,15 @@ ui.form.addEventListener("submit", (ev) => {
   }
   ui.text.focus();
 });
+ui.ask.addEventListener("click", () => {
+  clearAlert();
+  try {
+    if (ask(ui.text.value)) ui.text.value = "";
+  } catch (err) {
+    showAlert(describeError(err));
+  }
+  ui.text.focus();
+});
 ui.interrupt.addEventListener("click", () => {
   try {
     interrupt();
@@ -1008,5 +1032,6 @@ window.voiceAgent = {
   connect,
   hangup,
   say,
+  ask,
   interrupt,
 };

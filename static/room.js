@@ -21,7 +21,7 @@ const ui = {
   state: $("state"), me: $("me"), alert: $("alert"), joinForm: $("join-form"),
   room: $("room-name"), name: $("display-name"), speak: $("speak"), join: $("join"),
   leave: $("leave"), mute: $("mute"), people: $("people"), sayForm: $("say-form"),
-  text: $("text"), say: $("say"), interrupt: $("interrupt"), caption: $("caption"),
+  text: $("text"), say: $("say"), ask: $("ask"), interrupt: $("interrupt"), caption: $("caption"),
   players: $("players"),
 };
 
@@ -54,6 +54,7 @@ function setJoined(joined) {
   ui.mute.disabled = !joined || !call.mic;
   ui.text.disabled = !joined;
   ui.say.disabled = !joined;
+  ui.ask.disabled = !joined;
   ui.interrupt.disabled = !joined;
   ui.room.disabled = joined;
   ui.speak.disabled = joined;
@@ -323,12 +324,17 @@ ui.joinForm.addEventListener("submit", (ev) => {
 });
 ui.leave.addEventListener("click", leave);
 ui.mute.addEventListener("click", () => setMuted(!call.muted));
+// Say: the agent speaks the text as it is. Ask: the room's brain answers it (`chat`).
+function sendText(type) {
+  const text = ui.text.value.trim();
+  if (text) send({ type, text });
+  ui.text.value = "";
+}
 ui.sayForm.addEventListener("submit", (ev) => {
   ev.preventDefault();
-  const text = ui.text.value.trim();
-  if (text) send({ type: "say", text });
-  ui.text.value = "";
+  sendText("say");
 });
+ui.ask.addEventListener("click", () => sendText("chat"));
 ui.interrupt.addEventListener("click", () => send({ type: "interrupt" }));
 window.addEventListener("pagehide", () => {
   if (call.sessionId) {

@@ -514,6 +514,38 @@ async def test_text_said_over_http_appears_in_transcript(
     assert not ap.page_errors(), ap.context()
 
 
+async def test_ask_puts_a_question_to_the_brain_and_shows_both_sides(
+    agent_page: AgentPage,
+) -> None:
+    """Ask sends `chat` (the page had only Say, which speaks the text as it is): the typed
+    question is the user's item, the brain's spoken answer (the echo brain here: the
+    question back) the agent's, built from its captions."""
+    ap = agent_page
+    await connect(ap)
+    before = int(await ap.page.evaluate("() => window.voiceAgent.events.length"))
+    question = "What is the capital of France?"
+    await ap.page.fill("#text", question)
+    await ap.page.click("#ask")
+    assert await ap.page.input_value("#text") == ""
+    probe = await probe_speech(ap, before, timeout_s=10)
+    reply_id = probe["id"]
+    assert str(reply_id).startswith("reply-"), probe
+    await ap.page.wait_for_function(
+        "(id) => document.querySelector(`#transcript li[data-id='${id}']`)?.dataset.status"
+        " === 'done'",
+        arg=reply_id,
+    )
+    items = await ap.page.evaluate(
+        "() => [...document.querySelectorAll('#transcript li')].map((li) => ({"
+        " role: li.dataset.role ?? 'agent', text: li.querySelector('.text').textContent }))"
+    )
+    assert items[-2:] == [
+        {"role": "user", "text": question},
+        {"role": "agent", "text": question},
+    ], items
+    assert not ap.page_errors(), ap.context()
+
+
 async def test_page_passes_its_url_token_to_an_auth_server(browser: Browser) -> None:
     """`/?token=...`: the page sends the token with every request; without one, 401 is shown."""
     import jwt

@@ -213,6 +213,18 @@ async def test_join_once_leave_cleanly_and_see_the_call_end(
     await page.wait_for_timeout(300)
     assert offers == ["POST"], offers
     assert len(registry) == 1
+    # Ask: the room's brain answers (the echo brain: the question back), heard as a reply.
+    await page.fill("#text", "Is anyone there?")
+    await page.click("#ask")
+    await page.wait_for_function(
+        "() => window.voiceRoom.events.some((e) => e.type === 'speech.ended'"
+        " && String(e.id).startsWith('reply-'))"
+    )
+    replies = await page.evaluate(
+        "() => window.voiceRoom.events.filter((e) => e.type === 'speech.segment')"
+        ".map((e) => [e.id.slice(0, 6), e.text])"
+    )
+    assert replies == [["reply-", "Is anyone there?"]], replies
     # Leave while the agent speaks: DELETE first (204, not 404), then nothing is left over.
     await page.fill("#text", "one two three four five six")
     await page.click("#say")
