@@ -979,25 +979,21 @@ ui.connect.addEventListener("click", () => {
   connect().catch((err) => console.warn("connect failed:", err));
 });
 ui.hangup.addEventListener("click", hangup);
+// Say or Ask from the text box: the box empties once the message went out.
+function sendFromBox(action) {
+  clearAlert();
+  try {
+    if (action(ui.text.value)) ui.text.value = "";
+  } catch (err) {
+    showAlert(describeError(err));
+  }
+  ui.text.focus();
+}
 ui.form.addEventListener("submit", (ev) => {
   ev.preventDefault();
-  clearAlert();
-  try {
-    if (say(ui.text.value)) ui.text.value = "";
-  } catch (err) {
-    showAlert(describeError(err));
-  }
-  ui.text.focus();
+  sendFromBox(say);
 });
-ui.ask.addEventListener("click", () => {
-  clearAlert();
-  try {
-    if (ask(ui.text.value)) ui.text.value = "";
-  } catch (err) {
-    showAlert(describeError(err));
-  }
-  ui.text.focus();
-});
+ui.ask.addEventListener("click", () => sendFromBox(ask));
 ui.interrupt.addEventListener("click", () => {
   try {
     interrupt();
