@@ -5,7 +5,9 @@ tts_unavailable, /readyz unready, new sessions refused), and a probe closes it a
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
@@ -33,6 +35,22 @@ def server_config() -> Config:
     return Config(host="127.0.0.1", port=0, breaker=BREAKER)
 
 
+@contextlib.asynccontextmanager
+async def connected(
+    live_server: LiveServer,
+) -> AsyncIterator[tuple[FailingEngine, aiohttp.ClientSession, RtcClient]]:
+    """The server's failing engine, and a client connected to it (closed at the end)."""
+    engine = live_server.engine
+    assert isinstance(engine, FailingEngine)
+    async with aiohttp.ClientSession() as http:
+        client = RtcClient(live_server.url, http)
+        await client.connect()
+        try:
+            yield engine, http, client
+        finally:
+            await client.close()
+
+
 async def say(client: RtcClient, utt_id: str) -> list[dict[str, Any]]:
     """Say something; the events of that utterance once it ended."""
     client.send({"type": "say", "text": "one two three four", "id": utt_id})
@@ -48,18 +66,11 @@ async def readyz(http: aiohttp.ClientSession, url: str) -> tuple[int, Any]:
 async def test_an_engine_failure_mid_utterance_ends_it_and_the_session_goes_on(
     live_server: LiveServer,
 ) -> None:
-    engine = live_server.engine
-    assert isinstance(engine, FailingEngine)
-    async with aiohttp.ClientSession() as http:
-        client = RtcClient(live_server.url, http)
-        await client.connect()
-        try:
-            engine.mode = "midway"
-            events = await say(client, "broken")
-            engine.mode = "ok"
-            after = await say(client, "fine")
-        finally:
-            await client.close()
+    async with connected(live_server) as (engine, _http, client):
+        engine.mode = "midway"
+        events = await say(client, "broken")
+        engine.mode = "ok"
+        after = await say(client, "fine")
     kinds = [e["type"] for e in events]
     # The audio made before the failure is played (the error is sent when it happens,
     # speech.started when the first frame is heard).
@@ -77,52 +88,45 @@ async def test_an_engine_failure_mid_utterance_ends_it_and_the_session_goes_on(
 async def test_repeated_failures_open_the_breaker_and_a_probe_closes_it(
     live_server: LiveServer,
 ) -> None:
-    engine = live_server.engine
-    assert isinstance(engine, FailingEngine)
-    async with aiohttp.ClientSession() as http:
-        client = RtcClient(live_server.url, http)
-        await client.connect()
-        try:
-            engine.mode = "start"
-            for n in range(BREAKER.failures):
-                events = await say(client, f"f{n}")
-                assert [e["code"] for e in events if e["type"] == "error"] == ["tts_failed"]
-            assert engine.failures == BREAKER.failures
-            # Open: new speech fails fast without touching the engine.
-            started = time.monotonic()
-            events = await say(client, "fast")
-            assert time.monotonic() - started < 0.5
-            assert engine.failures == BREAKER.failures
-            error = next(e for e in events if e["type"] == "error")
-            assert error["code"] == "tts_unavailable" and "worker crashed" in error["message"]
-            assert events[-1]["interrupted"] is True
-            status, body = await readyz(http, live_server.url)
-            assert status == 503 and body["error"]["code"] == "tts_unavailable"
-            offer = {"type": "offer", "sdp": client.pc.localDescription.sdp}
-            async with http.post(live_server.url + "/offer", json=offer) as resp:
-                assert resp.status == 503 and int(resp.headers["Retry-After"]) >= 1
-                assert (await resp.json())["error"]["code"] == "tts_unavailable"
-            say_url = f"{live_server.url}/sessions/{client.session_id}/say"
-            async with http.post(say_url, json={"text": "hello"}) as resp:
-                assert resp.status == 503
-                assert (await resp.json())["error"]["code"] == "tts_unavailable"
+    async with connected(live_server) as (engine, http, client):
+        engine.mode = "start"
+        for n in range(BREAKER.failures):
+            events = await say(client, f"f{n}")
+            assert [e["code"] for e in events if e["type"] == "error"] == ["tts_failed"]
+        assert engine.failures == BREAKER.failures
+        # Open: new speech fails fast without touching the engine.
+        started = time.monotonic()
+        events = await say(client, "fast")
+        assert time.monotonic() - started < 0.5
+        assert engine.failures == BREAKER.failures
+        error = next(e for e in events if e["type"] == "error")
+        assert error["code"] == "tts_unavailable" and "worker crashed" in error["message"]
+        assert events[-1]["interrupted"] is True
+        status, body = await readyz(http, live_server.url)
+        assert status == 503 and body["error"]["code"] == "tts_unavailable"
+        offer = {"type": "offer", "sdp": client.pc.localDescription.sdp}
+        async with http.post(live_server.url + "/offer", json=offer) as resp:
+            assert resp.status == 503 and int(resp.headers["Retry-After"]) >= 1
+            assert (await resp.json())["error"]["code"] == "tts_unavailable"
+        say_url = f"{live_server.url}/sessions/{client.session_id}/say"
+        async with http.post(say_url, json={"text": "hello"}) as resp:
+            assert resp.status == 503
+            assert (await resp.json())["error"]["code"] == "tts_unavailable"
 
-            # The probe after the cool-down fails too: still open.
-            await asyncio.sleep(BREAKER.cooldown_s + 0.3)
-            assert engine.failures == BREAKER.failures + 1
-            assert (await readyz(http, live_server.url))[0] == 503
+        # The probe after the cool-down fails too: still open.
+        await asyncio.sleep(BREAKER.cooldown_s + 0.3)
+        assert engine.failures == BREAKER.failures + 1
+        assert (await readyz(http, live_server.url))[0] == 503
 
-            # The engine recovers: the next probe closes the breaker, speech works again.
-            engine.mode = "ok"
-            deadline = time.monotonic() + BREAKER.cooldown_s + 2
-            while (await readyz(http, live_server.url))[0] != 200:
-                assert time.monotonic() < deadline, "the breaker never closed"
-                await asyncio.sleep(0.1)
-            events = await say(client, "back")
-            assert not [e for e in events if e["type"] == "error"]
-            assert events[-1] == {"type": "speech.ended", "id": "back", "interrupted": False}
-        finally:
-            await client.close()
+        # The engine recovers: the next probe closes the breaker, speech works again.
+        engine.mode = "ok"
+        deadline = time.monotonic() + BREAKER.cooldown_s + 2
+        while (await readyz(http, live_server.url))[0] != 200:
+            assert time.monotonic() < deadline, "the breaker never closed"
+            await asyncio.sleep(0.1)
+        events = await say(client, "back")
+        assert not [e for e in events if e["type"] == "error"]
+        assert events[-1] == {"type": "speech.ended", "id": "back", "interrupted": False}
 
 
 async def test_one_clients_unusable_voice_is_its_error_not_an_engine_failure(
@@ -133,47 +137,33 @@ async def test_one_clients_unusable_voice_is_its_error_not_an_engine_failure(
     it (tts_unavailable for everyone, /readyz unready). Now an engine that can tell refuses
     the voice at ``config`` (unknown_voice, the voice in use kept); a refusal found only when
     speaking is that utterance's unknown_voice; neither counts as a failure."""
-    engine = live_server.engine
-    assert isinstance(engine, FailingEngine)
-    async with aiohttp.ClientSession() as http:
-        client = RtcClient(live_server.url, http)
-        await client.connect()
-        try:
-            client.send({"type": "config", "voice": "my-favourite-voice"})
-            error = await client.wait_event(lambda e: e["type"] == "error")
-            assert error["code"] == "unknown_voice" and "my-favourite-voice" in error["message"]
-            events = await say(client, "kept")
-            assert not [e for e in events if e["type"] == "error"]
-            engine.mode = "refuse"
-            for n in range(BREAKER.failures + 1):
-                events = await say(client, f"r{n}")
-                assert [e["code"] for e in events if e["type"] == "error"] == ["unknown_voice"]
-            assert (await readyz(http, live_server.url))[0] == 200
-            engine.mode = "ok"
-            events = await say(client, "fine")
-            assert not [e for e in events if e["type"] == "error"]
-            assert events[-1] == {"type": "speech.ended", "id": "fine", "interrupted": False}
-        finally:
-            await client.close()
+    async with connected(live_server) as (engine, http, client):
+        client.send({"type": "config", "voice": "my-favourite-voice"})
+        error = await client.wait_event(lambda e: e["type"] == "error")
+        assert error["code"] == "unknown_voice" and "my-favourite-voice" in error["message"]
+        events = await say(client, "kept")
+        assert not [e for e in events if e["type"] == "error"]
+        engine.mode = "refuse"
+        for n in range(BREAKER.failures + 1):
+            events = await say(client, f"r{n}")
+            assert [e["code"] for e in events if e["type"] == "error"] == ["unknown_voice"]
+        assert (await readyz(http, live_server.url))[0] == 200
+        engine.mode = "ok"
+        events = await say(client, "fine")
+        assert not [e for e in events if e["type"] == "error"]
+        assert events[-1] == {"type": "speech.ended", "id": "fine", "interrupted": False}
 
 
 async def test_interrupts_are_not_failures(live_server: LiveServer) -> None:
-    async with aiohttp.ClientSession() as http:
-        client = RtcClient(live_server.url, http)
-        await client.connect()
-        try:
-            for n in range(BREAKER.failures + 1):
-                client.send({"type": "say", "text": " ".join(["w"] * 20), "id": f"i{n}"})
-                await client.wait_event(
-                    lambda e, i=n: e == {"type": "speech.started", "id": f"i{i}"}
-                )
-                client.send({"type": "interrupt"})
-                await client.wait_event(
-                    lambda e, i=n: e.get("id") == f"i{i}" and e["type"] == "speech.ended"
-                )
-            assert (await readyz(http, live_server.url))[0] == 200
-        finally:
-            await client.close()
+    async with connected(live_server) as (_engine, http, client):
+        for n in range(BREAKER.failures + 1):
+            client.send({"type": "say", "text": " ".join(["w"] * 20), "id": f"i{n}"})
+            await client.wait_event(lambda e, i=n: e == {"type": "speech.started", "id": f"i{i}"})
+            client.send({"type": "interrupt"})
+            await client.wait_event(
+                lambda e, i=n: e.get("id") == f"i{i}" and e["type"] == "speech.ended"
+            )
+        assert (await readyz(http, live_server.url))[0] == 200
 
 
 def test_the_breaker_reports_the_rate_its_engine_learned_at_start() -> None:
