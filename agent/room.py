@@ -65,6 +65,10 @@ log = logging.getLogger(__name__)
 
 AGENT_ID = "agent"  # the agent's participant id in room events
 ROOM_TICK_S = 1.0  # feedback hold-offs (FEC off after quiet, REMB expiry)
+# How often a speaker's hold is checked without frames: a speaker whose frames stop goes
+# quiet within speaking_hold_s plus this.
+SPEAKING_CHECK_S = 0.2
+SILENCE_DBFS = -100.0  # the level of a speaker from whom nothing arrives
 
 
 class RoomError(Exception):
@@ -120,6 +124,7 @@ class Room:
         loop = asyncio.get_running_loop()
         self._tasks.append(loop.create_task(self._pump_agent()))
         self._tasks.append(loop.create_task(self._tick()))
+        self._tasks.append(loop.create_task(self._watch_speakers()))
 
     async def _pump_agent(self) -> None:
         """The agent's one encode per 20 ms (paced by its track), published to everyone."""
@@ -139,6 +144,16 @@ class Room:
                     member.tick()
                 except Exception:  # feedback bookkeeping must never end the room
                     log.exception("room %s: tick failed", self.name)
+
+    async def _watch_speakers(self) -> None:
+        """End the hold of speakers whose frames stopped (a network drop mid-word, a client
+        that sends RTCP but no RTP): their feeds measure nothing, so only a timer can."""
+        while True:
+            await asyncio.sleep(SPEAKING_CHECK_S)
+            now = time.monotonic()
+            for feed in list(self.slots):
+                if feed is not None:
+                    feed.check_hold(now)
 
     async def close(self) -> None:
         self.closed = True
@@ -319,7 +334,7 @@ class SpeakerFeed:
         settings = room.settings
         self._threshold = settings.speaking_threshold_dbfs
         self._hold = settings.speaking_hold_s
-        self._level = -100.0  # smoothed dBFS
+        self._level = SILENCE_DBFS  # smoothed dBFS
         self.active = False
         self._last_loud = -math.inf
         self.frames = 0
@@ -376,9 +391,21 @@ class SpeakerFeed:
             if not self.active:
                 self.active = True
                 self.room.on_speaking(self.member, True, self._level)
-        elif self.active and now - self._last_loud > self._hold:
-            self.active = False
-            self.room.on_speaking(self.member, False, self._level)
+        else:
+            self.check_hold(now)
+
+    def check_hold(self, now: float) -> None:
+        """Off ``speaking_hold_s`` after the last loud frame: from quiet frames, or from the
+        room's timer when no frames arrive at all."""
+        if not self.active or now - self._last_loud <= self._hold:
+            return
+        if self._level > self._threshold:
+            # Still loud, so no frame came for the whole hold: what was heard last is not
+            # what is heard now (nothing). Without this the first quiet frame after the gap
+            # would smooth down from the stale loud level and flag the speaker again.
+            self._level = SILENCE_DBFS
+        self.active = False
+        self.room.on_speaking(self.member, False, self._level)
 
     async def close(self) -> None:
         task, self._task = self._task, None

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
+import numpy as np
 import pytest
 from aiortc.mediastreams import MediaStreamError
 
 from agent.bitrate import EncoderTarget
-from agent.config import RoomSettings
+from agent.config import Config, RoomSettings
 from agent.fanout import FanoutSource, FanoutTrack, SharedEncoderControl, SubscriberWish
+from agent.room import Room, RoomMember, SpeakerFeed
 from signaling.rooms import offer_sends_audio
+from tests.doubles import ToneEngine
 
 
 async def test_a_full_subscriber_queue_drops_its_oldest_packets_only() -> None:
@@ -123,3 +127,36 @@ async def test_without_the_expected_internals_the_track_uses_aiortcs_path() -> N
     source.publish(b"one")  # resolve() finds nothing it knows: falls back, once and for all
     assert not track.direct
     assert bytes(await asyncio.wait_for(track.recv(), 1)) == b"one"
+
+
+def test_a_speaker_whose_frames_stop_goes_quiet_once_and_a_quiet_return_stays_quiet() -> None:
+    """The hold was only checked when a frame arrived: a speaker whose frames stopped stayed
+    active. The room's timer (check_hold) ends it once; the loud level heard before the gap
+    must not then flag the first quiet frame after it as speech."""
+    room = Room("r", ToneEngine(), Config(rooms=RoomSettings()))
+    member = room.join("s", speaking=True, host=True, expects_channel=False)
+    feed = SpeakerFeed(room, member, mic=None)  # type: ignore[arg-type]
+    room.slots[0] = feed
+    events: list[tuple[bool, float]] = []
+
+    def on_speaking(member: RoomMember, active: bool, level_dbfs: float) -> None:
+        events.append((active, level_dbfs))
+
+    room.on_speaking = on_speaking  # type: ignore[method-assign]
+    loud = (np.sin(np.arange(960) / 8) * 8000).astype(np.int16)
+    try:
+        feed._on_frame(loud, 48_000)
+        assert feed.active and member.speaking
+        hold = RoomSettings().speaking_hold_s
+        feed.check_hold(time.monotonic() + hold / 2)  # within the hold: still talking
+        assert feed.active
+        later = time.monotonic() + hold + 0.1
+        feed.check_hold(later)
+        feed.check_hold(later + 1)
+        assert not feed.active and not member.speaking
+        assert events == [(True, events[0][1]), (False, -100.0)]  # off once, at silence
+        feed._on_frame(np.full(960, 30, dtype=np.int16), 48_000)  # quiet frames again
+        assert not feed.active and len(events) == 2
+    finally:
+        feed.encoder.close()
+        room.discard()

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 import aiohttp
 import numpy as np
@@ -224,6 +225,49 @@ async def test_a_vanished_listener_disturbs_nobody_and_the_room_closes_when_empt
             assert fresh is not None and fresh is not room and len(fresh.members) == 1
         finally:
             await again.close()
+
+
+async def test_a_speaker_whose_audio_stops_is_shown_quiet_after_the_hold() -> None:
+    """A speaker whose packets stop mid-word (its network dropped) stayed "talking"
+    (speaker.active, room.state's speaking) until the watchdog dropped its session: the hold
+    was only checked when a frame arrived. It ends on time without frames too."""
+    async with room_server() as server, aiohttp.ClientSession() as http:
+        talker = RtcClient(server.url, http)
+        watcher = RtcClient(server.url, http)
+        late = RtcClient(server.url, http)
+        try:
+            await talker.connect(room="v", mic=ToneMicrophone(TONE_A), slots=1)
+            await watcher.connect(room="v", slots=1)
+            pid = talker.participant_id
+
+            def shown_talking(e: dict[str, Any]) -> bool:
+                if e["type"] == "room.state":  # talking before the watcher joined
+                    return any(
+                        p["participant_id"] == pid and p["speaking"] for p in e["participants"]
+                    )
+                return e["type"] == "speaker.active" and e["participant_id"] == pid and e["active"]
+
+            await watcher.wait_event(shown_talking)
+            _abandon(talker)  # its packets stop; its session lives on until the watchdog
+            stopped = time.monotonic()
+            off = await watcher.wait_event(
+                lambda e: (
+                    e["type"] in ("speaker.active", "participant.left")
+                    and e["participant_id"] == pid
+                    and not e.get("active", False)
+                ),
+                timeout=3.0,
+            )
+            assert off["type"] == "speaker.active", off  # quiet, not gone
+            hold = RoomSettings().speaking_hold_s
+            assert time.monotonic() - stopped < hold + 1.0  # the hold, a timer tick, jitter
+            await late.connect(room="v", slots=1)
+            state = await late.wait_event(lambda e: e["type"] == "room.state")
+            talking = [p["speaking"] for p in state["participants"] if p["participant_id"] == pid]
+            assert talking == [False], state
+        finally:
+            for client in (late, watcher, talker):
+                await client.close()
 
 
 async def test_room_limits_refuse_with_clear_errors() -> None:
