@@ -109,6 +109,9 @@ class Room:
         self.members: dict[str, RoomMember] = {}  # by participant id
         self.slots: list[SpeakerFeed | None] = [None] * self.settings.max_speakers
         self.closed = False
+        # When someone in the room last talked (monotonic): its members are in use while
+        # people talk to each other, whether or not anyone instructs the agent.
+        self._last_speech = -math.inf
         self._on_closed = on_closed
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -275,6 +278,16 @@ class Room:
                 other.subscribe_slot(member.slot, feed.source)
         feed.start()
 
+    def heard_speech(self, now: float) -> None:
+        """A speaker's microphone was loud at ``now``."""
+        self._last_speech = max(self._last_speech, now)
+
+    def last_speech(self, now: float) -> float:
+        """When anyone here last talked: ``now`` while the agent or a speaker is talking."""
+        if self.pipeline.busy or any(feed is not None and feed.active for feed in self.slots):
+            self._last_speech = now
+        return self._last_speech
+
     def on_speaking(self, member: RoomMember, active: bool, level_dbfs: float) -> None:
         self.broadcast(
             {
@@ -388,6 +401,7 @@ class SpeakerFeed:
         now = time.monotonic()
         if self._level > self._threshold:
             self._last_loud = now
+            self.room.heard_speech(now)
             if not self.active:
                 self.active = True
                 self.room.on_speaking(self.member, True, self._level)

@@ -60,6 +60,10 @@ class Liveness:
         """A client request or speech: the session is in use."""
         self.last_activity = time.monotonic()
 
+    def active_since(self, when: float) -> None:
+        """In use at ``when`` (monotonic), if that is later than what was known."""
+        self.last_activity = max(self.last_activity, when)
+
 
 def verdict(life: Liveness, connected: bool, settings: LifecycleSettings, now: float) -> Verdict:
     if life.detached_at is not None:

@@ -362,7 +362,11 @@ class SessionRegistry:
         for peer in list(self._peers.values()):
             if peer.resuming:
                 continue
-            if peer.session.pipeline.busy:
+            if isinstance(peer.session, RoomMember):
+                # Speech anywhere in a room keeps all of it: speakers talking to each other
+                # (the agent silent) and the listeners hearing them are in use too.
+                peer.life.active_since(peer.session.room.last_speech(now))
+            elif peer.session.pipeline.busy:
                 peer.life.active()
             connected = peer.pc.connectionState == "connected"
             session_id = peer.session.id

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import time
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -159,4 +161,23 @@ def test_a_speaker_whose_frames_stop_goes_quiet_once_and_a_quiet_return_stays_qu
         assert not feed.active and len(events) == 2
     finally:
         feed.encoder.close()
+        room.discard()
+
+
+def test_a_rooms_last_speech_is_its_speakers_and_its_agents(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The room's idle clock: the last loud microphone frame, or now while anyone talks."""
+    room = Room("r", ToneEngine(), Config(rooms=RoomSettings()))
+    try:
+        assert room.last_speech(100.0) == -math.inf  # nobody talked yet
+        room.heard_speech(50.0)
+        assert room.last_speech(100.0) == 50.0
+        room.slots[0] = SimpleNamespace(active=True)  # type: ignore[call-overload]
+        assert room.last_speech(100.0) == 100.0  # a speaker within their hold
+        room.slots[0] = None
+        assert room.last_speech(120.0) == 100.0
+        monkeypatch.setattr(type(room.pipeline), "busy", property(lambda self: True))
+        assert room.last_speech(130.0) == 130.0  # the agent talking
+    finally:
         room.discard()

@@ -12,7 +12,7 @@ import aiohttp
 import numpy as np
 import pytest
 
-from agent.config import Config, RoomSettings, SecuritySettings
+from agent.config import Config, LifecycleSettings, RoomSettings, SecuritySettings
 from signaling.auth import mint_token
 from signaling.keys import SESSIONS
 from tests.conftest import LiveServer, serve
@@ -267,6 +267,32 @@ async def test_a_speaker_whose_audio_stops_is_shown_quiet_after_the_hold() -> No
             assert talking == [False], state
         finally:
             for client in (late, watcher, talker):
+                await client.close()
+
+
+async def test_a_room_where_people_talk_is_not_closed_as_idle() -> None:
+    """Only requests and the agent's speech counted as activity: speakers talking to each
+    other (the agent silent) were closed as idle, their listeners with them. Speech on any
+    microphone now keeps every member of the room."""
+    lifecycle = LifecycleSettings(idle_timeout_s=3.0)
+    async with room_server(lifecycle=lifecycle) as server, aiohttp.ClientSession() as http:
+        a = RtcClient(server.url, http)
+        b = RtcClient(server.url, http)
+        guest = RtcClient(server.url, http)  # a WHEP listener hearing them
+        try:
+            await a.connect(room="talk", mic=ToneMicrophone(TONE_A), slots=2)
+            await b.connect(room="talk", mic=ToneMicrophone(TONE_B), slots=2)
+            await guest.connect(room="talk", whep=True, slots=2)
+            await a.wait_event(
+                lambda e: e["type"] == "speaker.active" and e["participant_id"] == b.participant_id
+            )
+            await asyncio.sleep(4.5)  # longer than the idle timeout, all of it talking
+            closed = [e for c in (a, b) for e in c.events if e["type"] == "session.closed"]
+            assert not closed, closed
+            room = server.app[SESSIONS].rooms.get("talk")
+            assert room is not None and len(room.members) == 3, "room torn down as idle"
+        finally:
+            for client in (a, b, guest):
                 await client.close()
 
 
