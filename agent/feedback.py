@@ -182,6 +182,7 @@ class FeedbackTap:
         self._sent_reports = SentReports()
         self._twcc_window: list[int] = [0, 0]  # packets, lost since the last loss report
         self._twcc_window_start: float | None = None
+        self._rr_highest: int | None = None  # extended highest sequence of the last RR
 
     # --- installation --------------------------------------------------------------------
     def install(self, transport_cc: bool) -> None:
@@ -257,6 +258,10 @@ class FeedbackTap:
         # sooner: counting the receiver report's summary of the same packets again would
         # make one loss episode lower the bitrate twice.
         loss = None if self.transport_feedbacks else report.fraction_lost / 256
+        # The fraction is of the packets expected since the previous report (RFC 3550 6.4.1):
+        # the controller weighs it by that count.
+        previous, self._rr_highest = self._rr_highest, report.highest_sequence
+        expected = None if previous is None else report.highest_sequence - previous
         self._apply(
             self.controller.on_loss_report(
                 LossReport(
@@ -265,6 +270,7 @@ class FeedbackTap:
                     rtt_s=self._rtt(report, now),
                     jitter_s=report.jitter / OPUS_CLOCK_RATE,
                     source="rr",
+                    packets=expected if expected and 0 < expected < 1 << 16 else None,
                 )
             )
         )
@@ -317,7 +323,11 @@ class FeedbackTap:
         total, lost_total = self._twcc_window
         if now - self._twcc_window_start >= TWCC_LOSS_WINDOW_S and total >= TWCC_LOSS_MIN_PACKETS:
             fraction = min(1.0, lost_total / total)
-            self._apply(self.controller.on_loss_report(LossReport(now, fraction, source="twcc")))
+            self._apply(
+                self.controller.on_loss_report(
+                    LossReport(now, fraction, source="twcc", packets=total)
+                )
+            )
             self._twcc_window = [0, 0]
             self._twcc_window_start = now
 

@@ -10,6 +10,7 @@ import asyncio
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
 from aiortc.clock import current_ntp_time
 from aiortc.rtp import (
     RTCP_PSFB_APP,
@@ -58,12 +59,14 @@ def make_tap() -> tuple[FeedbackTap, BitrateController, Encoder]:
     return tap, controller, encoder
 
 
-def report(fraction_lost: int, lsr: int = 0, dlsr: int = 0, ssrc: int = SSRC) -> RtcpRrPacket:
+def report(
+    fraction_lost: int, lsr: int = 0, dlsr: int = 0, ssrc: int = SSRC, highest: int = 0
+) -> RtcpRrPacket:
     info = RtcpReceiverInfo(
         ssrc=ssrc,
         fraction_lost=fraction_lost,
         packets_lost=0,
-        highest_sequence=0,
+        highest_sequence=highest,
         jitter=480,
         lsr=lsr,
         dlsr=dlsr,
@@ -139,6 +142,15 @@ async def test_a_report_naming_an_unknown_sender_report_gives_no_rtt() -> None:
     # Nor from an LSR that was never ours.
     await sender._handle_rtcp_packet(report(0, lsr=0x1234_5678, dlsr=0))
     assert controller.rtt_s is None
+
+
+def test_receiver_report_loss_weighs_by_the_packets_it_covers() -> None:
+    """Chromium reports every ~5 s: its fraction is of ~250 packets, five aiortc reports'
+    worth, and moves the controller's estimate as much."""
+    tap, controller, _ = make_tap()
+    tap._on_rtcp_packet(report(0, highest=1_000))
+    tap._on_rtcp_packet(report(26, highest=1_250))
+    assert controller.loss == pytest.approx(26 / 256 * (1 - 0.5**5))
 
 
 def test_reports_about_other_streams_are_ignored() -> None:
