@@ -59,16 +59,21 @@ class Applier:
         set_bitrate: Callable[[int], None],
         set_fec: Callable[[bool], None],
         set_expected_loss: Callable[[int], None],
+        *,
+        live: Callable[[], bool] = lambda: True,
     ) -> None:
         self._set_bitrate = set_bitrate
         self._set_fec = set_fec
         self._set_expected_loss = set_expected_loss
+        # False once the encoder is gone (its track stopped with its peer connection): the
+        # tap still ticks, and may still hear a late report, until the session ends.
+        self._live = live
         self.current: EncoderTarget | None = None
         self.changes = 0
 
     def __call__(self, target: EncoderTarget) -> None:
         current = self.current
-        if current == target:
+        if current == target or not self._live():
             return
         if current is None or current.bitrate != target.bitrate:
             self._set_bitrate(target.bitrate)

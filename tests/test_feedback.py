@@ -7,6 +7,7 @@ pin each input path on its own, with hand-made reports whose effect is known exa
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
@@ -43,11 +44,12 @@ class Encoder:
     def __init__(self) -> None:
         self.calls: list[tuple[str, Any]] = []
 
-    def applier(self) -> Applier:
+    def applier(self, live: Callable[[], bool] = lambda: True) -> Applier:
         return Applier(
             lambda v: self.calls.append(("bitrate", v)),
             lambda v: self.calls.append(("fec", v)),
             lambda v: self.calls.append(("loss", v)),
+            live=live,
         )
 
 
@@ -241,6 +243,17 @@ def test_applier_only_touches_what_changed() -> None:
     apply(EncoderTarget(32_000, True, 10))
     assert encoder.calls[3:] == [("fec", True), ("loss", 10)]
     assert apply.changes == 1
+
+
+def test_applier_leaves_an_encoder_that_is_gone_alone() -> None:
+    encoder = Encoder()
+    live = [True]
+    apply = encoder.applier(live=lambda: live[0])
+    apply(EncoderTarget(32_000, False, 0))
+    live[0] = False  # the track stopped: its encoder is closed
+    apply(EncoderTarget(28_000, True, 10))
+    assert encoder.calls == [("bitrate", 32_000), ("fec", False), ("loss", 0)]
+    assert apply.changes == 0
 
 
 async def test_junk_rtcp_through_the_installed_hooks_never_raises() -> None:
