@@ -48,7 +48,14 @@ class NetworkAdaptation:
         self.controller = BitrateController(
             settings, ceiling, fec_allowed=receiver.fec, now=clock()
         )
-        self.applier = Applier(track.set_bitrate, track.set_fec, track.set_expected_loss)
+        self.applier = Applier(
+            track.set_bitrate,
+            track.set_fec,
+            track.set_expected_loss,
+            # aiortc stops the track (closing its encoder) when the peer connection goes;
+            # the session lives on for a resume, its stats loop still ticking this.
+            live=lambda: track.readyState == "live",
+        )
         self.tap: FeedbackTap | None = None
         self._clock = clock
 

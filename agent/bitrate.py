@@ -9,13 +9,20 @@ Loss (RTCP receiver reports; transport-cc windows where the peer sends them):
   loss to the smoothed loss (at least ``fec_min_expected_loss_pct``: libopus only narrows
   the band to fit FEC above 5%); FEC goes off after ``fec_off_after_s`` without loss.
   Hysteresis by time, so a path with sporadic loss does not flap.
-Bitrate decisions use the smoothed loss (half the newest report, half the history):
-- loss > ``loss_decrease``: bitrate x (1 - loss / 2) (GCC's loss rule), at most once per
-  ``decrease_interval_s``, not below ``fec_min_bitrate``: random loss is not cured by a lower
-  rate, FEC cures it, and below that floor libopus has no bits left for FEC.
-- loss between the two thresholds: hold. A steady lossy path settles, it does not oscillate.
-- loss <= ``loss_increase``: climb by ``increase_per_s`` (compounded over the time since the
-  last update) to the ceiling, but not within ``increase_hold_s`` of a decrease.
+Bitrate decisions use loss smoothed per packet (so a receiver report of ~50 packets and two
+transport-cc windows of ~25 weigh the same), in three estimates: fast (the newest 50 packets
+weigh half: about the last 2 s), slow (a fifth: ~5 s) and long-run (3%: ~30 s).
+- fast > ``loss_decrease`` and either the long-run one is too (a steady lossy path) or the
+  fast one is 1.2 x ``loss_decrease`` above the long-run one (a jump: 10% after a clean
+  path is cut by the second 50-packet report): bitrate x (1 - fast / 2) (GCC's loss rule),
+  at most once per ``decrease_interval_s``, not below ``fec_min_bitrate``: random loss is
+  not cured by a lower rate, FEC cures it, and below that floor libopus has no bits left for
+  FEC. The fast estimate alone is above 5% a quarter of the time on a 4% path.
+- otherwise, unless both fast and slow are <= ``loss_increase``: hold. A steady 3-4% path
+  settles near the ceiling, it does not oscillate (nearer 5% the long-run estimate crosses
+  more often: such a path drifts down).
+- fast and slow <= ``loss_increase``: climb by ``increase_per_s`` (compounded over the time
+  since the last update) to the ceiling, but not within ``increase_hold_s`` of a decrease.
 
 Congestion (queueing, not random loss), where the floor is ``min_bitrate``:
 - transport-cc: queueing delay above ``queuing_delay_overuse_ms`` and growing means the
@@ -40,8 +47,16 @@ from agent.config import AdaptationSettings
 
 REMB_FRESH_S = 10.0
 RTT_BASELINE_WINDOW_S = 60.0
-LOSS_SMOOTHING = 0.5  # weight of the newest report in the fast loss estimate
-SLOW_LOSS_SMOOTHING = 0.2  # ... in the slow one (about the last five reports)
+# Loss is smoothed per packet, not per report: an RTCP receiver report covers ~50 packets
+# (aiortc's: ~1 s; Chromium's: ~5 s, ~250), a transport-cc window ~25. Per REPORT_PACKETS
+# packets the newest loss weighs this much in each estimate, so both kinds of feedback give
+# the same estimates on the same path.
+REPORT_PACKETS = 50
+LOSS_SMOOTHING = 0.5  # the fast estimate: about the last 100 packets (2 s)
+SLOW_LOSS_SMOOTHING = 0.2  # the slow one: about the last 250 (5 s)
+LONG_LOSS_SMOOTHING = 0.03  # the long-run one: about the last 1,700 (33 s)
+# A fast estimate this many loss_decrease's above the long-run one is a jump, not noise.
+LOSS_JUMP = 1.2
 EXPECTED_LOSS_STEP = 3  # percentage points
 MIN_STEP = 0.08  # smallest relative bitrate change passed to the encoder
 MAX_CLIMB_STEP_S = 5.0
@@ -63,6 +78,7 @@ class LossReport:
     rtt_s: float | None = None
     jitter_s: float | None = None
     source: str = "rr"  # "rr" (RTCP receiver report) or "twcc" (transport-cc window)
+    packets: int | None = None  # how many packets the fraction is of; None: REPORT_PACKETS
 
 
 @dataclass(frozen=True)
@@ -108,6 +124,7 @@ class BitrateController:
         # What the reports said, for stats.
         self.loss: float | None = None  # smoothed fraction lost (fast)
         self._slow_loss = 0.0
+        self._long_loss = 0.0
         self.last_loss: float | None = None
         self.rtt_s: float | None = None
         self.jitter_s: float | None = None
@@ -149,9 +166,11 @@ class BitrateController:
             return self.tick(now)
         loss = min(1.0, max(0.0, report.fraction_lost))
         self.last_loss = loss
-        # Smoothed from a clean start: one lossy report counts half in the fast estimate.
-        self.loss = LOSS_SMOOTHING * loss + (1 - LOSS_SMOOTHING) * (self.loss or 0.0)
-        self._slow_loss = SLOW_LOSS_SMOOTHING * loss + (1 - SLOW_LOSS_SMOOTHING) * self._slow_loss
+        # Smoothed from a clean start: one lossy 50-packet report counts half in the fast one.
+        packets = report.packets if report.packets and report.packets > 0 else REPORT_PACKETS
+        self.loss = _smooth(self.loss or 0.0, loss, LOSS_SMOOTHING, packets)
+        self._slow_loss = _smooth(self._slow_loss, loss, SLOW_LOSS_SMOOTHING, packets)
+        self._long_loss = _smooth(self._long_loss, loss, LONG_LOSS_SMOOTHING, packets)
 
         # FEC and the loss libopus should expect.
         if loss >= s.fec_on_loss:
@@ -174,13 +193,11 @@ class BitrateController:
             if current == 0 or abs(percent - current) >= max(EXPECTED_LOSS_STEP, current // 4):
                 self._expected_loss_pct = percent
 
-        # Bitrate, on smoothed loss: one report's fraction over ~50 packets is noisy (a 3%
-        # path reads 0-8%), and deciding on it alone makes a sawtooth. Down on the fast
-        # estimate (a jump to 10% crosses 5% at the second report), up only when the slow
-        # one is clean too, so a noisy lossy path settles instead of climbing and falling.
-        smoothed = self.loss
-        if smoothed > s.loss_decrease:
-            self._decrease(now, self._bitrate * (1 - smoothed / 2), s.fec_min_bitrate, "loss")
+        # Bitrate, on smoothed loss: 50 packets' fraction is noisy (a 4% path reads 0-12%),
+        # and so is the fast estimate (a 4% path has it above 5% a quarter of the time):
+        # cutting whenever it crosses 5% sank a 4% path to the floor. See _lossy.
+        if self._lossy():
+            self._decrease(now, self._bitrate * (1 - self.loss / 2), s.fec_min_bitrate, "loss")
         elif self._clean() and not self._congested():
             self._increase(now)
         else:
@@ -234,6 +251,16 @@ class BitrateController:
                 now, self._bitrate * s.congestion_backoff, s.min_bitrate, "round-trip time"
             )
 
+    def _lossy(self) -> bool:
+        """Loss that lowers the bitrate: the fast estimate above loss_decrease, and either the
+        long-run one too (a steady lossy path: 6% reaches the floor in 1-2 minutes, 4% holds),
+        or the fast one LOSS_JUMP x loss_decrease above the long-run one (a jump: 10% after
+        a clean path is cut by the second report)."""
+        limit = self.settings.loss_decrease
+        fast = self.loss or 0.0
+        long = self._long_loss
+        return fast > limit and (long > limit or fast - long >= LOSS_JUMP * limit)
+
     def _clean(self) -> bool:
         limit = self.settings.loss_increase
         return (self.loss or 0.0) <= limit and self._slow_loss <= limit
@@ -264,3 +291,11 @@ class BitrateController:
 
     def _remb_cap(self) -> int | None:
         return self._remb[1] if self._remb is not None else None
+
+
+def _smooth(estimate: float, loss: float, per_report: float, packets: int) -> float:
+    """``estimate`` moved towards ``loss`` measured over ``packets`` packets: by
+    ``per_report`` for REPORT_PACKETS, compounded, so two 25-packet reports move it as
+    one 50-packet report does."""
+    weight: float = 1 - (1 - per_report) ** (packets / REPORT_PACKETS)
+    return weight * loss + (1 - weight) * estimate

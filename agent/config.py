@@ -85,7 +85,7 @@ class AdaptationSettings:
     # (measured: no LBRR at 16 kbps, LBRR in 89% of speech packets at 20 kbps), and lowering
     # the rate further does not fix random loss, FEC does.
     fec_min_bitrate: int = 20_000
-    loss_decrease: float = 0.05  # reported loss above this lowers the bitrate
+    loss_decrease: float = 0.05  # smoothed loss above this lowers the bitrate (agent/bitrate.py)
     loss_increase: float = 0.02  # loss at or below this lets the bitrate climb back
     increase_per_s: float = 0.15  # climb rate on a clean path (fraction of bitrate per second)
     increase_hold_s: float = 2.0  # no climbing this soon after a decrease

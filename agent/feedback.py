@@ -7,6 +7,8 @@ connection, all pinned by ``aiortc==1.16.0`` and covered by end-to-end tests:
 
 - ``RTCRtpSender._handle_rtcp_packet`` (an instance attribute replaced by a wrapper that
   calls the original first): receiver reports (loss, jitter, RTT from LSR/DLSR) and REMB;
+- ``RTCRtpSender._send_rtcp`` (wrapped the same way): when each of our sender reports left,
+  by the LSR a receiver will echo, for the RTT;
 - the sender's header-extension map (name-mangled ``__rtp_header_extensions_map``): replaced
   by a subclass that stamps every outgoing packet with the next transport-wide sequence
   number and records when it left, when transport-cc was negotiated;
@@ -22,7 +24,6 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiortc import RTCRtpSender
-from aiortc.clock import current_ntp_time
 from aiortc.rtp import (
     RTCP_PSFB_APP,
     HeaderExtensions,
@@ -46,6 +47,7 @@ log = logging.getLogger(__name__)
 OPUS_CLOCK_RATE = 48_000
 TWCC_LOSS_WINDOW_S = 0.5  # transport-cc loss is summed over this long before it is judged
 TWCC_LOSS_MIN_PACKETS = 10
+SENT_REPORTS_KEPT = 16  # SRs leave every 0.5-1.5 s: an RR naming an older one is stale
 MAX_LOGGED_ERRORS = 5  # per session: a peer sending junk must not flood the log
 
 
@@ -57,16 +59,21 @@ class Applier:
         set_bitrate: Callable[[int], None],
         set_fec: Callable[[bool], None],
         set_expected_loss: Callable[[int], None],
+        *,
+        live: Callable[[], bool] = lambda: True,
     ) -> None:
         self._set_bitrate = set_bitrate
         self._set_fec = set_fec
         self._set_expected_loss = set_expected_loss
+        # False once the encoder is gone (its track stopped with its peer connection): the
+        # tap still ticks, and may still hear a late report, until the session ends.
+        self._live = live
         self.current: EncoderTarget | None = None
         self.changes = 0
 
     def __call__(self, target: EncoderTarget) -> None:
         current = self.current
-        if current == target:
+        if current == target or not self._live():
             return
         if current is None or current.bitrate != target.bitrate:
             self._set_bitrate(target.bitrate)
@@ -123,6 +130,33 @@ class TransportSequenceMap(HeaderExtensionsMap):
         return seq
 
 
+class SentReports:
+    """When each of the last few sender reports left, by the LSR a receiver echoes.
+
+    The SR's NTP time is not when it left: aiortc stamps it with the time of the last RTP
+    packet, and the lean send path (agent/direct.py) refreshes that only every 0.5 s. So LSR
+    read as a time (RFC 3550's arithmetic) is early by up to 0.5 s, which reads as an RTT
+    spike; the send time recorded here per LSR is exact for every recent SR, not only the
+    latest (a receiver names an older one when the latest was lost or crossed its report).
+    """
+
+    def __init__(self, kept: int = SENT_REPORTS_KEPT) -> None:
+        self._kept = kept
+        self._sent: dict[int, float] = {}  # LSR -> send time; insertion order is send order
+
+    def record(self, ntp_timestamp: int, sent_at: float) -> None:
+        lsr = (ntp_timestamp >> 16) & 0xFFFFFFFF
+        # Two SRs with one NTP time (no packet between them): the receiver most likely got
+        # the later; if it got only the earlier, the RTT comes out negative and is dropped.
+        self._sent.pop(lsr, None)
+        self._sent[lsr] = sent_at
+        while len(self._sent) > self._kept:
+            del self._sent[next(iter(self._sent))]
+
+    def sent_at(self, lsr: int) -> float | None:
+        return self._sent.get(lsr)
+
+
 class FeedbackTap:
     """Feeds one sender's receiver feedback into a controller and applies its target."""
 
@@ -150,8 +184,10 @@ class FeedbackTap:
         self.transport_cc = False
         self._history = SendHistory()
         self._estimator = FeedbackEstimator()
+        self._sent_reports = SentReports()
         self._twcc_window: list[int] = [0, 0]  # packets, lost since the last loss report
         self._twcc_window_start: float | None = None
+        self._rr_highest: int | None = None  # extended highest sequence of the last RR
 
     # --- installation --------------------------------------------------------------------
     def install(self, transport_cc: bool) -> None:
@@ -163,6 +199,13 @@ class FeedbackTap:
             self._guarded(self._on_rtcp_packet, packet)
 
         self.sender._handle_rtcp_packet = handle_rtcp_packet  # type: ignore[method-assign]
+        original_send: Callable[[list[Any]], Awaitable[None]] = self.sender._send_rtcp
+
+        async def send_rtcp(packets: list[Any]) -> None:
+            self._guarded(self._on_rtcp_sent, packets)  # as aiortc notes its LSR: just before
+            await original_send(packets)
+
+        self.sender._send_rtcp = send_rtcp  # type: ignore[method-assign]
         if transport_cc:
             self.transport_cc = True
             # Replaced before RTCRtpSender.send() configures it with the negotiated ids.
@@ -208,41 +251,46 @@ class FeedbackTap:
         except ValueError as exc:  # a malformed report from the peer: ignore it, say so
             log.debug("ignoring malformed RTCP feedback: %s", exc)
 
+    def _on_rtcp_sent(self, packets: list[Any]) -> None:
+        for packet in packets:
+            if isinstance(packet, RtcpSrPacket) and packet.ssrc == self.sender._ssrc:
+                self._sent_reports.record(packet.sender_info.ntp_timestamp, self._clock())
+
     def _on_receiver_report(self, report: Any) -> None:
         self.receiver_reports += 1
+        now = self._clock()
         # Where transport-cc feedback flows it already reported this loss, per packet and
         # sooner: counting the receiver report's summary of the same packets again would
         # make one loss episode lower the bitrate twice.
         loss = None if self.transport_feedbacks else report.fraction_lost / 256
+        # The fraction is of the packets expected since the previous report (RFC 3550 6.4.1):
+        # the controller weighs it by that count.
+        previous, self._rr_highest = self._rr_highest, report.highest_sequence
+        expected = None if previous is None else report.highest_sequence - previous
         self._apply(
             self.controller.on_loss_report(
                 LossReport(
-                    time=self._clock(),
+                    time=now,
                     fraction_lost=loss,
-                    rtt_s=self._rtt(report),
+                    rtt_s=self._rtt(report, now),
                     jitter_s=report.jitter / OPUS_CLOCK_RATE,
                     source="rr",
+                    packets=expected if expected and 0 < expected < 1 << 16 else None,
                 )
             )
         )
 
-    def _rtt(self, report: Any) -> float | None:
-        """RFC 3550 6.4.1: now - (when our SR left) - DLSR.
+    def _rtt(self, report: Any, now: float) -> float | None:
+        """RFC 3550 6.4.1: now - (when the named SR left) - DLSR, from the recorded send time.
 
-        aiortc stamps its SR with the NTP time of the last RTP packet, not of the SR itself,
-        so LSR read as a time is early by up to a packet interval; aiortc keeps the wall time
-        it sent the SR with that LSR, which is exact.
+        An LSR not recorded (older than the last few SRs, or not ours) gives no RTT: LSR read
+        as a time is up to 0.5 s early (see SentReports), and a false spike backs off.
         """
-        if not report.lsr:
+        sent_at = self._sent_reports.sent_at(report.lsr) if report.lsr else None
+        if sent_at is None:
             return None
-        sent_lsr = getattr(self.sender, "_RTCRtpSender__lsr", None)
-        sent_at = getattr(self.sender, "_RTCRtpSender__lsr_time", None)
-        if sent_lsr == report.lsr and isinstance(sent_at, float):
-            rtt = time.time() - sent_at - report.dlsr / 65536
-        else:  # an older SR: only the RFC arithmetic on NTP middle bits is left
-            arrival = (current_ntp_time() >> 16) & 0xFFFFFFFF
-            rtt = ((arrival - report.lsr - report.dlsr) & 0xFFFFFFFF) / 65536
-        return rtt if 0 <= rtt < 60 else None  # else wrapped or from a confused peer
+        rtt = now - sent_at - report.dlsr / 65536
+        return rtt if 0 <= rtt < 60 else None  # else from another SR or a confused peer
 
     def _on_rtcp_data(self, data: bytes) -> None:
         for _sender_ssrc, _media_ssrc, fci in iter_transport_feedback(data):
@@ -280,7 +328,11 @@ class FeedbackTap:
         total, lost_total = self._twcc_window
         if now - self._twcc_window_start >= TWCC_LOSS_WINDOW_S and total >= TWCC_LOSS_MIN_PACKETS:
             fraction = min(1.0, lost_total / total)
-            self._apply(self.controller.on_loss_report(LossReport(now, fraction, source="twcc")))
+            self._apply(
+                self.controller.on_loss_report(
+                    LossReport(now, fraction, source="twcc", packets=total)
+                )
+            )
             self._twcc_window = [0, 0]
             self._twcc_window_start = now
 

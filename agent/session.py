@@ -98,6 +98,10 @@ class AgentSession:
         self.track.stop()
         self.track = self._new_track()
         self.track.stats = stats
+        # The old adaptation steered the old track: the new one starts afresh, as at first,
+        # until the new connection's receiver is known (attach_sender). Kept if the
+        # negotiation fails, the stats would show a closed encoder's settings.
+        self.network = NetworkAdaptation(self.track, self.config.adaptation, ReceiverOpus())
 
     def _new_track(self) -> OpusPacketTrack:
         return OpusPacketTrack(

@@ -13,6 +13,7 @@ import av
 import numpy as np
 import numpy.typing as npt
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
+from aiortc.rtp import RtcpSenderInfo, RtcpSrPacket
 
 from agent.engine import PCM, EngineError, UnknownVoice, VoiceOptions
 
@@ -204,3 +205,30 @@ class ToneMicrophone(MediaStreamTrack):
         frame.time_base = fractions.Fraction(1, self.rate)
         self._sent += self._samples
         return frame
+
+
+class RtcpSender:
+    """Stands in for aiortc's ``RTCRtpSender`` where agent/feedback.py hooks it: its SSRC,
+    the RTCP it receives, and the sender reports it sends (as aiortc 1.16's ``_run_rtcp``)."""
+
+    def __init__(self, ssrc: int = 0x1234) -> None:
+        self._ssrc = ssrc
+        self.sent: list[object] = []
+
+    async def _handle_rtcp_packet(self, packet: object) -> None:
+        return None
+
+    async def _send_rtcp(self, packets: list[object]) -> None:
+        self.sent.extend(packets)
+
+    async def send_sr(self, ntp_timestamp: int) -> int:
+        """A sender report stamped ``ntp_timestamp``, noted as aiortc notes it (its own
+        exact time for this latest LSR) and sent; returns the LSR a receiver will echo."""
+        lsr = (ntp_timestamp >> 16) & 0xFFFFFFFF
+        self._RTCRtpSender__lsr = lsr
+        self._RTCRtpSender__lsr_time = time.time()
+        info = RtcpSenderInfo(
+            ntp_timestamp=ntp_timestamp, rtp_timestamp=0, packet_count=0, octet_count=0
+        )
+        await self._send_rtcp([RtcpSrPacket(ssrc=self._ssrc, sender_info=info)])
+        return lsr

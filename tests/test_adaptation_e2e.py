@@ -110,6 +110,9 @@ async def test_clean_path_stays_at_the_top(live_server: LiveServer) -> None:
             assert not session.track.encoder.fec
             assert session.network.applier.changes == 0
             assert relay.downstream.rtp_dropped == 0
+            # The RTT, from our SRs' recorded send times (not their NTP stamps), is loopback's.
+            rtt = session.network.controller.rtt_s
+            assert rtt is not None and rtt < 0.1, session.network.stats()
         finally:
             await client.close()
 

@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import itertools
 import random
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from types import SimpleNamespace
+
+import pytest
+from aiortc.rtp import RtcpReceiverInfo, RtcpRrPacket
 
 from agent.bitrate import BitrateController, DelayReport, EncoderTarget, LossReport
 from agent.config import AdaptationSettings
+from agent.feedback import Applier, FeedbackTap
 
 SETTINGS = AdaptationSettings()
 CEILING = 32_000
@@ -33,6 +38,104 @@ def noisy(rate: float, n: int, packets: int = 50, seed: int = 1) -> list[float]:
     """Per-report loss fractions of a Bernoulli(rate) path, ``packets`` packets per report."""
     rng = random.Random(seed)
     return [sum(rng.random() < rate for _ in range(packets)) / packets for _ in range(n)]
+
+
+# What a path's feedback looks like as the tap (agent/feedback.py) sees it, 50 packets/s each
+# lost with probability ``rate`` from ``loss_from`` on: returns (time, encoder bitrate) after
+# each report. RTCP receiver reports as aiortc sends them (one per second, the fraction in
+# 1/256ths); transport-cc as Chromium does (a feedback every 62.5 ms, judged in windows).
+Feed = Callable[[float, float, int, float], list[tuple[float, int]]]
+
+
+def _tap(clock: Callable[[], float] = lambda: 0.0) -> tuple[FeedbackTap, list[int]]:
+    controller = BitrateController(SETTINGS, CEILING)
+    applied: list[int] = []
+    sender = SimpleNamespace(_ssrc=1)
+    apply = Applier(applied.append, bool, int)
+    tap = FeedbackTap(sender, controller, apply, clock=clock)  # type: ignore[arg-type]
+    tap._apply(controller.target)
+    return tap, applied
+
+
+def receiver_reports(
+    rate: float, seconds: float, seed: int, loss_from: float = 0.0
+) -> list[tuple[float, int]]:
+    rng = random.Random(seed)
+    clock = [0.0]
+    tap, applied = _tap(lambda: clock[0])
+    bitrates = []
+    highest = 0
+    while (now := clock[0] + 1.0) <= seconds:
+        clock[0] = now
+        lost = sum(rng.random() < rate for _ in range(50)) if now > loss_from else 0
+        highest += 50
+        info = RtcpReceiverInfo(
+            ssrc=1,
+            fraction_lost=lost * 256 // 50,
+            packets_lost=0,
+            highest_sequence=highest,
+            jitter=0,
+            lsr=0,
+            dlsr=0,
+        )
+        tap._on_rtcp_packet(RtcpRrPacket(ssrc=99, reports=[info]))
+        bitrates.append((now, applied[-1]))
+    return bitrates
+
+
+def transport_cc(
+    rate: float, seconds: float, seed: int, loss_from: float = 0.0
+) -> list[tuple[float, int]]:
+    rng = random.Random(seed)
+    tap, applied = _tap()
+    bitrates = []
+    now = 0.0
+    while now < seconds:
+        now += 0.0625
+        packets = 3 if round(now / 0.0625) % 8 else 4  # 50 per second
+        lost = sum(rng.random() < rate for _ in range(packets)) if now > loss_from else 0
+        tap._count_twcc_loss(now, packets, lost)
+        bitrates.append((now, applied[-1]))
+    return bitrates
+
+
+@pytest.mark.parametrize("feed", [receiver_reports, transport_cc])
+@pytest.mark.parametrize("rate", [0.03, 0.04])
+def test_steady_loss_in_the_hold_band_holds_whichever_feedback_reports_it(
+    feed: Feed, rate: float
+) -> None:
+    """Between loss_increase and loss_decrease the rate holds: per-report smoothing let a
+    transport-cc window's noise (0-12% on a 3% path) cut it again and again, and cutting
+    whenever the fast estimate crossed 5% sank a 4% path to the FEC floor either way."""
+    for seed in range(5):
+        reports = feed(rate, 120.0, seed, 0.0)
+        tail = [bitrate for time, bitrate in reports if time > 30.0]  # the last 90 s
+        moves = sum(1 for a, b in itertools.pairwise(tail) if a != b)
+        assert min(tail) >= 0.75 * CEILING and moves <= 8, (seed, min(tail), moves)
+
+
+@pytest.mark.parametrize("feed", [receiver_reports, transport_cc])
+def test_a_jump_to_ten_percent_loss_is_still_cut_promptly(feed: Feed) -> None:
+    for seed in range(5):
+        reports = feed(0.10, 60.0, seed, 20.0)
+        first_cut = next(time for time, bitrate in reports if bitrate < CEILING)
+        at_floor = next(time for time, bitrate in reports if bitrate == SETTINGS.fec_min_bitrate)
+        assert 20.0 < first_cut <= 23.5, (seed, first_cut)
+        assert at_floor <= 50.0, (seed, at_floor)
+
+
+def test_loss_is_smoothed_per_packet_not_per_report() -> None:
+    """Two 25-packet reports move the estimates as one 50-packet report of the same loss,
+    and a 250-packet one (Chromium's 5 s receiver report) as five."""
+    one = BitrateController(SETTINGS, CEILING)
+    one.on_loss_report(LossReport(1.0, 0.04, packets=50))
+    two = BitrateController(SETTINGS, CEILING)
+    two.on_loss_report(LossReport(0.5, 0.04, packets=25))
+    two.on_loss_report(LossReport(1.0, 0.04, packets=25))
+    assert one.loss == pytest.approx(two.loss) and one.loss == pytest.approx(0.02)
+    five = BitrateController(SETTINGS, CEILING)
+    five.on_loss_report(LossReport(5.0, 0.04, packets=250))
+    assert five.loss == pytest.approx(0.04 * (1 - 0.5**5))
 
 
 def test_clean_path_stays_at_the_ceiling_with_no_fec() -> None:

@@ -7,9 +7,11 @@ pin each input path on its own, with hand-made reports whose effect is known exa
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
 from aiortc.clock import current_ntp_time
 from aiortc.rtp import (
     RTCP_PSFB_APP,
@@ -22,8 +24,15 @@ from aiortc.rtp import (
 
 from agent.bitrate import BitrateController, EncoderTarget
 from agent.config import AdaptationSettings
-from agent.feedback import Applier, FeedbackTap, TransportSequenceMap, _now_us
+from agent.feedback import (
+    SENT_REPORTS_KEPT,
+    Applier,
+    FeedbackTap,
+    TransportSequenceMap,
+    _now_us,
+)
 from agent.twcc import build_transport_feedback
+from tests.doubles import RtcpSender
 
 SSRC = 0x1234
 CEILING = 32_000
@@ -35,11 +44,12 @@ class Encoder:
     def __init__(self) -> None:
         self.calls: list[tuple[str, Any]] = []
 
-    def applier(self) -> Applier:
+    def applier(self, live: Callable[[], bool] = lambda: True) -> Applier:
         return Applier(
             lambda v: self.calls.append(("bitrate", v)),
             lambda v: self.calls.append(("fec", v)),
             lambda v: self.calls.append(("loss", v)),
+            live=live,
         )
 
 
@@ -51,12 +61,14 @@ def make_tap() -> tuple[FeedbackTap, BitrateController, Encoder]:
     return tap, controller, encoder
 
 
-def report(fraction_lost: int, lsr: int = 0, dlsr: int = 0, ssrc: int = SSRC) -> RtcpRrPacket:
+def report(
+    fraction_lost: int, lsr: int = 0, dlsr: int = 0, ssrc: int = SSRC, highest: int = 0
+) -> RtcpRrPacket:
     info = RtcpReceiverInfo(
         ssrc=ssrc,
         fraction_lost=fraction_lost,
         packets_lost=0,
-        highest_sequence=0,
+        highest_sequence=highest,
         jitter=480,
         lsr=lsr,
         dlsr=dlsr,
@@ -64,17 +76,83 @@ def report(fraction_lost: int, lsr: int = 0, dlsr: int = 0, ssrc: int = SSRC) ->
     return RtcpRrPacket(ssrc=99, reports=[info])
 
 
-def test_receiver_report_loss_and_rtt_reach_the_controller() -> None:
-    tap, controller, encoder = make_tap()
-    # Our SR "left" 80 ms ago; the receiver held it 30 ms: RTT 50 ms.
-    now_mid = (current_ntp_time() >> 16) & 0xFFFFFFFF
-    lsr = (now_mid - int(0.080 * 65536)) & 0xFFFFFFFF
-    tap._on_rtcp_packet(report(fraction_lost=26, lsr=lsr, dlsr=int(0.030 * 65536)))
+class Clock:
+    """A monotonic clock the test moves."""
+
+    def __init__(self, now: float = 10.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def installed_tap(clock: Clock) -> tuple[FeedbackTap, BitrateController, RtcpSender]:
+    controller = BitrateController(AdaptationSettings(), CEILING)
+    sender = RtcpSender(SSRC)
+    tap = FeedbackTap(sender, controller, Encoder().applier(), clock=clock)  # type: ignore[arg-type]
+    tap.install(transport_cc=False)
+    return tap, controller, sender
+
+
+def ntp_seconds_ago(seconds: float) -> int:
+    return current_ntp_time() - int(seconds * (1 << 32))
+
+
+async def test_receiver_report_loss_and_rtt_reach_the_controller() -> None:
+    clock = Clock()
+    tap, controller, sender = installed_tap(clock)
+    lsr = await sender.send_sr(current_ntp_time())
+    # Our SR left 80 ms ago; the receiver held it 30 ms: RTT 50 ms.
+    clock.now += 0.080
+    await sender._handle_rtcp_packet(report(fraction_lost=26, lsr=lsr, dlsr=int(0.030 * 65536)))
     assert tap.receiver_reports == 1
     assert controller.last_loss == 26 / 256
-    assert controller.rtt_s is not None and abs(controller.rtt_s - 0.050) < 0.01
+    assert controller.rtt_s is not None and abs(controller.rtt_s - 0.050) < 0.001
     assert controller.jitter_s == 0.01  # 480 ticks at 48 kHz
-    assert ("fec", True) in encoder.calls  # 10% loss: FEC on at once
+    assert controller.target.fec  # 10% loss: FEC on at once
+
+
+async def test_rtt_from_a_report_naming_an_older_sender_report_uses_its_send_time() -> None:
+    """The lean send path stamps SRs with an NTP time up to 0.5 s old (agent/direct.py). A
+    receiver whose latest SR was lost names the one before: its RTT must still be the path's,
+    not the NTP arithmetic's (0.4 s high here, a false spike that cut the bitrate x0.85)."""
+    clock = Clock(10.0)
+    _, controller, sender = installed_tap(clock)
+    # Real NTP "now" is when the second report arrives (clock 11.3); SR 1 left at 10.0
+    # stamped 0.4 s early, SR 2 at 11.0 stamped 0.2 s early and lost on the way.
+    lsr1 = await sender.send_sr(ntp_seconds_ago(1.3 + 0.4))
+    clock.now = 10.05  # answered at once: RTT 50 ms, the baseline
+    await sender._handle_rtcp_packet(report(0, lsr=lsr1, dlsr=0))
+    assert controller.rtt_s is not None and controller.rtt_s < 0.06
+    clock.now = 11.0
+    await sender.send_sr(ntp_seconds_ago(0.3 + 0.2))
+    clock.now = 11.3  # SR 1 arrived at 10.025 and was held since: 1.25 s
+    await sender._handle_rtcp_packet(report(0, lsr=lsr1, dlsr=int(1.25 * 65536)))
+    assert controller.rtt_s is not None and abs(controller.rtt_s - 0.05) < 0.001
+    assert controller.target.bitrate == CEILING, controller.last_reason
+
+
+async def test_a_report_naming_an_unknown_sender_report_gives_no_rtt() -> None:
+    clock = Clock()
+    tap, controller, sender = installed_tap(clock)
+    first = await sender.send_sr(ntp_seconds_ago(2.0))
+    for k in range(SENT_REPORTS_KEPT):  # later SRs push the first one out
+        clock.now += 1.0
+        await sender.send_sr(ntp_seconds_ago(1.0 - k / 100))
+    await sender._handle_rtcp_packet(report(0, lsr=first, dlsr=int(0.5 * 65536)))
+    assert tap.receiver_reports == 1 and controller.rtt_s is None
+    # Nor from an LSR that was never ours.
+    await sender._handle_rtcp_packet(report(0, lsr=0x1234_5678, dlsr=0))
+    assert controller.rtt_s is None
+
+
+def test_receiver_report_loss_weighs_by_the_packets_it_covers() -> None:
+    """Chromium reports every ~5 s: its fraction is of ~250 packets, five aiortc reports'
+    worth, and moves the controller's estimate as much."""
+    tap, controller, _ = make_tap()
+    tap._on_rtcp_packet(report(0, highest=1_000))
+    tap._on_rtcp_packet(report(26, highest=1_250))
+    assert controller.loss == pytest.approx(26 / 256 * (1 - 0.5**5))
 
 
 def test_reports_about_other_streams_are_ignored() -> None:
@@ -167,19 +245,20 @@ def test_applier_only_touches_what_changed() -> None:
     assert apply.changes == 1
 
 
+def test_applier_leaves_an_encoder_that_is_gone_alone() -> None:
+    encoder = Encoder()
+    live = [True]
+    apply = encoder.applier(live=lambda: live[0])
+    apply(EncoderTarget(32_000, False, 0))
+    live[0] = False  # the track stopped: its encoder is closed
+    apply(EncoderTarget(28_000, True, 10))
+    assert encoder.calls == [("bitrate", 32_000), ("fec", False), ("loss", 0)]
+    assert apply.changes == 0
+
+
 async def test_junk_rtcp_through_the_installed_hooks_never_raises() -> None:
     """Exceptions escaping into aiortc's transport loop would close the connection."""
-    tap, controller, _ = make_tap()
-
-    class Sender:
-        _ssrc = SSRC
-
-        async def _handle_rtcp_packet(self, packet: Any) -> None:
-            return None
-
-    sender = Sender()
-    tap.sender = sender  # type: ignore[assignment]
-    tap.install(transport_cc=False)
+    tap, controller, sender = installed_tap(Clock())
     # A report block the tap cannot read (no loss fields): through the installed wrapper.
     broken = RtcpRrPacket(ssrc=1, reports=[SimpleNamespace(ssrc=SSRC)])  # type: ignore[list-item]
     await sender._handle_rtcp_packet(broken)

@@ -6,17 +6,21 @@ back (playout pauses while no peer is connected)."""
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 from typing import Any
 
 import aiohttp
 import numpy as np
 import pytest
 from aiortc import RTCPeerConnection
+from aiortc.rtp import RtcpReceiverInfo, RtcpRrPacket
 
+from agent.adaptation import ReceiverOpus
 from agent.config import Config, LifecycleSettings, LimitSettings
+from agent.session import AgentSession
 from signaling.keys import SESSIONS
 from tests.conftest import LiveServer
-from tests.doubles import tone_frequency
+from tests.doubles import RtcpSender, ToneEngine, tone_frequency
 from tests.mic import ClipMic
 from tests.netem import relayed_client
 from tests.rtc_client import RtcClient
@@ -258,3 +262,70 @@ async def test_a_session_closed_during_its_resume_is_not_resumed(
         finally:
             await first.close()
             await second.close()
+
+
+async def _lossy_session() -> tuple[AgentSession, RtcpSender]:
+    """A session whose (fake) sender heard 10% loss: FEC on, bitrate lowered soon."""
+    session = AgentSession("s1", ToneEngine(), Config())
+    sender = RtcpSender()
+    transceiver = SimpleNamespace(sender=sender)
+    session.attach_sender(transceiver, ReceiverOpus(fec=True))  # type: ignore[arg-type]
+    await sender._handle_rtcp_packet(_report(sender, fraction_lost=26))
+    assert session.track.encoder.fec
+    return session, sender
+
+
+def _report(sender: RtcpSender, fraction_lost: int) -> RtcpRrPacket:
+    info = RtcpReceiverInfo(
+        ssrc=sender._ssrc,
+        fraction_lost=fraction_lost,
+        packets_lost=0,
+        highest_sequence=0,
+        jitter=0,
+        lsr=0,
+        dlsr=0,
+    )
+    return RtcpRrPacket(ssrc=99, reports=[info])
+
+
+def _tap_errors(session: AgentSession) -> int:
+    assert session.network.tap is not None
+    return session.network.tap.errors
+
+
+async def test_adaptation_leaves_the_stopped_track_alone_while_a_resume_is_awaited() -> None:
+    """The connection drops: aiortc stops the track, closing its encoder. The session waits
+    for a resume with its stats loop ticking the adaptation every second; when the target
+    changes then (FEC off 10 s after the loss) it must not reach the closed encoder (it
+    raised OpusError, logged with a traceback every second until the session ended)."""
+    session, sender = await _lossy_session()
+    try:
+        session.track.stop()
+        session.network.controller._last_loss_time -= 11  # the FEC hold-off is over
+        for _ in range(3):  # what _stats_loop does once a second
+            session.network.tick()
+        # Nor does a report still in flight when the connection went.
+        await sender._handle_rtcp_packet(_report(sender, fraction_lost=0))
+        assert _tap_errors(session) == 0
+        assert session.network_stats()["fec"]  # the stopped encoder's last settings
+    finally:
+        await session.close()
+
+
+async def test_a_renewed_track_gets_a_fresh_adaptation_until_its_connection_attaches() -> None:
+    """A resume renews the track before negotiating; if the negotiation fails the session
+    waits on, and its adaptation must be the new track's (not the stopped one's)."""
+    session, _ = await _lossy_session()
+    try:
+        session.renew_track()
+        network = session.network
+        assert network.track is session.track
+        assert network.tap is None and network.controller.loss is None
+        stats = session.network_stats()
+        assert not stats["fec"] and not stats["adaptive"] and stats["encoder_changes"] == 0
+        network.tick()  # the stats loop's tick: nothing attached, nothing to do
+        transceiver = SimpleNamespace(sender=RtcpSender())
+        session.attach_sender(transceiver, ReceiverOpus(fec=True))  # type: ignore[arg-type]
+        assert session.network.track is session.track and session.network.tap is not None
+    finally:
+        await session.close()
