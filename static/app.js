@@ -67,6 +67,7 @@ const session = {
   token: null, // session token from the last answer: what a resume shows the server
   disconnectTimer: null,
   micStream: null, // the microphone, while a call uses it
+  inRoom: false, // the call is a room seat (its answer named a participant): no barge-in setting
 };
 const texts = new Map(); // client id -> text we asked the agent to say
 const items = new Map(); // utterance id -> transcript <li>
@@ -141,6 +142,7 @@ function setState(name, detail = "") {
   ui.say.disabled = !open;
   ui.ask.disabled = !open;
   ui.interrupt.disabled = !open;
+  ui.bargeIn.disabled = session.inRoom; // a room's agent listens to no one: nothing to set
   ui.session.textContent = session.id ? `session ${session.id}` : "";
 }
 
@@ -343,6 +345,7 @@ async function doConnect(resume = null) {
   session.prevInbound = null;
 
   const stale = () => session.generation !== generation;
+  const call = session.call;
   const servers = await iceServers();
   if (stale()) return;
   const pc = new RTCPeerConnection({ iceServers: servers });
@@ -375,32 +378,51 @@ async function doConnect(resume = null) {
     await waitForIceGathering(pc, ICE_GATHER_TIMEOUT_MS);
     if (stale()) return;
     const answer = await postOffer(pc.localDescription, resume);
-    if (stale()) return;
+    if (stale()) {
+      // The call ended (Hang up, a new Connect) while the offer was being answered: the
+      // server made a session that nothing else will delete (a new call's id was never
+      // learnt), holding a seat until the server's connect timeout. (A stale try of a call
+      // that lives on, i.e. a resume, keeps its session.)
+      if (session.call !== call && answer.session_id) endOnServer(answer.session_id);
+      return;
+    }
     session.id = answer.session_id ?? null;
     session.token = answer.session_token ?? null;
+    session.inRoom = Boolean(answer.participant_id);
     await pc.setRemoteDescription({ type: "answer", sdp: answer.sdp });
     startStats();
     refreshState();
     await withTimeout(waitForChannelOpen(channel, pc), CONNECT_TIMEOUT_MS, "waiting for the connection");
     if (stale()) return;
     refreshState();
-    if (!ui.bargeIn.checked) send({ type: "config", barge_in: false });
+    // The box, whichever way it is ticked, is the session's setting: the server's default
+    // may differ (--no-barge-in), and a change made while the channel was down (during a
+    // resume) was not sent. A room seat has no such setting (the server refuses it).
+    if (!session.inRoom) send({ type: "config", barge_in: ui.bargeIn.checked });
     ui.text.focus();
   } catch (err) {
     if (!stale()) {
       // A failed resume try keeps the token: resumeSession decides whether to try again.
-      teardown(resume ? "reconnecting" : "failed", { keepToken: Boolean(resume) });
+      // A failed new call ends its session on the server if it got one (e.g. the data
+      // channel never opened): else it would hold a seat until the server's connect timeout.
+      teardown(resume ? "reconnecting" : "failed", { keepToken: Boolean(resume), notifyServer: !resume });
       showAlert(describeError(err));
     }
     throw err;
   }
 }
 
-// The call is over for good: nothing may resume it any more.
+// The call is over for good: nothing may resume it any more. What it was still saying was
+// cut off (a speech.ended will never come for it), whichever way the call ended: Hang up,
+// a new Connect, or giving up on a resume.
 function endCall() {
   session.token = null;
   session.id = null;
+  session.inRoom = false;
   session.call += 1;
+  for (const li of items.values()) {
+    if (li.dataset.status === "speaking") setItemStatus(li, "interrupted", "cut off");
+  }
 }
 
 // keepToken: the connection goes but the call lives on (a resume follows): the token and
@@ -424,9 +446,6 @@ function teardown(finalState, { notifyServer = false, keepToken = false } = {}) 
     try { pc.close(); } catch { /* already closed */ }
   }
   ui.audio.srcObject = null;
-  for (const li of items.values()) {
-    if (!keepToken && li.dataset.status === "speaking") setItemStatus(li, "interrupted", "cut off");
-  }
   cancelAllCaptions();
   setCaption(null, "");
   if (notifyServer && id) endOnServer(id);

@@ -15,6 +15,9 @@ const RAW_MIC = new URLSearchParams(location.search).get("processing") === "off"
 const ICE_GATHER_TIMEOUT_MS = 2000;
 const LEAVE_WAIT_MS = 1000; // how long Leave waits for DELETE /sessions/{id}
 const LEVEL_INTERVAL_MS = 100;
+// A meeting runs for hours and speaker.active flips with every burst of speech: the page
+// keeps the newest events only (as the main page does).
+const MAX_EVENTS = 1000;
 
 const $ = (id) => document.getElementById(id);
 const ui = {
@@ -30,7 +33,7 @@ let generation = 0; // bumped by every join and teardown: a join left meanwhile 
 let joining = false; // a join is under way: Join again does nothing (one call, not two)
 let leaving = false; // Leave is telling the server: the connection closing is expected
 const people = new Map(); // participant id -> participant (from room.state / events)
-const events = []; // every data-channel event, in order
+const events = []; // the data-channel events, in order: the newest MAX_EVENTS
 const tracks = []; // index (0 = agent, 1.. = slots) -> { analyser, freq, level }
 let audioContext = null;
 
@@ -51,13 +54,19 @@ function showAlert(text) {
 function setJoined(joined) {
   ui.join.disabled = joined;
   ui.leave.disabled = !joined;
-  ui.mute.disabled = !joined || !call.mic;
-  ui.text.disabled = !joined;
-  ui.say.disabled = !joined;
-  ui.ask.disabled = !joined;
-  ui.interrupt.disabled = !joined;
   ui.room.disabled = joined;
   ui.speak.disabled = joined;
+  setChannelOpen(joined && call.channel !== null && call.channel.readyState === "open");
+}
+
+// Say, Ask, Interrupt and Mute go over the data channel: usable once it is open, which is
+// a moment after the answer is applied (DTLS, then SCTP). Before, what they sent was lost.
+function setChannelOpen(open) {
+  ui.mute.disabled = !open || !call.mic;
+  ui.text.disabled = !open;
+  ui.say.disabled = !open;
+  ui.ask.disabled = !open;
+  ui.interrupt.disabled = !open;
 }
 
 // --- who is here ---------------------------------------------------------------------
@@ -83,6 +92,7 @@ function renderPeople() {
 
 function handleEvent(msg) {
   events.push(msg);
+  if (events.length > MAX_EVENTS) events.splice(0, events.length - MAX_EVENTS);
   switch (msg.type) {
     case "room.state":
       call.me = msg.participant_id;
@@ -217,6 +227,9 @@ async function connectTo(room, name, speak, stale) {
   const channel = pc.createDataChannel("agent");
   call.channel = channel;
   channel.addEventListener("message", (ev) => handleEvent(JSON.parse(ev.data)));
+  channel.addEventListener("open", () => {
+    if (channel === call.channel && !joining) setChannelOpen(true); // else join() does it
+  });
   // The server closes the channel when it ends our seat (or the server goes away).
   channel.addEventListener("close", () => ended(pc, "closed", "The room connection closed."));
   await pc.setLocalDescription(await pc.createOffer());
@@ -303,17 +316,24 @@ function teardown(state) {
   setState(state);
 }
 
+// Whether the message went out; if not, the user is told (nothing is dropped silently).
 function send(message) {
-  if (call.channel && call.channel.readyState === "open") call.channel.send(JSON.stringify(message));
+  if (!call.channel || call.channel.readyState !== "open") {
+    showAlert("Not connected to the room: nothing was sent.");
+    return false;
+  }
+  call.channel.send(JSON.stringify(message));
+  return true;
 }
 
 function setMuted(muted) {
-  if (!call.mic) return;
+  // The room is told first: a microphone muted here but shown as live to the others (or
+  // the reverse) would be worse than the click doing nothing.
+  if (!call.mic || !send({ type: "mute", muted })) return;
   call.muted = muted;
   call.mic.enabled = !muted; // the browser then sends silence: others see us stop talking
   ui.mute.textContent = muted ? "Unmute" : "Mute";
   ui.mute.setAttribute("aria-pressed", String(muted));
-  send({ type: "mute", muted });
 }
 
 ui.joinForm.addEventListener("submit", (ev) => {
@@ -325,9 +345,10 @@ ui.joinForm.addEventListener("submit", (ev) => {
 ui.leave.addEventListener("click", leave);
 ui.mute.addEventListener("click", () => setMuted(!call.muted));
 // Say: the agent speaks the text as it is. Ask: the room's brain answers it (`chat`).
+// The box empties only once the text went out: unsent, it stays for another try.
 function sendText(type) {
   const text = ui.text.value.trim();
-  if (text) send({ type, text });
+  if (text && !send({ type, text })) return;
   ui.text.value = "";
 }
 ui.sayForm.addEventListener("submit", (ev) => {

@@ -463,8 +463,30 @@ async def test_unknown_type_shows_error_and_session_lives_on(agent_page: AgentPa
     assert not ap.page_errors(), ap.context()
 
 
-async def test_offer_error_body_is_shown(agent_page: AgentPage) -> None:
-    """A JSON error from POST /offer reaches the user (a route answers for the server)."""
+async def wait_for_no_session(live_server: Any, timeout_s: float = 3.0) -> None:
+    """The server's session table empties within `timeout_s` (well before its own 20 s
+    connect timeout would drop a session nobody connected to)."""
+    import asyncio
+
+    from signaling.keys import SESSIONS
+
+    registry = live_server.app[SESSIONS]
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while len(registry) and loop.time() < deadline:
+        await asyncio.sleep(0.05)
+    assert len(registry) == 0, f"{len(registry)} session(s) left on the server"
+
+
+async def test_a_failed_offer_is_shown_and_leaves_no_session_behind(
+    agent_page: AgentPage, live_server: Any
+) -> None:
+    """A JSON error from POST /offer reaches the user (a route answers for the server). A
+    call that ends or fails after the server made its session (Hang up while the answer is
+    on its way; an answer the browser cannot apply) deletes that session: it used to hold
+    a seat, counted against --max-sessions, until the server's connect timeout."""
+    import asyncio
+
     ap = agent_page
     body = {"error": {"code": "too_many_sessions", "message": "the server is full"}}
 
@@ -472,12 +494,46 @@ async def test_offer_error_body_is_shown(agent_page: AgentPage) -> None:
         await route.fulfill(status=503, content_type="application/json", body=json.dumps(body))
 
     await ap.page.route("**/offer", refuse)
+    await ap.page.set_checked("#mic", False)
     await ap.page.click("#connect")
     await ap.page.wait_for_selector('#state[data-state="failed"]')
     alert = await ap.page.text_content("#alert") or ""
     assert "too_many_sessions" in alert and "the server is full" in alert, alert
     assert await ap.page.is_enabled("#connect")
     assert await ap.page.evaluate("() => window.voiceAgent.pc === null")
+    await ap.page.unroute("**/offer")
+
+    # Hang up while the server's answer is on its way: the page never learnt the session's
+    # id, so the answer itself must end it.
+    answered = asyncio.Event()
+    release = asyncio.Event()
+
+    async def hold_answer(route: Any) -> None:
+        response = await route.fetch()  # the server made the session
+        answered.set()
+        await release.wait()
+        await route.fulfill(response=response)
+
+    await ap.page.route("**/offer", hold_answer)
+    await ap.page.click("#connect")
+    await asyncio.wait_for(answered.wait(), 10)
+    await ap.page.click("#hangup")
+    release.set()
+    await ap.page.wait_for_selector('#state[data-state="closed"]')
+    await wait_for_no_session(live_server)
+    await ap.page.unroute("**/offer")
+
+    # An answer the browser refuses (the connection never comes up; the page's own connect
+    # timeout ends the same way): the call fails and its session goes.
+    async def unusable_answer(route: Any) -> None:
+        response = await route.fetch()
+        answer = {**await response.json(), "sdp": "v=0\r\nnot an answer\r\n"}
+        await route.fulfill(response=response, body=json.dumps(answer))
+
+    await ap.page.route("**/offer", unusable_answer)
+    await ap.page.click("#connect")
+    await ap.page.wait_for_selector('#state[data-state="failed"]')
+    await wait_for_no_session(live_server)
 
     # A retry against the real server works.
     await ap.page.unroute("**/offer")
@@ -589,11 +645,35 @@ async def test_page_passes_its_url_token_to_an_auth_server(browser: Browser) -> 
             await context.close()
 
 
-async def test_the_page_resumes_its_session_after_losing_the_connection(
+def no_barge_in_config() -> Any:
+    from agent.config import Config
+    from agent.conversation_config import ListenSettings
+
+    return Config(host="127.0.0.1", port=0, listen=ListenSettings(barge_in=False))
+
+
+async def wait_for_barge_in(peer: Any, expected: bool, timeout_s: float = 3.0) -> None:
+    """The session's barge-in setting becomes `expected` (a `config` on its way)."""
+    import asyncio
+
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while peer.session.conversation.barge_in is not expected and loop.time() < deadline:
+        await asyncio.sleep(0.05)
+    assert peer.session.conversation.barge_in is expected, "the Barge-in box is not the session's"
+
+
+# On a --no-barge-in server: the page's ticked Barge-in box is what counts, also after a resume.
+@pytest.mark.parametrize("server_config", [no_barge_in_config()], ids=["no_barge_in"])
+async def test_the_page_resumes_its_session_and_its_settings_and_gives_up_once_it_is_gone(
     agent_page: AgentPage, live_server: Any
 ) -> None:
     """The server loses the page's connection (as its RTCP check does for a client that went
-    quiet): the page resumes the same session on a new connection by itself."""
+    quiet): the page resumes the same session on a new connection by itself, with the
+    Barge-in box as it is now (ticked while the call was down: it used to be sent only while
+    the channel was open, and only when unticked, so the server's default stood). Once the
+    session is gone for good, the page gives up and what was being said is cut off, not left
+    "speaking"."""
     import asyncio
 
     from signaling.keys import SESSIONS
@@ -603,19 +683,47 @@ async def test_the_page_resumes_its_session_after_losing_the_connection(
     session_id = await ap.page.evaluate("() => window.voiceAgent.sessionId")
     registry = live_server.app[SESSIONS]
     peer = registry.get(session_id)
+    assert await ap.page.is_checked("#barge-in")
+    await wait_for_barge_in(peer, True)  # the box, not the server's default
+    await ap.page.set_checked("#barge-in", False)  # sent at once: the channel is open
+    await wait_for_barge_in(peer, False)
+
+    ticked = asyncio.Event()
+
+    async def resume_once_ticked(route: Any) -> None:
+        await ticked.wait()
+        await route.continue_()
+
+    await ap.page.route("**/offer", resume_once_ticked)
     old_pc = peer.pc
     await registry._lose(peer, old_pc)  # the connection is closed, the session detached
+    await ap.page.wait_for_function("() => window.voiceAgent.state !== 'connected'")
+    await ap.page.set_checked("#barge-in", True)  # while the call is down
+    ticked.set()
     loop = asyncio.get_running_loop()
     deadline = loop.time() + 20
     while not (peer.pc is not old_pc and peer.pc.connectionState == "connected"):
         assert loop.time() < deadline, f"the page did not resume{ap.context()}"
         await asyncio.sleep(0.1)
     await ap.page.wait_for_selector('#state[data-state="connected"]', timeout=20_000)
+    await ap.page.unroute("**/offer")
     assert await ap.page.evaluate("() => window.voiceAgent.sessionId") == session_id
     assert len(registry) == 1
+    await wait_for_barge_in(peer, True)
     before = await say_in_ui(ap, "Back on a new connection.")
     probe = await probe_speech(ap, before, timeout_s=10)
     assert probe["endedAt"] is not None, probe
+
+    # The session goes (e.g. the server restarted) mid-sentence: the resume gets 404.
+    await say_in_ui(ap, "one two three four five six seven eight nine ten eleven twelve")
+    await ap.page.wait_for_selector('#transcript li[data-status="speaking"]')
+    await registry.close(session_id)
+    await ap.page.wait_for_selector('#state[data-state="failed"]', timeout=20_000)
+    statuses = await ap.page.evaluate(
+        "() => [...document.querySelectorAll('#transcript li')]"
+        ".map((li) => [li.dataset.status, li.querySelector('.badge').textContent])"
+    )
+    assert statuses[-1] == ["interrupted", "cut off"], statuses
     assert not ap.page_errors(), ap.context()
 
 

@@ -178,6 +178,36 @@ ROOM_UI_JS = """
 
 NOT_JOINED = {"state": "idle", "me": "", "caption": "", "enabled": ["join"], "openPcs": 0}
 
+# Joined (the answer applied) while the data channel is still opening: what the controls
+# offer, and what a message sent meanwhile (the box's Say) does.
+SAY_BEFORE_OPEN_JS = """
+async () => {
+  await window.voiceRoom.join('solo', '', false);
+  const ui = (id) => document.getElementById(id);
+  const channel = window.voiceRoom.call.channel.readyState;
+  const enabled = [...document.querySelectorAll('button, input')]
+    .filter((el) => !el.disabled).map((el) => el.id);
+  ui('text').value = 'too early';
+  ui('say-form').requestSubmit();
+  return {channel, enabled, box: ui('text').value, alert: ui('alert').textContent};
+}
+"""
+
+# `n` speaker.active events, as a long meeting brings them: how many the page keeps, and
+# the newest one's level.
+FEED_JS = """
+(n) => {
+  const channel = window.voiceRoom.call.channel;
+  for (let i = 0; i < n; i++) {
+    const msg = {type: 'speaker.active', participant_id: 'agent', slot: 0,
+                 active: i % 2 === 0, level_dbfs: -i};
+    channel.dispatchEvent(new MessageEvent('message', {data: JSON.stringify(msg)}));
+  }
+  const events = window.voiceRoom.events;
+  return [events.length, events[0].level_dbfs, events[events.length - 1].level_dbfs];
+}
+"""
+
 
 async def test_join_once_leave_cleanly_and_see_the_call_end(
     one_browser: Browser,  # noqa: F811 - the fixture imported above
@@ -185,7 +215,10 @@ async def test_join_once_leave_cleanly_and_see_the_call_end(
 ) -> None:
     """Join clicked twice makes one call; Leave deletes the session before closing and
     resets the page; a session the server ends (session.closed, or just closed) is shown
-    and the page goes back to not joined."""
+    and the page goes back to not joined. Say, Ask, Interrupt and Mute wait for the data
+    channel to open (they were enabled with the answer, and what they sent before was
+    dropped silently, the box emptied); the page keeps the newest 1000 events of a long
+    call. The main page in a room connects without a barge-in setting (a room has none)."""
     registry = live_server.app[SESSIONS]
     log: list[str] = []
     page = await (await one_browser.new_context()).new_page()
@@ -251,4 +284,28 @@ async def test_join_once_leave_cleanly_and_see_the_call_end(
     await page.wait_for_selector("#alert:not([hidden])")
     ui = await page.evaluate(ROOM_UI_JS)
     assert ui["enabled"] == ["join"] and ui["openPcs"] == 0, ui
+
+    early = await page.evaluate(SAY_BEFORE_OPEN_JS)
+    assert early["channel"] == "connecting", early  # else this step proves nothing
+    assert early["enabled"] == ["display-name", "leave"], early
+    assert early["box"] == "too early" and "nothing was sent" in early["alert"], early
+    await page.wait_for_function("() => !document.getElementById('say').disabled")
+    assert await page.evaluate(FEED_JS, 1500) == [1000, -500, -1499]
+
+    # The main page in this room: no `config` barge_in on connect (the room would refuse
+    # it: an error on every connect), and no Barge-in box to tick.
+    main = await page.context.new_page()
+    main.on("pageerror", lambda e: log.append(f"main pageerror: {e}"))
+    await main.goto(f"{live_server.url}/?room=solo")
+    await main.set_checked("#mic", False)
+    await main.click("#connect")
+    await main.wait_for_selector('#state[data-state="connected"]')
+    said = await main.evaluate("() => window.voiceAgent.say('hello room')")
+    await main.wait_for_function(
+        "(id) => window.voiceAgent.events.some((e) => e.type === 'speech.started' && e.id === id)",
+        arg=said,
+    )
+    errors = await main.evaluate("() => window.voiceAgent.events.filter((e) => e.type === 'error')")
+    assert errors == [] and await main.is_hidden("#alert"), errors
+    assert await main.is_disabled("#barge-in")
     assert not [line for line in log if "pageerror" in line], log
