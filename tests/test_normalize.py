@@ -209,6 +209,12 @@ CASES: list[tuple[str, str | None, str]] = [
         None,
         "Call one, eight zero zero, five five five, one two three four.",
     ),
+    # A local number is a range by its shape ("100-1000"): a word asking for a number
+    # before it tells them apart.
+    ("Call 555-1234.", None, "Call five five five, one two three four."),
+    ("Text me at 555-1234 today", None, "Text me at five five five, one two three four today"),
+    ("请拨打555-1234", None, "请拨打五五五，一二三四"),
+    ("Recall 300-1000 items", None, "Recall three hundred to one thousand items"),
     ("我的电话是138-1234-5678。", None, "我的电话是一三八，一二三四，五六七八。"),
     ("电话：010-12345678", None, "电话，零一零，一二三四五六七八"),
     ("Open 9am-5pm.", None, "Open nine A M to five P M."),

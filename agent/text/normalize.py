@@ -405,6 +405,14 @@ _PHONE: Final = re.compile(
     r"(?<![\w-])(?P<cc>\+[0-9]{1,3}[\s-]?)?(?:\((?P<area>[0-9]{3})\)\s?|(?P<area2>[0-9]{3})[\s.-])"
     r"(?P<a>[0-9]{3})-(?P<b>[0-9]{4})(?![\w-])"
 )
+# A local number ("555-1234") looks like a range ("100-1000"); a word that asks for a
+# number just before it ("call", "phone", "fax: ", "text me at", 拨打, 电话) says which.
+_LOCAL_PHONE: Final = re.compile(
+    r"(?P<cue>(?i:(?<![A-Za-z])(?:call|phone|telephone|tel|fax|dial|text|mobile|cell)"
+    r"[.:]?(?:\s+(?:me|us|him|her|them))?(?:\s+(?:at|on))?\s+)"
+    r"|(?:电话|拨打|致电|手机|传真)(?:号码)?是?[：:]?\s*)"
+    r"(?P<a>[0-9]{3})-(?P<b>[0-9]{4})(?![\w-])"
+)
 # A range has two ends: three or more dash-joined digit groups are a phone number or a code
 # ("1-800-555-1234", "138-1234-5678", an ISBN), and so is a Chinese landline with its area
 # code ("010-12345678": no range starts at 0). Read group by group, digit by digit.
@@ -656,6 +664,11 @@ def _phone(m: re.Match[str], zh: bool) -> str:
     return _sp(("，" if zh else ", ").join(parts), zh)
 
 
+def _local_phone(m: re.Match[str], zh: bool) -> str:
+    number = ("，" if zh else ", ").join(_digits(g, zh) for g in (m["a"], m["b"]))
+    return m["cue"] + _sp(number, zh)
+
+
 def _digit_groups(m: re.Match[str], zh: bool) -> str:
     parts = [_digits(group, zh) for group in m.group(0).split("-")]
     return _sp(("，" if zh else ", ").join(parts), zh)
@@ -873,6 +886,7 @@ _RULES: Final[tuple[_Rule, ...]] = (
     (_ACRONYM, _acronym),
     (_RATIO, _ratio),
     (_PHONE, _phone),
+    (_LOCAL_PHONE, _local_phone),
     (_DIGIT_GROUPS, _digit_groups),
     (_DOTTED, _dotted),
     (_YEAR_RANGE, _year_range),
