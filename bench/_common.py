@@ -522,13 +522,7 @@ def serve(argv: Sequence[str]) -> None:
         ready = pool_ready(pool)
     else:
         app = bench_app(opts, config)
-        from signaling.keys import ENGINE
-
-        engine = app[ENGINE]
-
-        async def ready() -> None:
-            while not engine.ready:
-                await asyncio.sleep(0.01)
+        ready = app_ready(app)
 
     async def main() -> None:
         runner = web.AppRunner(app)
@@ -555,9 +549,28 @@ def serve(argv: Sequence[str]) -> None:
     asyncio.run(main())
 
 
-def pool_ready(pool: Any) -> Any:
+def app_ready(app: Any) -> Any:
+    """Ready when the product's /readyz would say so: the engine loaded and the voice
+    activity model too. The app loads the latter at startup (a torch import: ~500 MiB and
+    seconds of CPU, stalling the loop); a bench that started measuring before it settled
+    would charge that memory to its peers and those stalls to its first utterances."""
+    from signaling.keys import ENGINE, SESSIONS
+
+    engine = app[ENGINE]
+    sessions = app[SESSIONS]
+
     async def ready() -> None:
-        while not all(w.ready for w in pool.workers):
+        while not (engine.ready and sessions.listening_ready):
+            await asyncio.sleep(0.01)
+
+    return ready
+
+
+def pool_ready(pool: Any) -> Any:
+    """Every worker ready, its voice activity model loaded too (see app_ready)."""
+
+    async def ready() -> None:
+        while not all(w.ready and w.status.get("listening_ready", True) for w in pool.workers):
             await asyncio.sleep(0.05)
 
     return ready
@@ -1005,16 +1018,18 @@ def _spawn(role_args: list[str], log: Any, cpus: list[int] | None) -> subprocess
     return proc
 
 
-def disturbed(result: dict[str, Any], max_wait: float) -> bool:
-    """Whether other jobs on the machine disturbed a run enough to try it again (and say so)."""
+def disturbed(result: dict[str, Any], max_wait: float, *, retry_left: bool = True) -> bool:
+    """Whether other jobs on the machine disturbed a run enough to try it again (and say so,
+    and whether it will be)."""
     # Other processes here, or other guests of the host (steal), took CPU the server wanted.
     outside = result["others_cpu_pct"] + result.get("steal_pct", 0.0)
     if result["server_wait_pct"] <= max_wait or outside <= 10:
         return False
+    verdict = "trying again" if retry_left else "no tries left: keeping the least disturbed"
     print(
         f"    the server's loop waited {result['server_wait_pct']:.1f}% of the run for a CPU "
         f"while other processes or guests used {outside:.0f}% (> {max_wait:g}%): "
-        "disturbed, trying again",
+        f"disturbed, {verdict}",
         flush=True,
     )
     return True
@@ -1022,17 +1037,17 @@ def disturbed(result: dict[str, Any], max_wait: float) -> bool:
 
 class Server:
     def __init__(self, args: list[str], log: Path, cpus: list[int] | None = None) -> None:
+        import psutil
+
         self.log = log.open("w")
         self.proc = _spawn(["server", *args], self.log, cpus)
+        self.ps = psutil.Process(self.proc.pid)  # before anything can fail: stop() needs it
         line = self.proc.stdout.readline() if self.proc.stdout else ""
         if not line.startswith("READY"):
             self.stop()
             raise RuntimeError(f"server did not start: {line!r}; see {log}")
         self.port = int(line.split()[1])
         self.url = f"http://127.0.0.1:{self.port}"
-        import psutil
-
-        self.ps = psutil.Process(self.proc.pid)
 
     def _tree(self) -> list[Any]:
         """The server and, with ``--workers``, its worker processes."""

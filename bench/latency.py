@@ -252,12 +252,12 @@ def main() -> int:
                         r = run_one(n, variant, args, workdir)
                     except Exception as exc:  # noqa: BLE001 - report and go on
                         print(f"  FAILED N={n} {variant}: {exc}", flush=True)
-                        for log in sorted(workdir.glob(f"*{variant}-{n}.log")):
+                        for log in sorted(workdir.glob(f"*-{variant}-{n}-w*.log")):
                             print(f"  --- {log.name}\n" + log.read_text()[-2000:], flush=True)
                         continue
                     if best is None or r["server_wait_pct"] < best["server_wait_pct"]:
                         best = r
-                    if not _common.disturbed(r, args.max_wait):
+                    if not _common.disturbed(r, args.max_wait, retry_left=attempt < args.retries):
                         break
                 if best is not None:
                     results.append(best)

@@ -51,6 +51,7 @@ def serve(argv: list[str]) -> None:
     import logging
 
     logging.basicConfig(level=logging.WARNING)
+    import _common
     from aiohttp import web
 
     from agent.config import Config, LimitSettings, RoomSettings
@@ -103,8 +104,7 @@ def serve(argv: list[str]) -> None:
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()
         port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        while not engine.ready:
-            await asyncio.sleep(0.01)
+        await _common.app_ready(app)()
         print(f"READY {port}", flush=True)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()

@@ -153,6 +153,7 @@ async def soak(opts: argparse.Namespace, log_path: Path, log: Any) -> int:
             start = await figures(proc, http, server.url)
             t0 = time.monotonic()
             warm_modes, warm_errors = await run_cycles(0, opts.warmup, opts, server.url, http)
+            t_warm = time.monotonic()  # the settle wait below is not the warm-up's cycling
             baseline = await settled(proc, http, server.url)
             t1 = time.monotonic()
             modes, errors = await run_cycles(
@@ -167,7 +168,8 @@ async def soak(opts: argparse.Namespace, log_path: Path, log: Any) -> int:
     growth = (end["rss_mib"] - baseline["rss_mib"]) / baseline["rss_mib"]
     print(
         f"{opts.cycles} cycles ({', '.join(f'{n} {m}' for m, n in sorted(modes.items()))}), "
-        f"{opts.concurrency} at a time: warm-up {opts.warmup} in {t1 - t0:.0f} s, "
+        f"{opts.concurrency} at a time: warm-up {opts.warmup} in {t_warm - t0:.0f} s "
+        f"({opts.warmup / max(t_warm - t0, 1e-9):.1f} cycles/s), "
         f"the rest in {t2 - t1:.0f} s ({(opts.cycles - opts.warmup) / (t2 - t1):.1f} cycles/s)"
     )
     print(f"client-side errors: {dict(errors) or 'none'}; server exit status {status}")

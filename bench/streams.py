@@ -321,13 +321,15 @@ def main() -> int:
                             r = run_one(n, variant, pattern, args, workdir)
                         except Exception as exc:  # noqa: BLE001 - report and go on
                             print(f"  FAILED {pattern} N={n} {variant}: {exc}", flush=True)
-                            for log in sorted(workdir.glob(f"*{pattern}-{variant}-{n}.log")):
+                            for log in sorted(workdir.glob(f"*-{pattern}-{variant}-{n}-w*.log")):
                                 print(f"  --- {log.name}\n" + log.read_text()[-2000:], flush=True)
                             continue
                         r["tries"] = attempt + 1
                         if best is None or r["server_wait_pct"] < best["server_wait_pct"]:
                             best = r
-                        if not _common.disturbed(r, args.max_wait):
+                        if not _common.disturbed(
+                            r, args.max_wait, retry_left=attempt < args.retries
+                        ):
                             break
                     if best is not None:
                         results.append(best)

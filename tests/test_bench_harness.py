@@ -1,0 +1,138 @@
+"""The bench harness's own bookkeeping: when it starts measuring, what it times, what it says
+when a run fails. A wrong harness makes every recorded figure wrong without failing a run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import sys
+import types
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+
+import _common  # noqa: E402
+import latency  # noqa: E402
+import soak  # noqa: E402
+import streams  # noqa: E402
+
+from signaling.keys import ENGINE, SESSIONS  # noqa: E402
+
+
+async def test_the_bench_server_is_ready_only_once_the_voice_activity_model_is_loaded() -> None:
+    """The app loads silero-vad (a torch import: ~500 MiB, seconds of CPU) after the engine
+    is ready: READY before it settles charged that memory to streams.py's peers (RSS per
+    peer read ~5 MiB at N=10 instead of ~1) and its stalls to latency.py's first onsets."""
+    engine = types.SimpleNamespace(ready=True)
+    sessions = types.SimpleNamespace(listening_ready=False)
+    ready = _common.app_ready({ENGINE: engine, SESSIONS: sessions})
+    waiting = asyncio.ensure_future(ready())
+    await asyncio.sleep(0.1)
+    assert not waiting.done(), "READY while the voice activity model was still loading"
+    sessions.listening_ready = True
+    await asyncio.wait_for(waiting, 1)
+
+
+async def test_a_worker_pool_is_ready_only_once_every_worker_loaded_its_model() -> None:
+    loading = types.SimpleNamespace(ready=True, status={"listening_ready": False})
+    loaded = types.SimpleNamespace(ready=True, status={"listening_ready": True})
+    pool = types.SimpleNamespace(workers=[loaded, loading])
+    waiting = asyncio.ensure_future(_common.pool_ready(pool)())
+    await asyncio.sleep(0.15)
+    assert not waiting.done()
+    loading.status["listening_ready"] = True
+    await asyncio.wait_for(waiting, 1)
+
+
+class _ServerThatFails:
+    def __init__(self, args: list[str], log: Path, cpus: list[int] | None = None) -> None:
+        log.write_text("THE-SERVER-LOG-TAIL\n")
+        raise RuntimeError(f"server did not start; see {log}")
+
+
+@pytest.mark.parametrize("module", [streams, latency], ids=["streams", "latency"])
+def test_a_failed_run_prints_its_server_log(
+    module: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(module, "Server", _ServerThatFails)
+    argv = [module.__file__, "--n", "1", "--variants", "ours", "--retries", "0"]
+    if module is streams:
+        argv += ["--patterns", "continuous", "--seconds", "1"]
+    monkeypatch.setattr(sys, "argv", argv)
+    module.main()
+    out = capsys.readouterr().out
+    assert "FAILED" in out
+    assert "THE-SERVER-LOG-TAIL" in out, out
+
+
+def test_a_server_that_does_not_start_is_reported_with_its_log(tmp_path: Path) -> None:
+    # An out-of-range complexity makes the bench server exit before READY.
+    with pytest.raises(RuntimeError, match="server did not start"):
+        _common.Server(["--complexity", "42"], tmp_path / "server.log")
+
+
+def test_disturbed_says_trying_again_only_when_a_try_is_left(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    run = {"server_wait_pct": 9.0, "others_cpu_pct": 30.0}
+    assert _common.disturbed(run, 2.0, retry_left=True)
+    assert "trying again" in capsys.readouterr().out
+    assert _common.disturbed(run, 2.0, retry_left=False)
+    assert "trying again" not in capsys.readouterr().out
+
+
+CYCLE_S = 0.01  # every soak cycle takes as long, in the warm-up or not
+
+
+async def test_soak_times_the_warm_up_without_its_settle_wait(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    class Server:
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            self.proc = types.SimpleNamespace(pid=1)
+            self.url = "http://x"
+
+        async def ready(self) -> None:
+            pass
+
+        def stop(self) -> int:
+            return 0
+
+    async def figures(*args: Any) -> dict[str, float]:
+        return {
+            "rss_mib": 100.0,
+            "rss_trimmed_mib": 90.0,
+            "fds": 8,
+            "threads": 2,
+            "tasks": 3.0,
+            "sessions": 1.0,
+        }
+
+    async def settled(*args: Any) -> dict[str, float]:
+        await asyncio.sleep(0.5)  # the real one waits 2.5 s and more
+        return await figures()
+
+    async def run_cycles(start: int, count: int, *args: Any) -> tuple[Counter[str], Counter[str]]:
+        await asyncio.sleep(count * CYCLE_S)
+        return Counter({"goodbye": count}), Counter()
+
+    monkeypatch.setattr(soak, "ServerProcess", Server)
+    monkeypatch.setattr(soak.psutil, "Process", lambda pid: None)
+    monkeypatch.setattr(soak, "figures", figures)
+    monkeypatch.setattr(soak, "settled", settled)
+    monkeypatch.setattr(soak, "run_cycles", run_cycles)
+    opts = types.SimpleNamespace(cycles=100, warmup=50, concurrency=5, modes=soak.MODES)
+    with (tmp_path / "log").open("wb") as log:
+        await soak.soak(opts, tmp_path / "log", log)
+    out = capsys.readouterr().out
+    rates = [float(rate) for rate in re.findall(r"\(([\d.]+) cycles/s\)", out)]
+    assert len(rates) == 2, out
+    warm_up, rest = rates
+    # The same cycles in both phases: the same rate (a settle wait counted made it ~1/2).
+    assert warm_up > 0.7 * rest, out
