@@ -19,7 +19,13 @@ from typing import Any
 import aiohttp
 
 from agent.conversation_config import ServiceSettings
-from agent.httpservice import ServiceError, auth_headers, describe_failure, endpoint
+from agent.httpservice import (
+    ServiceError,
+    auth_headers,
+    describe_failure,
+    endpoint,
+    read_capped,
+)
 
 Message = dict[str, str]
 MAX_SSE_LINE = 1 << 20  # a single event larger than this is not a chat delta
@@ -97,17 +103,15 @@ class ChatCompletions:
 async def _whole_answer(response: aiohttp.ClientResponse, deadline: float, timeout_s: float) -> str:
     """The message of a non-streamed completion (bounded in size, and due by ``deadline``:
     the whole answer is its first event)."""
-    body = bytearray()
     try:
         async with asyncio.timeout_at(deadline):
-            while chunk := await response.content.read(65536):
-                body += chunk
-                if len(body) > MAX_SSE_LINE:
-                    raise ServiceError("llm_failed", "the LLM sent an oversized answer")
+            body, more = await read_capped(response, MAX_SSE_LINE)
     except TimeoutError:
         raise _timeout(timeout_s) from None
     except aiohttp.ClientError as exc:
         raise ServiceError("llm_failed", f"the LLM answer broke off: {exc}") from None
+    if more:
+        raise ServiceError("llm_failed", "the LLM sent an oversized answer")
     answer = _parse(body.decode("utf-8", "replace"))
     choices = answer.get("choices")
     message = choices[0].get("message") if isinstance(choices, list) and choices else None

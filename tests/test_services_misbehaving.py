@@ -2,7 +2,8 @@
 
 A real HTTP server on loopback answers each request with one kind of misbehaviour: JSON
 nested too deep to parse, an error body that stalls or is cut off, an SSE stream of
-keep-alive comments only, a whole JSON completion instead of a stream, an empty stream.
+keep-alive comments only, a whole JSON completion instead of a stream, an empty stream, an
+answer or error body too large to buffer.
 """
 
 from __future__ import annotations
@@ -223,3 +224,67 @@ async def test_a_turn_whose_transcription_crashes_still_gets_an_error_event(
     assert task.exception() is None
     errors = [e for e in events if e["type"] == "error"]
     assert [(e["code"], e["id"]) for e in errors] == [("internal", events[0]["id"])]
+
+
+def endless(status: int, start: bytes, sent: list[int]) -> Handler:
+    """A body that goes on (up to 64 MiB: a client that buffers it all still ends);
+    ``sent`` counts the bytes the client's connection took."""
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        response = web.StreamResponse(status=status, headers={"Content-Type": "text/html"})
+        await response.prepare(request)
+        await response.write(start)
+        piece = b"a" * (1 << 16)
+        try:
+            for _ in range(1 << 10):
+                await response.write(piece)
+                sent[0] += len(piece)
+        except (ConnectionError, RuntimeError):  # the client hung up
+            pass
+        return response
+
+    return handler
+
+
+# The client reads ~1 MiB; the two kernels' socket buffers on loopback take some more.
+CUT_OFF = 24 << 20
+
+
+async def test_a_huge_stt_answer_is_refused_not_buffered() -> None:
+    """Bug: the answer was read whole (response.json()) before its size was known: an STT
+    or proxy sending an endless body had the server buffer ~0.5 GB/s until --stt-timeout."""
+    sent = [0]
+    runner, base = await serve(endless(200, b'{"text": "', sent))
+    settings = ServiceSettings(stt_base_url=base, stt_timeout_s=10)
+    try:
+        async with aiohttp.ClientSession() as http:
+            with pytest.raises(ServiceError) as failed:
+                await Transcriber(settings, http).transcribe(np.zeros(1600, np.float32))
+    finally:
+        await runner.cleanup()
+    assert failed.value.code == "stt_failed"
+    assert "more than 1 MiB" in failed.value.message
+    assert sent[0] < CUT_OFF
+
+
+async def test_a_huge_error_body_is_cut_short_not_buffered() -> None:
+    """Bug: an error body was read whole (response.text()) to report its first 300
+    characters: an endless one was buffered until the timeout."""
+    sent = [0]
+    runner, base = await serve(endless(502, b"<p>Bad gateway", sent))
+    settings = ServiceSettings(llm_base_url=base, llm_timeout_s=10)
+    stt = ServiceSettings(stt_base_url=base, stt_timeout_s=10)
+    try:
+        async with aiohttp.ClientSession() as http:
+            with pytest.raises(ServiceError) as llm_failed:
+                async for _ in ChatCompletions(settings, http).stream([]):
+                    pass
+            llm_sent, sent[0] = sent[0], 0
+            with pytest.raises(ServiceError) as stt_failed:
+                await Transcriber(stt, http).transcribe(np.zeros(1600, np.float32))
+    finally:
+        await runner.cleanup()
+    assert llm_failed.value.message == "the LLM failed: HTTP 502: <p>Bad gateway" + "a" * 286
+    assert stt_failed.value.message.endswith("HTTP 502: <p>Bad gateway" + "a" * 286)
+    assert llm_sent < CUT_OFF and sent[0] < CUT_OFF
