@@ -3,12 +3,13 @@
 A real HTTP server on loopback answers each request with one kind of misbehaviour: JSON
 nested too deep to parse, an error body that stalls or is cut off, an SSE stream of
 keep-alive comments only, a whole JSON completion instead of a stream, an empty stream, an
-answer or error body too large to buffer.
+answer or error body too large to buffer. And with every legal way of framing SSE events.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
@@ -224,6 +225,94 @@ async def test_a_turn_whose_transcription_crashes_still_gets_an_error_event(
     assert task.exception() is None
     errors = [e for e in events if e["type"] == "error"]
     assert [(e["code"], e["id"]) for e in errors] == [("internal", events[0]["id"])]
+
+
+def chunk(delta: dict[str, object] | None = None, **extra: object) -> str:
+    return json.dumps({"choices": [{"index": 0, "delta": delta or {}}], **extra})
+
+
+def said(text: str) -> str:
+    return chunk({"content": text})
+
+
+def sse(*pieces: bytes) -> Handler:
+    """An SSE stream written in these pieces, each flushed on its own."""
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        for piece in pieces:
+            await response.write(piece)
+            await asyncio.sleep(0.01)  # the next piece in a read of its own
+        return response
+
+    return handler
+
+
+HI_THERE = f"data: {said('Hi')}\n\ndata: {said(' there')}\n\ndata: [DONE]\n\n"
+LEGAL_STREAMS = {
+    # the line-based reader failed these (llm_failed) or lost their first delta
+    "json over two data lines": (
+        'data: {"choices": [{"index": 0,\ndata: "delta": {"content": "Hi"}}]}\n\n'
+        f"data: {said(' there')}\n\ndata: [DONE]\n\n"
+    ).encode(),
+    "an empty data line": (
+        f"data: {said('Hi')}\n\ndata:\n\ndata: {said(' there')}\n\ndata: [DONE]\n\n"
+    ).encode(),
+    "a leading BOM": b"\xef\xbb\xbf" + HI_THERE.encode(),
+    "bare CR line ends": HI_THERE.replace("\n", "\r").encode(),
+    # and these it read right, which must stay so
+    "CRLF line ends": HI_THERE.replace("\n", "\r\n").encode(),
+    "no space after data:": HI_THERE.replace("data: ", "data:").encode(),
+    "other fields and comments": (
+        f": hello\n\nretry: 3000\n\nevent: message\nid: 1\ndata: {said('Hi')}\n\n"
+        f": keep-alive\n\nid: 2\ndata: {said(' there')}\n\ndata: [DONE]\n\n"
+    ).encode(),
+    "chunks without content": (
+        f"data: {chunk({'role': 'assistant'})}\n\ndata: {said('Hi')}\n\n"
+        f"data: {chunk({'tool_calls': [{'index': 0, 'function': {'name': 'f'}}]})}\n\n"
+        f"data: {said(' there')}\n\ndata: {chunk({}, usage={'total_tokens': 3})}\n\n"
+        'data: {"choices": [], "usage": {"total_tokens": 3}}\n\ndata: [DONE]\n\n'
+    ).encode(),
+    "no [DONE], no last blank line": f"data: {said('Hi')}\n\ndata: {said(' there')}".encode(),
+}
+
+
+@pytest.mark.parametrize("stream", LEGAL_STREAMS.values(), ids=list(LEGAL_STREAMS))
+async def test_every_legal_sse_framing_is_spoken(stream: bytes) -> None:
+    """Bug: the reader took each line alone as an event (WHATWG SSE joins an event's data
+    lines with LF, dispatches on the blank line, ends lines with CR, LF or CRLF, drops a
+    leading BOM): JSON split over data lines or an empty data line failed the reply with
+    "not JSON", a BOM cost the first delta, CR line ends were one endless line."""
+    deltas, failure, _ = await llm_deltas(sse(stream))
+    assert failure is None, failure
+    assert "".join(deltas) == "Hi there"
+
+
+async def test_a_stream_split_inside_a_character_and_a_crlf_is_spoken_whole() -> None:
+    stream = 'data: {"choices": [{"delta": {"content": "Olá"}}]}\r\n\r\ndata: [DONE]\r\n\r\n'
+    raw = stream.encode()
+    in_char = raw.index("á".encode()) + 1
+    in_crlf = raw.index(b"\r\n") + 1
+    deltas, failure, _ = await llm_deltas(sse(raw[:in_char], raw[in_char:in_crlf], raw[in_crlf:]))
+    assert failure is None, failure
+    assert deltas == ["Olá"]
+
+
+@pytest.mark.parametrize(
+    "stream",
+    [
+        b"data: " + b"x" * (1 << 20) + b"\n\n",  # one line
+        (b"data: " + b"x" * 1000 + b"\n") * 1100,  # many lines of one event
+    ],
+    ids=["a line", "an event"],
+)
+async def test_an_oversized_event_fails_the_reply(stream: bytes) -> None:
+    deltas, failure, _ = await llm_deltas(sse(stream), timeout_s=5)
+    assert deltas == []
+    assert failure is not None and failure.code == "llm_failed"
+    assert "oversized event" in failure.message
 
 
 def endless(status: int, start: bytes, sent: list[int]) -> Handler:
