@@ -8,6 +8,9 @@ import json
 import aiohttp
 
 MAX_ERROR_BODY = 300  # characters of a service's error body repeated to the client
+# Bytes of an error body read to find them: enough for a JSON error and its message, and
+# little enough that a proxy answering with an endless page costs nothing.
+MAX_ERROR_READ = 8 << 10
 
 
 class ServiceError(Exception):
@@ -27,6 +30,22 @@ def endpoint(base_url: str, path: str) -> str:
     return base_url.rstrip("/") + path
 
 
+async def read_capped(response: aiohttp.ClientResponse, limit: int) -> tuple[bytes, bool]:
+    """At most ``limit`` bytes of the body, and whether it had more.
+
+    Not ``read()``, ``text()`` or ``json()``: they buffer the whole body, so a service or
+    proxy sending a huge or endless one would have the server take it in as fast as it
+    comes until the timeout. Past the limit the response is closed: the sender is cut off,
+    not drained. Memory stays under ``limit`` and one 64 KiB chunk."""
+    body = bytearray()
+    while chunk := await response.content.read(min(65536, limit + 1 - len(body))):
+        body += chunk
+        if len(body) > limit:
+            response.close()
+            return bytes(body[:limit]), True
+    return bytes(body), False
+
+
 async def describe_failure(response: aiohttp.ClientResponse, timeout_s: float) -> str:
     """``HTTP 401: <the service's error message>`` (never the request, so never a key).
 
@@ -34,9 +53,11 @@ async def describe_failure(response: aiohttp.ClientResponse, timeout_s: float) -
     body is still reported as the failure it is, not waited for or turned into another."""
     try:
         async with asyncio.timeout(timeout_s):
-            text = await response.text(errors="replace")
+            # Only the start is reported: a longer body is cut (then not JSON: shown as text).
+            raw, _ = await read_capped(response, MAX_ERROR_READ)
     except (TimeoutError, aiohttp.ClientError):
         return f"HTTP {response.status} (its error body could not be read)"
+    text = _decode(raw, response.charset)
     detail = text[:MAX_ERROR_BODY]
     try:
         body = json.loads(text)
@@ -48,3 +69,10 @@ async def describe_failure(response: aiohttp.ClientResponse, timeout_s: float) -
     except (ValueError, RecursionError):  # not JSON, or nested too deep to parse
         pass
     return f"HTTP {response.status}: {detail}".strip()
+
+
+def _decode(body: bytes, charset: str | None) -> str:
+    try:
+        return body.decode(charset or "utf-8", errors="replace")
+    except LookupError:  # a charset Python does not know
+        return body.decode("utf-8", errors="replace")

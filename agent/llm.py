@@ -1,6 +1,6 @@
 """An OpenAI-compatible ``POST {base}/chat/completions`` client with ``stream: true``.
 
-Server-sent events are read line by line as they arrive; each ``data:`` line's
+Server-sent events are parsed as they arrive (``agent.sse``); each event's
 ``choices[0].delta.content`` is yielded at once, so the speech pipeline can speak the first
 sentence while the model is still writing. A timeout applies to the wait for every event
 (the first included, counted from the request: the response's headers are part of that wait;
@@ -19,10 +19,19 @@ from typing import Any
 import aiohttp
 
 from agent.conversation_config import ServiceSettings
-from agent.httpservice import ServiceError, auth_headers, describe_failure, endpoint
+from agent.httpservice import (
+    ServiceError,
+    auth_headers,
+    describe_failure,
+    endpoint,
+    read_capped,
+)
+from agent.sse import SSEError, SSEParser
 
 Message = dict[str, str]
-MAX_SSE_LINE = 1 << 20  # a single event larger than this is not a chat delta
+# A line, an event's data or a whole answer larger than this is no chat completion.
+MAX_SSE_LINE = 1 << 20
+MAX_SSE_EVENT = 1 << 20
 
 
 class ChatCompletions:
@@ -65,49 +74,53 @@ class ChatCompletions:
                 return
             # Only events count as progress: an upstream that sends ': keep-alive' comments
             # while it queues must still time out.
+            parser = SSEParser(MAX_SSE_LINE, MAX_SSE_EVENT)
             events = 0
             while True:
                 try:
-                    line = await asyncio.wait_for(
-                        response.content.readline(), max(0.0, deadline - loop.time())
-                    )
+                    # timeout_at, not wait_for: on 3.11 wait_for(read, 0) cancels the read
+                    # before it runs, even with the stream's next bytes already buffered.
+                    async with asyncio.timeout_at(deadline):
+                        chunk = await response.content.read(65536)
+                    data = parser.feed(chunk) if chunk else parser.close()
                 except TimeoutError:
                     raise _timeout(s.llm_timeout_s) from None
-                except (aiohttp.ClientError, ValueError) as exc:
+                except SSEError as exc:
+                    raise ServiceError(
+                        "llm_failed", f"the LLM sent an oversized event: {exc}"
+                    ) from None
+                except aiohttp.ClientError as exc:
                     raise ServiceError("llm_failed", f"the LLM stream broke: {exc}") from None
-                if not line:
+                for event in data:
+                    if event.strip() == "[DONE]":
+                        return
+                    if event:  # an empty 'data:' is no chunk (some servers' keep-alive)
+                        events += 1
+                        delta = _delta_content(event)
+                        if delta:
+                            yield delta
+                        # Counted from here, after the consumer let go: the time it held
+                        # the stream (a reply waiting behind the client's own text stream)
+                        # is not the server's.
+                        deadline = loop.time() + s.llm_timeout_s
+                if not chunk:
                     if not events:
                         raise ServiceError("llm_failed", "the LLM answered without any event")
                     return  # the server closed the stream (some omit [DONE])
-                if len(line) > MAX_SSE_LINE:
-                    raise ServiceError("llm_failed", "the LLM sent an oversized event")
-                text = line.decode("utf-8", "replace").strip()
-                if not text.startswith("data:"):
-                    continue  # blank separators, ': keep-alive' comments, event:/id: fields
-                events += 1
-                deadline = loop.time() + s.llm_timeout_s
-                data = text[5:].strip()
-                if data == "[DONE]":
-                    return
-                delta = _delta_content(data)
-                if delta:
-                    yield delta
 
 
 async def _whole_answer(response: aiohttp.ClientResponse, deadline: float, timeout_s: float) -> str:
     """The message of a non-streamed completion (bounded in size, and due by ``deadline``:
     the whole answer is its first event)."""
-    body = bytearray()
     try:
         async with asyncio.timeout_at(deadline):
-            while chunk := await response.content.read(65536):
-                body += chunk
-                if len(body) > MAX_SSE_LINE:
-                    raise ServiceError("llm_failed", "the LLM sent an oversized answer")
+            body, more = await read_capped(response, MAX_SSE_EVENT)
     except TimeoutError:
         raise _timeout(timeout_s) from None
     except aiohttp.ClientError as exc:
         raise ServiceError("llm_failed", f"the LLM answer broke off: {exc}") from None
+    if more:
+        raise ServiceError("llm_failed", "the LLM sent an oversized answer")
     answer = _parse(body.decode("utf-8", "replace"))
     choices = answer.get("choices")
     message = choices[0].get("message") if isinstance(choices, list) and choices else None

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import json
 import wave
 
 import aiohttp
@@ -17,7 +18,17 @@ import numpy as np
 import numpy.typing as npt
 
 from agent.conversation_config import VAD_SAMPLE_RATE, ServiceSettings
-from agent.httpservice import ServiceError, auth_headers, describe_failure, endpoint
+from agent.httpservice import (
+    ServiceError,
+    auth_headers,
+    describe_failure,
+    endpoint,
+    read_capped,
+)
+
+# A transcript's JSON is a few KiB (even a verbose_json one with segments is far below
+# this): whatever is larger is no transcript, and is not buffered to find that out.
+MAX_ANSWER = 1 << 20
 
 
 def wav_bytes(audio: npt.NDArray[np.float32], rate: int = VAD_SAMPLE_RATE) -> bytes:
@@ -63,7 +74,13 @@ class Transcriber:
                             "stt_failed",
                             "speech-to-text failed: " + await describe_failure(response, left),
                         )
-                    body = await response.json(content_type=None)
+                    answer, more = await read_capped(response, MAX_ANSWER)
+                    if more:
+                        raise ServiceError(
+                            "stt_failed",
+                            f"speech-to-text answered with more than {MAX_ANSWER / 2**20:g} MiB",
+                        )
+            body = json.loads(answer)
         except TimeoutError:
             raise ServiceError(
                 "stt_timeout", f"speech-to-text did not answer within {s.stt_timeout_s:g} s"

@@ -114,6 +114,32 @@ async def test_llm_stream_yields_tokens_and_reports_errors() -> None:
         assert info.value.code == "llm_failed"
 
 
+async def test_time_the_consumer_holds_the_llm_stream_is_not_the_servers() -> None:
+    """Bug: the wait for the next event counted from the last one received, so the time the
+    consumer spent before asking for the next delta (a reply waiting behind the client's
+    own text stream) was blamed on the server: past --llm-timeout the read was cancelled
+    before it ran (3.11's wait_for(read, 0)), with the rest of the answer already there.
+    Once the consumer is back, the server is held to the timeout again."""
+    async with FakeLLM() as llm, aiohttp.ClientSession() as http:
+        assert isinstance(llm, FakeLLM)
+        llm.replies.append(["One. ", "Two. ", "Three."])
+        client = ChatCompletions(ServiceSettings(llm_base_url=llm.url, llm_timeout_s=0.2), http)
+        got = []
+        async for delta in client.stream([{"role": "user", "content": "x"}]):
+            got.append(delta)
+            if len(got) == 1:
+                await asyncio.sleep(0.3)  # meanwhile the server sends the rest
+        assert got == ["One. ", "Two. ", "Three."]
+        llm.replies.append(["a", "b"])
+        llm.token_delay_s = 0.6  # "b" comes 0.3 s after the consumer is back: too late
+        got = []
+        with pytest.raises(ServiceError) as info:
+            async for delta in client.stream([]):
+                got.append(delta)
+                await asyncio.sleep(0.3)
+        assert got == ["a"] and info.value.code == "llm_timeout"
+
+
 async def test_transcriber_uploads_a_wav_and_reads_the_text() -> None:
     async with FakeSTT() as stt, aiohttp.ClientSession() as http:
         assert isinstance(stt, FakeSTT)

@@ -2,12 +2,14 @@
 
 A real HTTP server on loopback answers each request with one kind of misbehaviour: JSON
 nested too deep to parse, an error body that stalls or is cut off, an SSE stream of
-keep-alive comments only, a whole JSON completion instead of a stream, an empty stream.
+keep-alive comments only, a whole JSON completion instead of a stream, an empty stream, an
+answer or error body too large to buffer. And with every legal way of framing SSE events.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
@@ -223,3 +225,155 @@ async def test_a_turn_whose_transcription_crashes_still_gets_an_error_event(
     assert task.exception() is None
     errors = [e for e in events if e["type"] == "error"]
     assert [(e["code"], e["id"]) for e in errors] == [("internal", events[0]["id"])]
+
+
+def chunk(delta: dict[str, object] | None = None, **extra: object) -> str:
+    return json.dumps({"choices": [{"index": 0, "delta": delta or {}}], **extra})
+
+
+def said(text: str) -> str:
+    return chunk({"content": text})
+
+
+def sse(*pieces: bytes) -> Handler:
+    """An SSE stream written in these pieces, each flushed on its own."""
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        for piece in pieces:
+            await response.write(piece)
+            await asyncio.sleep(0.01)  # the next piece in a read of its own
+        return response
+
+    return handler
+
+
+HI_THERE = f"data: {said('Hi')}\n\ndata: {said(' there')}\n\ndata: [DONE]\n\n"
+LEGAL_STREAMS = {
+    # the line-based reader failed these (llm_failed) or lost their first delta
+    "json over two data lines": (
+        'data: {"choices": [{"index": 0,\ndata: "delta": {"content": "Hi"}}]}\n\n'
+        f"data: {said(' there')}\n\ndata: [DONE]\n\n"
+    ).encode(),
+    "an empty data line": (
+        f"data: {said('Hi')}\n\ndata:\n\ndata: {said(' there')}\n\ndata: [DONE]\n\n"
+    ).encode(),
+    "a leading BOM": b"\xef\xbb\xbf" + HI_THERE.encode(),
+    "bare CR line ends": HI_THERE.replace("\n", "\r").encode(),
+    # and these it read right, which must stay so
+    "CRLF line ends": HI_THERE.replace("\n", "\r\n").encode(),
+    "no space after data:": HI_THERE.replace("data: ", "data:").encode(),
+    "other fields and comments": (
+        f": hello\n\nretry: 3000\n\nevent: message\nid: 1\ndata: {said('Hi')}\n\n"
+        f": keep-alive\n\nid: 2\ndata: {said(' there')}\n\ndata: [DONE]\n\n"
+    ).encode(),
+    "chunks without content": (
+        f"data: {chunk({'role': 'assistant'})}\n\ndata: {said('Hi')}\n\n"
+        f"data: {chunk({'tool_calls': [{'index': 0, 'function': {'name': 'f'}}]})}\n\n"
+        f"data: {said(' there')}\n\ndata: {chunk({}, usage={'total_tokens': 3})}\n\n"
+        'data: {"choices": [], "usage": {"total_tokens": 3}}\n\ndata: [DONE]\n\n'
+    ).encode(),
+    "no [DONE], no last blank line": f"data: {said('Hi')}\n\ndata: {said(' there')}".encode(),
+}
+
+
+@pytest.mark.parametrize("stream", LEGAL_STREAMS.values(), ids=list(LEGAL_STREAMS))
+async def test_every_legal_sse_framing_is_spoken(stream: bytes) -> None:
+    """Bug: the reader took each line alone as an event (WHATWG SSE joins an event's data
+    lines with LF, dispatches on the blank line, ends lines with CR, LF or CRLF, drops a
+    leading BOM): JSON split over data lines or an empty data line failed the reply with
+    "not JSON", a BOM cost the first delta, CR line ends were one endless line."""
+    deltas, failure, _ = await llm_deltas(sse(stream))
+    assert failure is None, failure
+    assert "".join(deltas) == "Hi there"
+
+
+async def test_a_stream_split_inside_a_character_and_a_crlf_is_spoken_whole() -> None:
+    stream = 'data: {"choices": [{"delta": {"content": "Olá"}}]}\r\n\r\ndata: [DONE]\r\n\r\n'
+    raw = stream.encode()
+    in_char = raw.index("á".encode()) + 1
+    in_crlf = raw.index(b"\r\n") + 1
+    deltas, failure, _ = await llm_deltas(sse(raw[:in_char], raw[in_char:in_crlf], raw[in_crlf:]))
+    assert failure is None, failure
+    assert deltas == ["Olá"]
+
+
+@pytest.mark.parametrize(
+    "stream",
+    [
+        b"data: " + b"x" * (1 << 20) + b"\n\n",  # one line
+        (b"data: " + b"x" * 1000 + b"\n") * 1100,  # many lines of one event
+    ],
+    ids=["a line", "an event"],
+)
+async def test_an_oversized_event_fails_the_reply(stream: bytes) -> None:
+    deltas, failure, _ = await llm_deltas(sse(stream), timeout_s=5)
+    assert deltas == []
+    assert failure is not None and failure.code == "llm_failed"
+    assert "oversized event" in failure.message
+
+
+def endless(status: int, start: bytes, sent: list[int]) -> Handler:
+    """A body that goes on (up to 64 MiB: a client that buffers it all still ends);
+    ``sent`` counts the bytes the client's connection took."""
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        response = web.StreamResponse(status=status, headers={"Content-Type": "text/html"})
+        await response.prepare(request)
+        await response.write(start)
+        piece = b"a" * (1 << 16)
+        try:
+            for _ in range(1 << 10):
+                await response.write(piece)
+                sent[0] += len(piece)
+        except (ConnectionError, RuntimeError):  # the client hung up
+            pass
+        return response
+
+    return handler
+
+
+# The client reads ~1 MiB; the two kernels' socket buffers on loopback take some more.
+CUT_OFF = 24 << 20
+
+
+async def test_a_huge_stt_answer_is_refused_not_buffered() -> None:
+    """Bug: the answer was read whole (response.json()) before its size was known: an STT
+    or proxy sending an endless body had the server buffer ~0.5 GB/s until --stt-timeout."""
+    sent = [0]
+    runner, base = await serve(endless(200, b'{"text": "', sent))
+    settings = ServiceSettings(stt_base_url=base, stt_timeout_s=10)
+    try:
+        async with aiohttp.ClientSession() as http:
+            with pytest.raises(ServiceError) as failed:
+                await Transcriber(settings, http).transcribe(np.zeros(1600, np.float32))
+    finally:
+        await runner.cleanup()
+    assert failed.value.code == "stt_failed"
+    assert "more than 1 MiB" in failed.value.message
+    assert sent[0] < CUT_OFF
+
+
+async def test_a_huge_error_body_is_cut_short_not_buffered() -> None:
+    """Bug: an error body was read whole (response.text()) to report its first 300
+    characters: an endless one was buffered until the timeout."""
+    sent = [0]
+    runner, base = await serve(endless(502, b"<p>Bad gateway", sent))
+    settings = ServiceSettings(llm_base_url=base, llm_timeout_s=10)
+    stt = ServiceSettings(stt_base_url=base, stt_timeout_s=10)
+    try:
+        async with aiohttp.ClientSession() as http:
+            with pytest.raises(ServiceError) as llm_failed:
+                async for _ in ChatCompletions(settings, http).stream([]):
+                    pass
+            llm_sent, sent[0] = sent[0], 0
+            with pytest.raises(ServiceError) as stt_failed:
+                await Transcriber(stt, http).transcribe(np.zeros(1600, np.float32))
+    finally:
+        await runner.cleanup()
+    assert llm_failed.value.message == "the LLM failed: HTTP 502: <p>Bad gateway" + "a" * 286
+    assert stt_failed.value.message.endswith("HTTP 502: <p>Bad gateway" + "a" * 286)
+    assert llm_sent < CUT_OFF and sent[0] < CUT_OFF

@@ -8,6 +8,7 @@ participant's), and an interrupted reply's clean-up ended the client's next stre
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -15,12 +16,14 @@ from typing import Any
 import pytest
 
 from agent.config import Config, SpeechSettings
+from agent.conversation_config import ServiceSettings
 from agent.engine import EngineError, VoiceOptions
 from agent.llm import Message
 from agent.room import Room
 from agent.session import AgentSession
 from agent.speech import SpeechError, SpeechPipeline
 from tests.doubles import ToneEngine
+from tests.services import FakeLLM
 from tests.test_speech_pipeline import Drain, wait_for
 
 Event = dict[str, Any]
@@ -354,6 +357,33 @@ async def test_a_reply_waits_for_the_clients_open_stream_instead_of_failing() ->
     balanced(events)
     drain.stop()
     await session.close()
+
+
+async def test_a_streamed_llm_reply_waiting_for_the_clients_stream_does_not_time_out() -> None:
+    """Bug: the same wait with the real LLM client failed the reply with llm_timeout once
+    it exceeded --llm-timeout: the time the reply waited to be spoken was counted against
+    the server, whose whole answer had arrived. The user heard its first fragment only."""
+    async with FakeLLM() as llm:
+        assert isinstance(llm, FakeLLM)
+        llm.replies.append(["One two three. ", "Four five six."])
+        services = ServiceSettings(llm_base_url=llm.url, llm_timeout_s=0.3)
+        config = dataclasses.replace(Config(), services=services)
+        session = AgentSession("s", ToneEngine(seconds_per_word=0.02), config)
+        events: list[Event] = []
+        session.outbox.send = events.append  # type: ignore[method-assign]
+        session.pipeline.start()
+        drain = Drain(session.pipeline)
+        try:
+            session.handle_message(msg(type="text.delta", id="mine", delta="My own words. "))
+            session.handle_message(msg(type="chat", text="a question"))
+            await asyncio.sleep(0.5)  # the client's stream stays open past the timeout
+            session.handle_message(msg(type="text.end"))
+            await wait_for(lambda: len(of(events, "speech.ended")) == 2, timeout=10)
+            assert not of(events, "error"), of(events, "error")
+            assert spoken(events) == ["My own words.", "One two three.", "Four five six."]
+        finally:
+            drain.stop()
+            await session.close()
 
 
 async def test_a_room_chat_waits_for_another_participants_stream() -> None:
