@@ -192,15 +192,21 @@ async def test_a_whole_json_completion_is_spoken() -> None:
     ],
 )
 async def test_a_misbehaving_stt_is_a_service_error(handler: Handler, says: str) -> None:
+    failed = await stt_failure(handler, TIMEOUT_S)
+    assert failed.code == "stt_failed" and says in failed.message
+
+
+async def stt_failure(handler: Handler, timeout_s: float) -> ServiceError:
+    """What transcribing 0.1 s against ``handler`` fails with."""
     runner, base = await serve(handler)
-    settings = ServiceSettings(stt_base_url=base, stt_timeout_s=TIMEOUT_S)
+    settings = ServiceSettings(stt_base_url=base, stt_timeout_s=timeout_s)
     try:
         async with aiohttp.ClientSession() as http:
             with pytest.raises(ServiceError) as failed:
                 await Transcriber(settings, http).transcribe(np.zeros(1600, np.float32))
     finally:
         await runner.cleanup()
-    assert failed.value.code == "stt_failed" and says in failed.value.message
+    return failed.value
 
 
 class _Idle:
@@ -344,16 +350,9 @@ async def test_a_huge_stt_answer_is_refused_not_buffered() -> None:
     """Bug: the answer was read whole (response.json()) before its size was known: an STT
     or proxy sending an endless body had the server buffer ~0.5 GB/s until --stt-timeout."""
     sent = [0]
-    runner, base = await serve(endless(200, b'{"text": "', sent))
-    settings = ServiceSettings(stt_base_url=base, stt_timeout_s=10)
-    try:
-        async with aiohttp.ClientSession() as http:
-            with pytest.raises(ServiceError) as failed:
-                await Transcriber(settings, http).transcribe(np.zeros(1600, np.float32))
-    finally:
-        await runner.cleanup()
-    assert failed.value.code == "stt_failed"
-    assert "more than 1 MiB" in failed.value.message
+    failed = await stt_failure(endless(200, b'{"text": "', sent), 10)
+    assert failed.code == "stt_failed"
+    assert "more than 1 MiB" in failed.message
     assert sent[0] < CUT_OFF
 
 
