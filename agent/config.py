@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeGuard
 
 from agent.conversation_config import ListenSettings, ServiceSettings
 from agent.opus_rates import INPUT_RATES as OPUS_INPUT_RATES
@@ -201,6 +202,13 @@ class RaySettings:
 # HS256 keys shorter than the hash output are brute-forceable (RFC 7518 section 3.2).
 MIN_SECRET_BYTES = 32
 ROLES = ("speaker", "listener", "host")
+# A room's name: what a request may ask for, a token may be bound to, and the token
+# command mints (one rule, so a token never names a room the API refuses).
+MAX_ROOM_CHARS = 64
+
+
+def is_room_name(room: object) -> TypeGuard[str]:
+    return isinstance(room, str) and 0 < len(room) <= MAX_ROOM_CHARS
 
 
 @dataclass(frozen=True)

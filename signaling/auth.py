@@ -18,7 +18,7 @@ from typing import Any
 import jwt
 from aiohttp import web
 
-from agent.config import ROLES
+from agent.config import MAX_ROOM_CHARS, ROLES, is_room_name
 from signaling.errors import ApiError, Handler
 
 ALGORITHM = "HS256"
@@ -43,6 +43,9 @@ def mint_token(secret: str, *, ttl_s: int, room: str | None = None, role: str | 
         raise ValueError("the token lifetime must be positive")
     if role is not None and role not in ROLES:
         raise ValueError(f"role must be one of {', '.join(ROLES)}")
+    if room is not None and not is_room_name(room):
+        # verify_token would refuse it: minting it only hands out a token that never works.
+        raise ValueError(f"the room must be 1-{MAX_ROOM_CHARS} characters")
     now = int(time.time())
     payload: dict[str, Any] = {"iat": now, "exp": now + ttl_s}
     if room is not None:
@@ -71,8 +74,12 @@ def verify_token(token: str | None, secret: str) -> Claims:
     room = payload.get("room")
     if role not in ROLES:
         raise _unauthorized(f"the token is invalid: 'role' must be one of {', '.join(ROLES)}")
-    if room is not None and not isinstance(room, str):
-        raise _unauthorized("the token is invalid: 'room' must be a string")
+    if room is not None and not is_room_name(room):
+        # A room the API itself refuses to name ('' or too long) would otherwise be joined
+        # silently: room_for takes the token's room as it is.
+        raise _unauthorized(
+            f"the token is invalid: 'room' must be a string of 1-{MAX_ROOM_CHARS} characters"
+        )
     return Claims(role=role, room=room)
 
 

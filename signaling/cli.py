@@ -14,6 +14,7 @@ from typing import NoReturn
 from agent.config import (
     INSTRUCT_POLICIES,
     LOG_LEVELS,
+    MAX_ROOM_CHARS,
     ROLES,
     AdaptationSettings,
     BreakerSettings,
@@ -24,6 +25,7 @@ from agent.config import (
     RaySettings,
     RoomSettings,
     SecuritySettings,
+    is_room_name,
 )
 from agent.engines import ENGINE_NAMES
 from agent.opus_rates import INPUT_RATES as OPUS_INPUT_RATES
@@ -214,7 +216,9 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     token = commands.add_parser("token", help="print a signed access token (JWT, HS256)")
     token.env, token.env_flags = env, ("auth_secret",)
     _add_auth_secret(token)
-    token.add_argument("--room", default=None, help="the only room the token is valid for")
+    token.add_argument(
+        "--room", type=_room_name, default=None, help="the only room the token is valid for"
+    )
     token.add_argument("--role", choices=ROLES, default=None, help="default: speaker")
     token.add_argument("--ttl", type=int, default=3600, help="lifetime in seconds")
     return parser
@@ -465,6 +469,16 @@ def _usage_error(message: str) -> NoReturn:
     """argparse's way: the message on stderr, exit status 2."""
     sys.stderr.write(f"voice-agent: error: {message}\n")
     raise SystemExit(2)
+
+
+def _room_name(value: str) -> str:
+    """A room the API accepts: an empty one (``--room "$ROOM"`` with ROOM unset) would mint a
+    token the server refuses. argparse names the flag: ``argument --room: ...``, exit 2."""
+    if not is_room_name(value):
+        raise argparse.ArgumentTypeError(
+            f"a room name is 1-{MAX_ROOM_CHARS} characters, not {len(value)}"
+        )
+    return value
 
 
 def _log_level(value: str) -> str:

@@ -9,10 +9,13 @@ What it routes where:
   answer for the whole server, from every worker's.
 
 The worker does every check (auth, limits, SDP) itself: the front forwards the request as
-it came, plus ``X-Forwarded-For``. It never touches media. CORS (signaling/cors.py, the
-same allow-list as the workers') is the front's own: it answers preflights and puts the
-headers on its own answers (errors such as ``unknown_session`` or ``worker_unavailable``
-too); a worker's answer, which carries them already, passes through unchanged.
+it came (path and query not decoded), plus ``X-Forwarded-For``; only a session path that
+would resolve to another route (encoded ``..``, ``/``, ``?``) it refuses, 404. It checks
+``--metrics-token`` on its own ``/metrics`` as the workers do. It never touches media.
+CORS (signaling/cors.py, the same allow-list as the workers') is the front's own: it
+answers preflights and puts the headers on its own answers (errors such as
+``unknown_session`` or ``worker_unavailable`` too); a worker's answer, which carries them
+already, passes through unchanged.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import logging
 import signal
 from collections.abc import Iterable
 from typing import Any
+from urllib.parse import unquote
 
 import aiohttp
 import jwt
@@ -32,6 +36,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.parser import text_string_to_metric_families
+from yarl import URL
 
 from agent.config import Config
 from agent.logcontext import SESSION_ID
@@ -161,8 +166,23 @@ def _new_session_worker(request: web.Request, room: str | None) -> Worker:
 
 
 async def to_session_worker(request: web.Request) -> web.StreamResponse:
+    _check_session_path(request)
     session_id = request.match_info["session_id"]
     return await _forward(request, _session_worker(request, session_id), session_id=session_id)
+
+
+def _check_session_path(request: web.Request) -> None:
+    """404 for a session path whose segments, once decoded, are dot segments or hold a
+    separator: ``/sessions/w1-x/..%2f..%2foffer`` names worker 1 here but, resolved, is
+    another route (a worker's private ``/_worker/status``, or an offer to the worker of the
+    client's choice, past room pinning, load balancing and the front's checks), and an
+    encoded ``?`` or ``#`` would move the query. _forward sends the raw path, which the
+    worker's router does not resolve either; this refuses such a path before any worker
+    sees it."""
+    for segment in request.rel_url.raw_path.split("/")[2:]:  # after "", "sessions"/"whep"
+        part = unquote(segment)
+        if part == "." or ".." in part or any(c in part for c in "/\\?#"):
+            raise ApiError(404, "not_found", "no such path")
 
 
 def _session_worker(request: web.Request, session_id_or_token: str) -> Worker:
@@ -192,10 +212,15 @@ async def _forward(
     headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_HEADERS}
     headers[FORWARDED_FOR_HEADER] = request.remote or ""
     assert worker.http is not None
+    # The path and query exactly as the client sent them (encoded=True: nothing decoded,
+    # nothing resolved): path_qs is decoded, and yarl then resolved an encoded "..%2f" into
+    # another route, and an encoded "%3F" (path) or "%23" (query: ?room=a%23b was room "a"
+    # for the worker, "a#b" for the front's pinning) into a query the front never routed by.
+    url = URL("http://worker" + request.rel_url.raw_path_qs, encoded=True)
     try:
         async with worker.http.request(
             request.method,
-            "http://worker" + request.rel_url.path_qs,
+            url,
             headers=headers,
             data=body,
             allow_redirects=False,
@@ -282,6 +307,9 @@ async def readyz(request: web.Request) -> web.Response:
 async def metrics(request: web.Request) -> web.Response:
     """Every worker's metrics with a ``worker`` label, plus the front's own (its offer
     refusals labelled ``worker="front"``, in the workers' families)."""
+    # Here as well as in each worker: with no worker answering (starting, restarting, all
+    # dead) the front would otherwise serve its own series without the token.
+    routes.check_metrics_token(request)
     pool = request.app[POOL]
     texts = await asyncio.gather(*(_scrape(request, w) for w in pool.workers))
     scraped = [(str(w.index), text) for w, text in zip(pool.workers, texts, strict=True)]
@@ -304,10 +332,8 @@ async def _scrape(request: web.Request, worker: Worker) -> str:
         async with worker.http.get(
             "http://worker/metrics", headers=headers, timeout=aiohttp.ClientTimeout(total=5)
         ) as resp:
-            if resp.status == 401:
-                raise ApiError(
-                    401, "unauthorized", "/metrics needs 'Authorization: Bearer <metrics token>'"
-                )
+            if resp.status == 401:  # the front checked the same token: only if it differs
+                raise ApiError(401, "unauthorized", routes.METRICS_UNAUTHORIZED)
             return await resp.text() if resp.status == 200 else ""
     except (aiohttp.ClientError, TimeoutError):
         return ""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 import hmac
 import json
 import math
@@ -11,6 +12,7 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from agent.config import MAX_ROOM_CHARS, is_room_name
 from agent.engine import TTSEngine
 from agent.hooks import SessionHooks
 from agent.room import RoomMember
@@ -20,7 +22,6 @@ from signaling.errors import ApiError, Handler
 from signaling.keys import BREAKER, CONFIG, DRAIN, ENGINE, ENGINE_ERROR, LIMITS, METRICS, SESSIONS
 from signaling.sessions import Peer, SessionRegistry
 
-MAX_ROOM_CHARS = 64
 MAX_NAME_CHARS = 64
 # WHEP answers carry the session token here; a WHEP resume sends it back in the same header.
 SESSION_TOKEN_HEADER = "X-Session-Token"
@@ -28,14 +29,23 @@ SESSION_TOKEN_HEADER = "X-Session-Token"
 
 async def _body_text(request: web.Request) -> str:
     """The body decoded with its Content-Type charset (UTF-8 when none is given): 415 for a
-    charset Python has no text codec for (``bytes.decode`` raises LookupError on those)."""
+    charset Python has no text codec for. UnicodeError (bytes not in the charset) is the
+    caller's to report. Every text body (/offer, /say, WHEP) is read here, so the three
+    answer an unusable charset alike."""
+    charset = request.charset or "utf-8"
     try:
-        return await request.text()
-    except LookupError:
-        charset = (request.charset or "")[:40]
+        # Checked before decoding so that nothing but UnicodeError can come out of it:
+        # LookupError is an unknown name; ValueError a name no codec can have (RFC 2231's
+        # charset*=utf-8''utf%008 arrives as "utf\x00", and codecs refuse a NUL); and a
+        # codec that is not a text encoding (base64, hex) is unusable too.
+        usable = codecs.lookup(charset)._is_text_encoding
+    except (LookupError, ValueError):
+        usable = False
+    if not usable:
         raise ApiError(
-            415, "unsupported_media_type", f"unknown charset {charset!r}: send UTF-8"
-        ) from None
+            415, "unsupported_media_type", f"unknown charset {charset[:40]!r}: send UTF-8"
+        )
+    return (await request.read()).decode(charset)
 
 
 async def _json_body(request: web.Request) -> dict[str, Any]:
@@ -49,9 +59,9 @@ async def _json_body(request: web.Request) -> dict[str, Any]:
 
 
 def _check_room(room: object) -> str | None:
-    if room is not None and (not isinstance(room, str) or not 0 < len(room) <= MAX_ROOM_CHARS):
-        raise ApiError(400, "bad_room", f"'room' must be a string of 1-{MAX_ROOM_CHARS} characters")
-    return room
+    if room is None or is_room_name(room):
+        return room
+    raise ApiError(400, "bad_room", f"'room' must be a string of 1-{MAX_ROOM_CHARS} characters")
 
 
 def _check_name(name: object) -> str | None:
@@ -302,8 +312,13 @@ async def readyz(request: web.Request) -> web.Response:
     )
 
 
-async def get_metrics(request: web.Request) -> web.Response:
-    """Prometheus text format; with a metrics token configured, only for its bearer."""
+METRICS_UNAUTHORIZED = "/metrics needs 'Authorization: Bearer <metrics token>'"
+
+
+def check_metrics_token(request: web.Request) -> None:
+    """With a metrics token configured, 401 unless the request bears it. The front process
+    checks it too (signaling/front.py), not only its workers: with none answering it would
+    otherwise serve its own series to anyone."""
     expected = request.app[CONFIG].security.metrics_token
     if expected is not None:
         scheme, _, given = request.headers.get("Authorization", "").partition(" ")
@@ -312,9 +327,12 @@ async def get_metrics(request: web.Request) -> web.Response:
             given.strip().encode("utf-8", "surrogatepass"),
             expected.encode("utf-8", "surrogatepass"),
         ):
-            raise ApiError(
-                401, "unauthorized", "/metrics needs 'Authorization: Bearer <metrics token>'"
-            )
+            raise ApiError(401, "unauthorized", METRICS_UNAUTHORIZED)
+
+
+async def get_metrics(request: web.Request) -> web.Response:
+    """Prometheus text format; with a metrics token configured, only for its bearer."""
+    check_metrics_token(request)
     return web.Response(
         body=request.app[METRICS].render(), headers={"Content-Type": CONTENT_TYPE_LATEST}
     )

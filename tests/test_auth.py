@@ -167,6 +167,18 @@ async def test_tokens_that_are_not_utf8_are_invalid_not_a_crash(live_server: Liv
 async def test_a_room_token_is_valid_for_its_room_only(live_server: LiveServer) -> None:
     room_a = token(room="a")
     async with aiohttp.ClientSession() as http:
+        # A room claim the API would refuse as a requested room ('' or over 64 characters)
+        # was taken as it was: every holder joined a room no request may name. Such a
+        # token is invalid.
+        for bad_room in ("", "r" * 65, 5):
+            async with http.post(
+                live_server.url + "/offer",
+                json={"type": "offer", "sdp": OFFER},
+                headers=bearer(token(room=bad_room)),
+            ) as resp:
+                assert resp.status == 401, bad_room
+                error = await _error(resp)
+                assert error["code"] == "unauthorized" and "'room'" in error["message"]
         async with http.post(
             live_server.url + "/offer",
             json={"type": "offer", "sdp": OFFER, "room": "b"},
@@ -264,6 +276,21 @@ def test_the_token_command_needs_a_secret(capsys: pytest.CaptureFixture[str]) ->
         main(["token"], {"VOICE_AGENT_AUTH_SECRET": "too short"})
     with pytest.raises(SystemExit):
         main(["token", "--ttl", "0"], {"VOICE_AGENT_AUTH_SECRET": SECRET})
+
+
+@pytest.mark.parametrize("room", ["", "r" * 65])
+def test_the_token_command_refuses_a_room_the_api_refuses(
+    room: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``voice-agent token --room ""`` (e.g. ``--room "$ROOM"`` with ROOM unset) minted a
+    token for a room no request may name; now a usage error naming the flag."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(["token", "--room", room], {"VOICE_AGENT_AUTH_SECRET": SECRET})
+    assert exit_info.value.code == 2
+    captured = capsys.readouterr()
+    assert "--room" in captured.err and captured.out == ""
+    with pytest.raises(ValueError, match="room"):
+        mint_token(SECRET, ttl_s=5, room=room)
 
 
 def test_the_secret_is_never_shown() -> None:

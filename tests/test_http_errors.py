@@ -68,6 +68,9 @@ async def test_offer_errors(
         assert (await _error(resp))["code"] == code
 
 
+NUL_CHARSET_JSON = "application/json; charset*=utf-8''utf%008"
+
+
 @pytest.mark.parametrize(
     ("path", "content_type", "status", "code"),
     [
@@ -78,6 +81,10 @@ async def test_offer_errors(
         ("/whep", "application/sdp; charset=no-such-codec", 415, "unsupported_media_type"),
         ("/whep", "application/sdp; charset=hex", 415, "unsupported_media_type"),
         ("/whep", "application/sdp; charset=undefined", 400, "bad_sdp"),
+        # RFC 2231: aiohttp decodes this charset to "utf\x00", and codecs raise ValueError
+        # on a NUL: it was 500 internal on WHEP, 400 bad_json on /offer.
+        ("/offer", NUL_CHARSET_JSON, 415, "unsupported_media_type"),
+        ("/whep", "application/sdp; charset*=utf-8''utf%008", 415, "unsupported_media_type"),
     ],
 )
 async def test_a_charset_python_cannot_decode_is_a_4xx(
@@ -164,6 +171,14 @@ async def test_say_errors_on_a_live_session(live_server: LiveServer) -> None:
                 ) as resp:
                     assert resp.status == 400, body
                     assert (await _error(resp))["code"] == code
+            # An unusable charset is 415 here too, as on /offer and WHEP (one helper reads
+            # every text body); the NUL one was 400 bad_json.
+            for content_type in ("application/json; charset=no-such-codec", NUL_CHARSET_JSON):
+                async with http.post(
+                    url, data=b'{"text": "hi"}', headers={"Content-Type": content_type}
+                ) as resp:
+                    assert resp.status == 415, content_type
+                    assert (await _error(resp))["code"] == "unsupported_media_type"
             async with http.post(url, json={"text": "still works"}) as resp:
                 assert resp.status == 202
             async with http.delete(f"{live_server.url}/sessions/{client.session_id}") as resp:

@@ -16,6 +16,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
+from yarl import URL
 
 from agent.config import BreakerSettings, Config, SecuritySettings
 from agent.conversation_config import ListenSettings
@@ -150,6 +151,58 @@ async def test_tokens_and_rooms_that_are_not_utf8_route_like_any_other() -> None
             ) as resp:
                 assert resp.status == 400, await resp.text()
                 assert (await resp.json())["error"]["code"] == "no_audio"
+
+
+# Session paths whose decoded segments resolve to another route: (method, raw target).
+_ESCAPING_PATHS = [
+    (b"GET", b"/sessions/w0-x/..%2f..%2f_worker/status"),  # the worker's private page
+    (b"GET", b"/sessions/w0-x/../../_worker/status"),
+    (b"GET", b"/sessions/w0-x/%2e%2e/%2e%2e/_worker/status"),
+    (b"POST", b"/sessions/w1-x/..%2f..%2foffer"),  # an offer to the worker of one's choice
+    (b"POST", b"/sessions/w1-x%2f..%2f..%2foffer"),
+    (b"POST", b"/whep/w1-x%2f..%2f..%2fwhep"),
+    (b"GET", b"/sessions/w0-x/say%3Fa=1"),  # an encoded "?": a query the front never saw
+]
+
+
+async def test_session_paths_never_reach_another_route_of_a_worker() -> None:
+    """The front forwarded the *decoded* path: ``/sessions/w0-x/..%2f..%2f_worker/status``
+    matched the front's session route, and yarl resolved the dot segments, so worker 0 served
+    its private status page; ``POST /sessions/w1-x/..%2f..%2foffer`` made an offer on a
+    worker the client picked (past room pinning, load balancing, drain and ready checks), and
+    an encoded ``%3F`` moved part of the path into the query. Such a path is refused (404
+    ``not_found``) before any worker sees it; the path and query go to the worker as the
+    client sent them (``?room=%23`` is the room "#" there too, not an empty one); and the
+    worker itself, sent such a path, serves no other route either."""
+    body = b"v=0\r\n"
+    pools: list[WorkerPool] = []
+    async with front_and_worker(Config(host="127.0.0.1", port=0), workers=2, pools=pools) as url:
+        for method, target in _ESCAPING_PATHS:
+            reply = await raw_http(
+                url,
+                b"%s %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/sdp\r\n"
+                b"Content-Length: %d\r\nConnection: close\r\n\r\n%s"
+                % (method, target, len(body), body),
+            )
+            assert raw_status(reply) == 404, (target, reply)
+            assert b'"not_found"' in reply, (target, reply)
+        reply = await raw_http(
+            url,
+            b"POST /whep?room=%%23 HTTP/1.1\r\nHost: x\r\nContent-Type: application/sdp\r\n"
+            b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(body), body),
+        )
+        # The room was "#" (valid) for the front but "" (bad_room) for the worker.
+        assert raw_status(reply) == 400 and b'"no_audio"' in reply, reply
+        worker = pools[0].workers[0]
+        assert worker.http is not None
+        for method, target in _ESCAPING_PATHS:
+            raw = URL("http://worker" + target.decode(), encoded=True)
+            async with worker.http.request(method.decode(), raw, data=body) as resp:
+                text = await resp.text()
+            # 404, or 405 from its session route (an id with "/" in it): never the status
+            # page's "pid" nor /offer's or /whep's answer to "v=0" (no_audio).
+            assert resp.status in (404, 405), (target, text)
+            assert "pid" not in text and "no_audio" not in text, (target, text)
 
 
 ORIGIN = "https://app.example"
@@ -321,6 +374,27 @@ async def test_offers_the_front_refuses_itself_are_counted() -> None:
     }
     types = [line.split()[2] for line in text.splitlines() if line.startswith("# TYPE ")]
     assert len(types) == len(set(types)), "a family described twice"
+
+
+async def test_the_fronts_metrics_need_the_metrics_token_with_no_worker_answering() -> None:
+    """The front left --metrics-token to its workers: only a worker's 401 refused a scrape,
+    so with none answering (starting, restarting, all dead) /metrics served the front's
+    own page to anyone. The front checks the token itself now, as a worker does."""
+    token = "s3cret-metrics-token"
+    config = Config(host="127.0.0.1", port=0, security=SecuritySettings(metrics_token=token))
+    pools: list[WorkerPool] = []
+    async with (
+        front_and_worker(config, pools=pools) as url,
+        aiohttp.ClientSession() as http,
+    ):
+        pools[0].workers[0].process = None  # dead, not started yet again: nothing to ask
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": token}):
+            async with http.get(url + "/metrics", headers=headers) as resp:
+                assert resp.status == 401, (headers, await resp.text())
+                assert (await resp.json())["error"]["code"] == "unauthorized"
+        async with http.get(url + "/metrics", headers={"Authorization": f"Bearer {token}"}) as r:
+            assert r.status == 200
+            assert "voice_agent_workers_alive 0.0" in await r.text()
 
 
 async def test_ice_servers_are_answered_while_no_worker_takes_new_sessions() -> None:
