@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import codecs
 import json
 
 import aiohttp
@@ -57,7 +58,7 @@ async def describe_failure(response: aiohttp.ClientResponse, timeout_s: float) -
             raw, _ = await read_capped(response, MAX_ERROR_READ)
     except (TimeoutError, aiohttp.ClientError):
         return f"HTTP {response.status} (its error body could not be read)"
-    text = _decode(raw, response.charset)
+    text = decode_text(raw, response.charset)
     detail = text[:MAX_ERROR_BODY]
     try:
         body = json.loads(text)
@@ -71,8 +72,21 @@ async def describe_failure(response: aiohttp.ClientResponse, timeout_s: float) -
     return f"HTTP {response.status}: {detail}".strip()
 
 
-def _decode(body: bytes, charset: str | None) -> str:
+def is_text_charset(charset: str) -> bool:
+    """Whether ``bytes.decode`` can take ``charset``. LookupError is an unknown name;
+    ValueError a name no codec can have (RFC 2231's ``charset*=utf-8''utf%00`` arrives as
+    "utf\\x00" and codecs refuse a NUL); base64 or hex are codecs but not text encodings."""
     try:
-        return body.decode(charset or "utf-8", errors="replace")
-    except LookupError:  # a charset Python does not know
-        return body.decode("utf-8", errors="replace")
+        return codecs.lookup(charset)._is_text_encoding
+    except (LookupError, ValueError):
+        return False
+
+
+def decode_text(body: bytes, charset: str | None) -> str:
+    """``body`` in the charset its Content-Type declares (UTF-8 when none), as aiohttp's
+    ``text()`` decodes it; one no text codec has is read as UTF-8 rather than fail a reply
+    over its label."""
+    return body.decode(
+        charset if charset is not None and is_text_charset(charset) else "utf-8",
+        errors="replace",
+    )

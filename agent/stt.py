@@ -21,6 +21,7 @@ from agent.conversation_config import VAD_SAMPLE_RATE, ServiceSettings
 from agent.httpservice import (
     ServiceError,
     auth_headers,
+    decode_text,
     describe_failure,
     endpoint,
     read_capped,
@@ -80,7 +81,9 @@ class Transcriber:
                             "stt_failed",
                             f"speech-to-text answered with more than {MAX_ANSWER / 2**20:g} MiB",
                         )
-            body = json.loads(answer)
+                    # In its declared charset (json.loads on bytes knows only UTF-8/16/32).
+                    answer_text = decode_text(answer, response.charset)
+            body = json.loads(answer_text)
         except TimeoutError:
             raise ServiceError(
                 "stt_timeout", f"speech-to-text did not answer within {s.stt_timeout_s:g} s"

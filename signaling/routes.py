@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import codecs
 import hmac
 import json
 import math
@@ -15,6 +14,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from agent.config import MAX_ROOM_CHARS, is_room_name
 from agent.engine import TTSEngine
 from agent.hooks import SessionHooks
+from agent.httpservice import is_text_charset
 from agent.room import RoomMember
 from agent.speech import SpeechError
 from signaling.auth import claims, require_room, require_speaker, room_for
@@ -33,15 +33,8 @@ async def _body_text(request: web.Request) -> str:
     caller's to report. Every text body (/offer, /say, WHEP) is read here, so the three
     answer an unusable charset alike."""
     charset = request.charset or "utf-8"
-    try:
-        # Checked before decoding so that nothing but UnicodeError can come out of it:
-        # LookupError is an unknown name; ValueError a name no codec can have (RFC 2231's
-        # charset*=utf-8''utf%008 arrives as "utf\x00", and codecs refuse a NUL); and a
-        # codec that is not a text encoding (base64, hex) is unusable too.
-        usable = codecs.lookup(charset)._is_text_encoding
-    except (LookupError, ValueError):
-        usable = False
-    if not usable:
+    # Checked before decoding so that nothing but UnicodeError can come out of it.
+    if not is_text_charset(charset):
         raise ApiError(
             415, "unsupported_media_type", f"unknown charset {charset[:40]!r}: send UTF-8"
         )

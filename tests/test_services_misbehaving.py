@@ -376,3 +376,42 @@ async def test_a_huge_error_body_is_cut_short_not_buffered() -> None:
     assert llm_failed.value.message == "the LLM failed: HTTP 502: <p>Bad gateway" + "a" * 286
     assert stt_failed.value.message.endswith("HTTP 502: <p>Bad gateway" + "a" * 286)
     assert llm_sent < CUT_OFF and sent[0] < CUT_OFF
+
+
+async def unusable_charset_error(request: web.Request) -> web.Response:
+    await request.read()
+    return web.Response(
+        status=503,
+        body=b"upstream down",
+        headers={"Content-Type": "text/plain; charset*=utf-8''utf%00"},  # "utf\x00"
+    )
+
+
+async def test_an_error_body_whose_charset_no_codec_has_is_still_the_services_failure() -> None:
+    """Bug: an error body's charset that Python cannot even look up ("utf\x00") raised a
+    bare ValueError: the LLM reply failed as internal, the STT one as "invalid JSON"."""
+    deltas, failure, _ = await llm_deltas(unusable_charset_error)
+    assert deltas == []
+    assert failure is not None and failure.code == "llm_failed"
+    assert "HTTP 503: upstream down" in failure.message
+    failed = await stt_failure(unusable_charset_error, TIMEOUT_S)
+    assert failed.code == "stt_failed" and "HTTP 503: upstream down" in failed.message
+
+
+async def latin1_transcript(request: web.Request) -> web.Response:
+    await request.read()
+    return web.Response(
+        body='{"text": "café"}'.encode("iso-8859-1"),
+        headers={"Content-Type": "application/json; charset=iso-8859-1"},
+    )
+
+
+async def test_a_transcript_is_read_in_its_declared_charset() -> None:
+    runner, base = await serve(latin1_transcript)
+    settings = ServiceSettings(stt_base_url=base, stt_timeout_s=TIMEOUT_S)
+    try:
+        async with aiohttp.ClientSession() as http:
+            text = await Transcriber(settings, http).transcribe(np.zeros(1600, np.float32))
+    finally:
+        await runner.cleanup()
+    assert text == "café"
