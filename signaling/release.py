@@ -20,8 +20,9 @@ The cycles, and which side breaks each:
 - aioice 0.13: ``Connection.close()`` empties its protocol list but not its check list, whose
   candidate pairs hold the STUN protocols that hold the connection. Emptied here.
 - ours: signaling/lifecycle.py's RTCP tap and agent/feedback.py's feedback tap wrap the
-  sender's (and the DTLS transport's) handler in an instance attribute that calls the
-  original bound method: sender -> wrapper -> bound method -> sender. The wrappers are
+  sender's (and the DTLS transport's) handler, and the feedback tap the sender's RTCP send
+  (to time its sender reports), in an instance attribute that calls the original bound
+  method: sender -> wrapper -> bound method -> sender. The wrappers are
   dropped here, after the pc is closed (nothing calls them any more).
 
 Left to the collector: pyOpenSSL's ``_VerifyHelper`` (its ffi callback refers back to it;
@@ -35,7 +36,7 @@ from typing import Any
 from aiortc import RTCPeerConnection
 
 # Instance attributes that wrap an aiortc method (the taps above); class methods remain.
-_TAPPED_SENDER = "_handle_rtcp_packet"
+_TAPPED_SENDER = ("_handle_rtcp_packet", "_send_rtcp")
 _TAPPED_DTLS = "_handle_rtcp_data"
 
 
@@ -49,7 +50,8 @@ def release_closed(pc: RTCPeerConnection) -> None:
     """Break the cycles of an already closed peer connection. Idempotent."""
     dtls_transports: list[Any] = []
     for transceiver in pc.getTransceivers():
-        vars(transceiver.sender).pop(_TAPPED_SENDER, None)
+        for name in _TAPPED_SENDER:
+            vars(transceiver.sender).pop(name, None)
         dtls_transports.append(transceiver.sender.transport)
     if pc.sctp is not None:
         dtls_transports.append(pc.sctp.transport)
