@@ -6,6 +6,8 @@ import ipaddress
 import re
 from collections.abc import Callable
 
+from aiortc import sdp as aiortc_sdp
+
 from signaling.errors import ApiError
 
 MAX_SDP_BYTES = 64 * 1024
@@ -39,6 +41,24 @@ def check_offer_sdp(sdp: object) -> str:
         message = "the offer's first audio section has no opus/48000: the agent sends Opus"
         raise ApiError(400, "no_opus", message)
     return sdp
+
+
+def check_dtls_fingerprints(sdp: str) -> None:
+    """400 for a section in use without a DTLS fingerprint (its own or the session's); call
+    once aiortc applied the offer (so it parses).
+
+    aiortc applies such an offer and answers it; only once ICE connects does its DTLS start
+    assert on the missing fingerprint, in a task nobody awaits: the client got a 200 for a
+    call that can never carry audio, and the server logged an unhandled error (found by
+    tests/test_fuzz.py)."""
+    for media in aiortc_sdp.SessionDescription.parse(sdp).media:
+        if media.port != 0 and (media.dtls is None or not media.dtls.fingerprints):
+            raise ApiError(
+                400,
+                "bad_sdp",
+                f"the offer's {media.kind} section has no DTLS fingerprint (a=fingerprint): "
+                "no secure connection could be made",
+            )
 
 
 def opus_first(sdp: str) -> str:

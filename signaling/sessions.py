@@ -38,7 +38,13 @@ from signaling.negotiation import OpusOffer, read_opus_offer, tune_answer
 from signaling.release import close_peer_connection
 from signaling.resume import TokenBook, new_token, session_expired
 from signaling.rooms import RoomRegistry, offer_sends_audio
-from signaling.sdp import add_mdns_fallback, check_offer_sdp, explicit_directions, opus_first
+from signaling.sdp import (
+    add_mdns_fallback,
+    check_dtls_fingerprints,
+    check_offer_sdp,
+    explicit_directions,
+    opus_first,
+)
 from signaling.shutdown import shutting_down
 
 log = logging.getLogger(__name__)
@@ -248,6 +254,7 @@ class SessionRegistry:
                 await pc.setRemoteDescription(RTCSessionDescription(sdp=offer_sdp, type="offer"))
             except Exception as exc:  # noqa: BLE001 - aiortc raises many types on SDP it can't use
                 raise ApiError(400, "bad_sdp", f"could not apply the offer: {exc}") from None
+            check_dtls_fingerprints(offer_sdp)
             tune_answer(pc, opus_offer)
             transceiver = None
             if isinstance(session, RoomMember):

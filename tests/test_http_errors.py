@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import aiohttp
 import pytest
+from aiortc import RTCPeerConnection
 
 from tests.conftest import LiveServer
 
@@ -66,6 +67,37 @@ async def test_offer_errors(
     ):
         assert resp.status == status
         assert (await _error(resp))["code"] == code
+
+
+@pytest.mark.parametrize("path", ["/offer", "/whep"])
+async def test_an_offer_without_a_dtls_fingerprint_is_refused(
+    live_server: LiveServer, path: str
+) -> None:
+    """Found by the fuzz suite: an offer whose ICE works but that has no a=fingerprint was
+    answered 200, and aiortc's DTLS start asserted once ICE connected, in a task nobody
+    awaited (a call that could never carry audio, and an unhandled error in the log)."""
+    pc = RTCPeerConnection()
+    try:
+        pc.addTransceiver("audio", direction="recvonly")
+        pc.createDataChannel("agent")
+        await pc.setLocalDescription(await pc.createOffer())
+        sdp = "".join(
+            line
+            for line in pc.localDescription.sdp.splitlines(keepends=True)
+            if not line.startswith("a=fingerprint:")
+        )
+    finally:
+        await pc.close()
+    async with aiohttp.ClientSession() as http:
+        if path == "/offer":
+            request = http.post(live_server.url + path, json={"type": "offer", "sdp": sdp})
+        else:
+            headers = {"Content-Type": "application/sdp"}
+            request = http.post(live_server.url + path, data=sdp, headers=headers)
+        async with request as resp:
+            assert resp.status == 400, await resp.text()
+            error = await _error(resp)
+    assert error["code"] == "bad_sdp" and "fingerprint" in error["message"], error
 
 
 NUL_CHARSET_JSON = "application/json; charset*=utf-8''utf%008"
