@@ -14,10 +14,12 @@ transport-cc windows of ~25 weigh the same), in three estimates: fast (the newes
 weigh half: about the last 2 s), slow (a fifth: ~5 s) and long-run (3%: ~30 s).
 - fast > ``loss_decrease`` and either the long-run one is too (a steady lossy path) or the
   fast one is 1.2 x ``loss_decrease`` above the long-run one (a jump: 10% after a clean
-  path is cut by the second 50-packet report): bitrate x (1 - fast / 2) (GCC's loss rule),
-  at most once per ``decrease_interval_s``, not below ``fec_min_bitrate``: random loss is
-  not cured by a lower rate, FEC cures it, and below that floor libopus has no bits left for
-  FEC. The fast estimate alone is above 5% a quarter of the time on a 4% path.
+  path is cut by the second or third 50-packet report, as their sampled loss comes out: a
+  lower threshold would also cut a steady 4% path whenever two reports read high):
+  bitrate x (1 - fast / 2) (GCC's loss rule), at most once per ``decrease_interval_s``,
+  not below ``fec_min_bitrate``: random loss is not cured by a lower rate, FEC cures it,
+  and below that floor libopus has no bits left for FEC. The fast estimate alone is above
+  5% a quarter of the time on a 4% path.
 - otherwise, unless both fast and slow are <= ``loss_increase``: hold. A steady 3-4% path
   settles near the ceiling, it does not oscillate (nearer 5% the long-run estimate crosses
   more often: such a path drifts down).
@@ -255,7 +257,7 @@ class BitrateController:
         """Loss that lowers the bitrate: the fast estimate above loss_decrease, and either the
         long-run one too (a steady lossy path: 6% reaches the floor in 1-2 minutes, 4% holds),
         or the fast one LOSS_JUMP x loss_decrease above the long-run one (a jump: 10% after
-        a clean path is cut by the second report)."""
+        a clean path is cut by the second or third report)."""
         limit = self.settings.loss_decrease
         fast = self.loss or 0.0
         long = self._long_loss

@@ -77,8 +77,10 @@ async def test_ten_percent_loss_lowers_bitrate_and_turns_on_fec_then_recovers(
             reports_at_loss = _reports(session)
             await _wait_for(session, lambda s: s.track.encoder.fec, timeout=10)
             await _wait_for(session, lambda s: s.track.encoder.bitrate < CEILING, timeout=10)
-            # Within two report intervals: the second report after the loss began did it.
-            assert _reports(session) - reports_at_loss <= 2, session.network.stats()
+            # Within three report intervals: the second or third report after the loss began
+            # did it (two reports of 10% loss sampled over 50 packets each can read 6-8%,
+            # which the controller does not tell from noise on a 4% path: agent/bitrate.py).
+            assert _reports(session) - reports_at_loss <= 3, session.network.stats()
             assert encoder.expected_loss_pct >= 6
             await asyncio.sleep(4)
             lowest = encoder.bitrate
