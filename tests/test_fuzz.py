@@ -57,6 +57,9 @@ SERVER_FLAGS = [
     *("--speech-rate", "1000000", "--speech-burst", "1000000", "--max-sessions", "500"),
     # Answered fuzz offers that nobody connects are cleaned up by the connect timeout too.
     *("--connect-timeout", "3", "--idle-timeout", "0"),
+    # The monitor's session speaks to the end: SIGTERM would let it finish for the default
+    # 20 s. Draining is tests/test_shutdown.py's; here it only cost the suite 15 s.
+    *("--drain-deadline", "1"),
 ]
 
 # An aiortc offer (audio recvonly + data channel), fixed so that the derandomized examples
