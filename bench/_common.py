@@ -349,11 +349,18 @@ def _server_options(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--gap-max", type=float, default=0.7)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--workers", type=int, default=1, help="media processes (signaling/workers.py)")
+    p.add_argument(
+        "--no-listen",
+        action="store_true",
+        help="load no voice activity model (the product's --no-listen): for the harness's own "
+        "tests, which do not measure; a measurement keeps the product's default",
+    )
     return p.parse_args(argv)
 
 
 def _bench_config(opts: argparse.Namespace) -> Any:
     from agent.config import Config, LimitSettings, OpusSettings
+    from agent.conversation_config import ListenSettings
 
     # One client process opens every session from one address: the per-address limits
     # and the session cap of a public server are not what is measured here.
@@ -363,6 +370,7 @@ def _bench_config(opts: argparse.Namespace) -> Any:
         port=0,
         log_level="WARNING",
         workers=opts.workers,
+        listen=ListenSettings(enabled=not opts.no_listen),
         limits=LimitSettings(
             offer_rate=unlimited,
             offer_burst=unlimited,

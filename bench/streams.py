@@ -76,6 +76,8 @@ def run_one(
         "--seed",
         str(args.seed),
     ]
+    if args.no_listen:
+        server_args.append("--no-listen")
     if pattern == "continuous":
         server_args += ["--talk-s", "60"]
     else:
@@ -270,6 +272,11 @@ def main() -> int:
         "track through aiortc's RTP sender), default (aiortc's default path; the ratio's base)",
     )
     p.add_argument("--from-json", type=Path, help="print the tables of a saved --json run")
+    p.add_argument(
+        "--no-listen",
+        action="store_true",
+        help="the server loads no voice activity model (faster start; for the harness tests)",
+    )
     p.add_argument(
         "--workers",
         default="1",

@@ -24,7 +24,7 @@ def test_streams_bench_records_decrypts_and_reports(tmp_path: Path) -> None:
         sys.executable,
         str(ROOT / "bench" / "streams.py"),
         *("--n", "2", "--seconds", "3", "--warmup", "1"),
-        *("--patterns", "continuous", "--retries", "0", "--json", str(out)),
+        *("--patterns", "continuous", "--retries", "0", "--json", str(out), "--no-listen"),
         *("--variants", "ours,ours-aiortc,default"),
         *("--complexity", "7", "--complexity-floor", "7"),  # reaches the server: fixed 7
     ]
@@ -69,7 +69,7 @@ def test_streams_bench_speaks_recorded_speech(tmp_path: Path) -> None:
         sys.executable,
         str(ROOT / "bench" / "streams.py"),
         *("--n", "1", "--seconds", "3", "--warmup", "1", "--signal", "speech"),
-        *("--patterns", "continuous", "--retries", "0", "--json", str(out)),
+        *("--patterns", "continuous", "--retries", "0", "--json", str(out), "--no-listen"),
         *("--variants", "ours"),
     ]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=180)
