@@ -655,23 +655,26 @@ def _ratio(m: re.Match[str], zh: bool) -> str:
     return _sp(f"{read_int_en(a)} to {read_int_en(b)}", zh)
 
 
+def _groups(parts: list[str], zh: bool) -> str:
+    """Read groups of a number (already read) with a pause between them, as one says a
+    phone number."""
+    return _sp(("，" if zh else ", ").join(parts), zh)
+
+
 def _phone(m: re.Match[str], zh: bool) -> str:
-    groups = [m["area"] or m["area2"], m["a"], m["b"]]
-    parts = [_digits(g, zh) for g in groups if g]
+    parts = [_digits(g, zh) for g in (m["area"] or m["area2"], m["a"], m["b"]) if g]
     if m["cc"]:
         cc = m["cc"].strip(" -+")
         parts.insert(0, ("加" if zh else "plus ") + _digits(cc, zh))
-    return _sp(("，" if zh else ", ").join(parts), zh)
+    return _groups(parts, zh)
 
 
 def _local_phone(m: re.Match[str], zh: bool) -> str:
-    number = ("，" if zh else ", ").join(_digits(g, zh) for g in (m["a"], m["b"]))
-    return m["cue"] + _sp(number, zh)
+    return m["cue"] + _groups([_digits(m["a"], zh), _digits(m["b"], zh)], zh)
 
 
 def _digit_groups(m: re.Match[str], zh: bool) -> str:
-    parts = [_digits(group, zh) for group in m.group(0).split("-")]
-    return _sp(("，" if zh else ", ").join(parts), zh)
+    return _groups([_digits(group, zh) for group in m.group(0).split("-")], zh)
 
 
 def _dotted(m: re.Match[str], zh: bool) -> str:
