@@ -38,13 +38,8 @@ def _both_ready(server: Served) -> Served:
 
 @pytest.fixture(scope="module")
 def two_workers(tiny_model_dir: Path) -> Iterator[Served]:
-    """Shared by the tests that leave both workers alive."""
-    with serve_subprocess(tiny_model_dir, "--workers", "2") as server:
-        yield _both_ready(server)
-
-
-@pytest.fixture
-def two_workers_to_kill(tiny_model_dir: Path) -> Iterator[Served]:
+    """One fleet for the module (a start costs ~20 s of the suite); the test that kills a
+    worker runs last and waits for the earlier tests' sessions to be gone first."""
     with serve_subprocess(tiny_model_dir, "--workers", "2") as server:
         yield _both_ready(server)
 
@@ -53,6 +48,24 @@ async def readyz(http: aiohttp.ClientSession, url: str) -> dict[str, Any]:
     async with http.get(url + "/readyz") as resp:
         body: dict[str, Any] = await resp.json()
         return body
+
+
+async def no_sessions_left(http: aiohttp.ClientSession, url: str) -> None:
+    deadline = time.monotonic() + 30
+    while True:
+        workers = (await readyz(http, url))["workers"]
+        if all(w["ready"] and w["sessions"] == 0 for w in workers):
+            return
+        assert time.monotonic() < deadline, workers
+        await asyncio.sleep(0.2)
+
+
+async def hang_up(http: aiohttp.ClientSession, url: str, client: RtcClient) -> None:
+    """DELETE, as the page's Hang up does: a bare close would hold the seat for resume."""
+    if client.session_id is not None:
+        async with http.delete(f"{url}/sessions/{client.session_id}"):
+            pass  # 404 for the one the test already deleted
+    await client.close()
 
 
 def worker_of(client: RtcClient) -> int:
@@ -107,7 +120,7 @@ async def test_sessions_spread_requests_reach_their_worker_rooms_share_one(
             assert 'voice_agent_sessions_active{kind="offer",worker="1"}' in text
             assert "voice_agent_workers_alive 2.0" in text
         finally:
-            await asyncio.gather(*(c.close() for c in clients))
+            await asyncio.gather(*(hang_up(http, url, c) for c in clients))
 
         # WHEP through the front: 201 with the Location of the owning worker's session, and
         # DELETE on that Location reaches it.
@@ -134,14 +147,15 @@ async def test_sessions_spread_requests_reach_their_worker_rooms_share_one(
             for members in rooms.values():
                 assert len({worker_of(c) for c in members}) == 1
         finally:
-            await asyncio.gather(*(c.close() for m in rooms.values() for c in m))
+            await asyncio.gather(*(hang_up(http, url, c) for m in rooms.values() for c in m))
 
 
 async def test_a_killed_worker_is_restarted_and_the_other_keeps_speaking(
-    two_workers_to_kill: Served,
+    two_workers: Served,
 ) -> None:
-    url = two_workers_to_kill.url
+    url = two_workers.url
     async with aiohttp.ClientSession() as http:
+        await no_sessions_left(http, url)  # so that two new sessions land one per worker
         a, b = RtcClient(url, http), RtcClient(url, http)
         await a.connect()
         await b.connect()
