@@ -301,6 +301,10 @@ class SessionRegistry:
                 peer.life.detached_at = time.monotonic()
                 peer.life.lost_reason = "resumed"
             await close_peer_connection(old)
+            if isinstance(peer.session, AgentSession):
+                # Its microphone went with it: the new connection's (its track event fires in
+                # the negotiation below) takes the old one's place.
+                await peer.session.stop_listening()
             # DELETE, the watchdog (grace over) or the drain may have closed the session while
             # the old connection closed: then there is nothing to resume.
             ended = self._ended(peer)

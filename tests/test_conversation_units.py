@@ -163,8 +163,9 @@ def test_detector_kinds_are_the_wire_names() -> None:
 
 
 async def test_a_resumed_connection_s_microphone_is_listened_to() -> None:
-    """After a resume the old microphone track has ended with its peer connection; the new
-    connection's track must take its place, not be merely drained."""
+    """A resume replaces the connection (stop_listening): the new connection's track must
+    take the old one's place, not be merely drained, whether or not the old track ended (one
+    whose connection never came up never does), and nothing keeps reading the old tracks."""
     from types import SimpleNamespace
 
     from agent.config import Config
@@ -180,8 +181,14 @@ async def test_a_resumed_connection_s_microphone_is_listened_to() -> None:
         session.listen(first, receiver, pool)  # type: ignore[arg-type]
         assert session.inbound is not None and session.inbound.track is first
         session.listen(second, receiver, pool)  # type: ignore[arg-type]
-        assert session.inbound.track is first  # a second live track is only drained
-        first.stop()  # the old peer connection closed
+        old = session.inbound
+        assert old.track is first  # a second live track is only drained
+        readers = [*old._tasks, *session._drain_tasks]
+        await session.stop_listening()  # a resume: the old peer connection closed
+        # Both tracks still live (as a never-connected receiver's stays): nothing reads them.
+        assert first.readyState == second.readyState == "live"
+        assert len(readers) == 3 and all(task.done() for task in readers)
+        assert session.inbound is None and not session._drain_tasks
         third = ToneMicrophone(660)
         session.listen(third, receiver, pool)  # type: ignore[arg-type]
         assert session.inbound is not None and session.inbound.track is third
