@@ -125,6 +125,12 @@ class Conversation:
         """Speaking, or preparing a reply that would be spoken."""
         return self.pipeline.busy or any(not t.done() for t in self._reply_tasks)
 
+    @property
+    def in_flight(self) -> bool:
+        """Speaking, preparing a reply, or transcribing a turn (whose reply comes next):
+        what a graceful shutdown lets finish."""
+        return self.agent_active or any(not t.done() for t in self._turn_tasks)
+
     def user_started(self, event: ActivityEvent) -> None:
         self._turn_id = f"turn-{uuid.uuid4().hex[:10]}"
         self.user_speaking = True

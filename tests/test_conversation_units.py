@@ -341,6 +341,29 @@ async def test_the_clients_interrupt_withdraws_the_question_a_cough_does_not_rev
         await session.close()
 
 
+async def test_a_turn_is_in_flight_from_its_end_to_its_reply_s_last_word() -> None:
+    """What the shutdown's drain waits for (signaling/shutdown.py): a turn being transcribed,
+    then its reply being prepared, then spoken, with no gap between them. The pipeline alone
+    looks idle until the reply's first words: the drain used to close the session then."""
+    brain = RecordingBrain(think_s=0.3)
+    stt = ScriptedSTT(("What time is it?", 0.3))
+    session, events, drain = talking_session(stt, brain)
+    conversation = session.conversation
+    try:
+        assert not conversation.in_flight
+        say_turn(session)
+        pipeline_idle = 0
+        while not [e for e in events if e["type"] == "speech.ended"]:
+            assert conversation.in_flight, events
+            pipeline_idle += not session.pipeline.busy
+            await asyncio.sleep(0.01)
+        assert pipeline_idle >= 20, pipeline_idle  # transcribing and thinking: ~0.6 s
+        await wait_for(lambda: not conversation.in_flight, timeout=1)
+    finally:
+        drain.stop()
+        await session.close()
+
+
 async def test_transcripts_that_come_back_out_of_order_keep_the_order_spoken() -> None:
     """Bug: a long turn's slow transcript that came back after the next, short turn's was
     appended after it, and after the reply: the short turn was answered alone, in the
