@@ -88,7 +88,12 @@ async def drain(sessions: SessionRegistry, state: Drain, deadline_s: float) -> b
 def _in_flight(peer: Peer) -> bool:
     """Whether the drain waits for this session: speech is playing or queued, a reply is
     being prepared (the LLM's first token not in yet) or a turn transcribed (its reply comes
-    next)."""
+    next), and its client can still hear it."""
+    if peer.life.detached_at is not None and not peer.resuming:
+        # Its playout is paused and the drain refuses its resume: it can never play, and
+        # waiting for it held every SIGTERM to the deadline. (A resume that was already
+        # negotiating when the drain began may still bring the client back: waited for.)
+        return False
     session = peer.session
     conversation = (
         session.room.conversation if isinstance(session, RoomMember) else session.conversation

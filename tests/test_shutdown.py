@@ -187,3 +187,28 @@ async def test_the_drain_lets_a_chat_reply_being_prepared_be_spoken() -> None:
                 assert finished
             finally:
                 await client.close()
+
+
+async def test_a_detached_session_does_not_hold_the_drain_to_its_deadline(
+    live_server: LiveServer,
+) -> None:
+    """Bug: a detached session (its client between networks) has its playout paused, and the
+    drain refuses its resume (503 shutting_down): its queued speech can never play, yet the
+    drain waited for it, the whole deadline (20 s by default) on every SIGTERM while any
+    client was away."""
+    from tests.test_lifecycle import detached, wait_for
+
+    async with aiohttp.ClientSession() as http:
+        client = RtcClient(live_server.url, http)
+        await client.connect()
+        sid = client.session_id
+        assert sid is not None
+        client.send({"type": "say", "text": " ".join(["word"] * 40), "id": "long"})  # 10 s
+        await client.wait_event(lambda e: e["type"] == "speech.started")
+        await client.close()  # hang-up without DELETE: detached, speech paused
+        await wait_for(http, live_server.url, sid, detached, 5)
+        started = time.monotonic()
+        await drain(live_server.app[SESSIONS], live_server.app[DRAIN], 4.0)
+        took = time.monotonic() - started
+    assert took < 2.0, f"drain waited {took:.1f} s for a session nobody can resume"
+    assert len(live_server.app[SESSIONS]) == 0
