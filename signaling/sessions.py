@@ -377,8 +377,11 @@ class SessionRegistry:
                 # Speech anywhere in a room keeps all of it: speakers talking to each other
                 # (the agent silent) and the listeners hearing them are in use too.
                 peer.life.active_since(peer.session.room.last_speech(now))
-            elif peer.session.pipeline.busy:
-                peer.life.active()
+            else:
+                if peer.session.pipeline.busy:
+                    peer.life.active()
+                # The user talking (VAD) is in use too, answered or not: no abandoned tab.
+                peer.life.active_since(peer.session.conversation.user_heard_at(now))
             connected = peer.pc.connectionState == "connected"
             session_id = peer.session.id
             named = SESSION_ID.set(session_id)  # the lines below are about this session
