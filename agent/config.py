@@ -300,7 +300,8 @@ class LifecycleSettings:
     # A lost peer's session (same id, queue, voice) waits this long for the client to come
     # back with its session token; playout pauses meanwhile. 0: closed at once.
     resume_grace_s: float = 15.0
-    # A session with no client request and no speech played for this long is closed.
+    # A session with no client request and no speech (played, or the user's voice activity)
+    # for this long is closed.
     idle_timeout_s: float = 600.0
     # On SIGTERM: speech in flight may finish for up to this long before every peer closes.
     drain_deadline_s: float = 20.0

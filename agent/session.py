@@ -76,8 +76,9 @@ class AgentSession:
             self.pipeline, config.listen, config.services, self.send_event
         )
         self.inbound: InboundAudio | None = None
-        # Each resume's new microphone track adds one (a drain, or the old listener's close):
-        # a task leaves the set when it ends, so resumes do not grow it.
+        # Microphone tracks read but not listened to (a second one, or listening off): a task
+        # leaves the set when its track ends, or when a resume replaces its connection
+        # (stop_listening), so resumes do not grow it.
         self._drain_tasks: set[asyncio.Task[None]] = set()
 
     def attach_sender(self, transceiver: RTCRtpTransceiver, receiver: ReceiverOpus) -> None:
@@ -133,12 +134,6 @@ class AgentSession:
         """The client's microphone: voice activity, turns and barge-in run on it."""
         from agent.inbound import InboundAudio, install_receive_buffer
 
-        previous = self.inbound
-        if previous is not None and previous.track.readyState == "ended":
-            # A resumed session's new connection brings a new microphone track: the old
-            # one ended with its peer connection; listen to the new one.
-            self.inbound = None
-            self._track_task(previous.close())
         if self.inbound is not None or not self.config.listen.enabled:
             # Not listened to: still read it, or aiortc queues its decoded frames unbounded.
             self._track_task(_drain(track))
@@ -147,6 +142,23 @@ class AgentSession:
             log.warning("session %s: aiortc's jitter buffer left as is (+80 ms)", self.id)
         self.inbound = InboundAudio(track, pool, self.config.listen, self.conversation)
         self.inbound.start()
+
+    async def stop_listening(self) -> None:
+        """The microphone's peer connection is gone (a resume replaces it): stop reading its
+        tracks, so that the new connection's microphone is the one listened to.
+
+        The session is told rather than left to notice the old track ending: in aiortc 1.16
+        the track of a receiver that never started (a resume whose answer was lost, so its
+        connection never came up) never ends, and a retried resume was then left listening
+        to that silent track, deaf to the user for the rest of the call.
+        """
+        inbound, self.inbound = self.inbound, None
+        drains = list(self._drain_tasks)
+        for task in drains:
+            task.cancel()
+        if inbound is not None:
+            await inbound.close()  # ends a turn it was in the middle of
+        await asyncio.gather(*drains, return_exceptions=True)
 
     def _track_task(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(coro)

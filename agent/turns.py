@@ -24,6 +24,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -80,6 +82,9 @@ class Conversation:
         self.history: list[Message] = []
         self.stats = ConversationStats()
         self.user_speaking = False
+        # When the user's last turn ended (monotonic): talking is using the session, for its
+        # idle timeout, even while the agent stays silent.
+        self._user_spoke_at = -math.inf
         self._emit = emit
         self._http: aiohttp.ClientSession | None = None
         self._brain: Brain | None = None
@@ -125,6 +130,16 @@ class Conversation:
         """Speaking, or preparing a reply that would be spoken."""
         return self.pipeline.busy or any(not t.done() for t in self._reply_tasks)
 
+    @property
+    def in_flight(self) -> bool:
+        """Speaking, preparing a reply, or transcribing a turn (whose reply comes next):
+        what a graceful shutdown lets finish."""
+        return self.agent_active or any(not t.done() for t in self._turn_tasks)
+
+    def user_heard_at(self, now: float) -> float:
+        """When the user was last heard talking (monotonic): ``now`` while they talk."""
+        return now if self.user_speaking else self._user_spoke_at
+
     def user_started(self, event: ActivityEvent) -> None:
         self._turn_id = f"turn-{uuid.uuid4().hex[:10]}"
         self.user_speaking = True
@@ -136,6 +151,9 @@ class Conversation:
 
     def user_ended(self, audio: npt.NDArray[np.float32], event: ActivityEvent) -> None:
         self.user_speaking = False
+        # Kept past the turn: one that begins and ends between two of the idle watchdog's
+        # looks (about a second apart) still counts.
+        self._user_spoke_at = time.monotonic()
         turn_id = self._turn_id or f"turn-{uuid.uuid4().hex[:10]}"
         duration_ms = round(audio.size * 1000 / VAD_SAMPLE_RATE)
         self._emit({"type": "user.speech.ended", "id": turn_id, "duration_ms": duration_ms})

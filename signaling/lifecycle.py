@@ -12,7 +12,8 @@ clock, so the rules are plain to read and cheap to run:
 - a lost peer's session is *detached* (its peer connection closed, its speech kept and its
   playout paused) and waits ``resume_grace_s`` for the client to come back with its session
   token; then it is closed;
-- a session with no client request and no speech for ``idle_timeout_s`` is closed.
+- a session with no client request and no speech (the agent's, or the user's voice activity) for
+  ``idle_timeout_s`` is closed.
 """
 
 from __future__ import annotations

@@ -301,6 +301,10 @@ class SessionRegistry:
                 peer.life.detached_at = time.monotonic()
                 peer.life.lost_reason = "resumed"
             await close_peer_connection(old)
+            if isinstance(peer.session, AgentSession):
+                # Its microphone went with it: the new connection's (its track event fires in
+                # the negotiation below) takes the old one's place.
+                await peer.session.stop_listening()
             # DELETE, the watchdog (grace over) or the drain may have closed the session while
             # the old connection closed: then there is nothing to resume.
             ended = self._ended(peer)
@@ -373,8 +377,11 @@ class SessionRegistry:
                 # Speech anywhere in a room keeps all of it: speakers talking to each other
                 # (the agent silent) and the listeners hearing them are in use too.
                 peer.life.active_since(peer.session.room.last_speech(now))
-            elif peer.session.pipeline.busy:
-                peer.life.active()
+            else:
+                if peer.session.pipeline.busy:
+                    peer.life.active()
+                # The user talking (VAD) is in use too, answered or not: no abandoned tab.
+                peer.life.active_since(peer.session.conversation.user_heard_at(now))
             connected = peer.pc.connectionState == "connected"
             session_id = peer.session.id
             named = SESSION_ID.set(session_id)  # the lines below are about this session

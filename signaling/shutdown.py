@@ -2,8 +2,9 @@
 
 On the signal the server keeps listening but stops admitting: new sessions and resumes get
 503 ``shutting_down`` (``/readyz`` too, so a load balancer moves traffic away); speech in
-flight goes on until every session is idle or ``drain_deadline_s`` passes; the last events
-are given a moment to leave; then every peer is closed and the process exits 0.
+flight (replies being prepared included) goes on until every session is idle or
+``drain_deadline_s`` passes; the last events are given a moment to leave; then every peer
+is closed and the process exits 0.
 (aiohttp's own ``run_app`` stops listening first, so late offers would be refused at the
 TCP level, not told why.)
 """
@@ -20,10 +21,11 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 from agent.config import Config
+from agent.room import RoomMember
 from signaling.errors import ApiError
 
 if TYPE_CHECKING:  # signaling/sessions.py refuses offers with shutting_down() too
-    from signaling.sessions import SessionRegistry
+    from signaling.sessions import Peer, SessionRegistry
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +64,7 @@ async def drain(sessions: SessionRegistry, state: Drain, deadline_s: float) -> b
     end = time.monotonic() + deadline_s
 
     def speaking() -> int:
-        return sum(1 for p in sessions.peers() if p.session.pipeline.busy)
+        return sum(1 for p in sessions.peers() if _in_flight(p))
 
     def unsent() -> bool:
         return any(
@@ -81,6 +83,22 @@ async def drain(sessions: SessionRegistry, state: Drain, deadline_s: float) -> b
         log.warning("drain deadline passed with %d sessions still speaking", busy)
     await sessions.close_all()
     return not busy
+
+
+def _in_flight(peer: Peer) -> bool:
+    """Whether the drain waits for this session: speech is playing or queued, a reply is
+    being prepared (the LLM's first token not in yet) or a turn transcribed (its reply comes
+    next), and its client can still hear it."""
+    if peer.life.detached_at is not None and not peer.resuming:
+        # Its playout is paused and the drain refuses its resume: it can never play, and
+        # waiting for it held every SIGTERM to the deadline. (A resume that was already
+        # negotiating when the drain began may still bring the client back: waited for.)
+        return False
+    session = peer.session
+    conversation = (
+        session.room.conversation if isinstance(session, RoomMember) else session.conversation
+    )
+    return conversation.in_flight
 
 
 async def _poll_until(done: Callable[[], bool], until: float) -> None:

@@ -163,8 +163,9 @@ def test_detector_kinds_are_the_wire_names() -> None:
 
 
 async def test_a_resumed_connection_s_microphone_is_listened_to() -> None:
-    """After a resume the old microphone track has ended with its peer connection; the new
-    connection's track must take its place, not be merely drained."""
+    """A resume replaces the connection (stop_listening): the new connection's track must
+    take the old one's place, not be merely drained, whether or not the old track ended (one
+    whose connection never came up never does), and nothing keeps reading the old tracks."""
     from types import SimpleNamespace
 
     from agent.config import Config
@@ -180,8 +181,14 @@ async def test_a_resumed_connection_s_microphone_is_listened_to() -> None:
         session.listen(first, receiver, pool)  # type: ignore[arg-type]
         assert session.inbound is not None and session.inbound.track is first
         session.listen(second, receiver, pool)  # type: ignore[arg-type]
-        assert session.inbound.track is first  # a second live track is only drained
-        first.stop()  # the old peer connection closed
+        old = session.inbound
+        assert old.track is first  # a second live track is only drained
+        readers = [*old._tasks, *session._drain_tasks]
+        await session.stop_listening()  # a resume: the old peer connection closed
+        # Both tracks still live (as a never-connected receiver's stays): nothing reads them.
+        assert first.readyState == second.readyState == "live"
+        assert len(readers) == 3 and all(task.done() for task in readers)
+        assert session.inbound is None and not session._drain_tasks
         third = ToneMicrophone(660)
         session.listen(third, receiver, pool)  # type: ignore[arg-type]
         assert session.inbound is not None and session.inbound.track is third
@@ -329,6 +336,29 @@ async def test_the_clients_interrupt_withdraws_the_question_a_cough_does_not_rev
         await asyncio.sleep(0.6)  # a second reply would have been asked for by now
         assert len(brain.asked) == 1
         assert not [e for e in events if e["type"] == "speech.started"]
+    finally:
+        drain.stop()
+        await session.close()
+
+
+async def test_a_turn_is_in_flight_from_its_end_to_its_reply_s_last_word() -> None:
+    """What the shutdown's drain waits for (signaling/shutdown.py): a turn being transcribed,
+    then its reply being prepared, then spoken, with no gap between them. The pipeline alone
+    looks idle until the reply's first words: the drain used to close the session then."""
+    brain = RecordingBrain(think_s=0.3)
+    stt = ScriptedSTT(("What time is it?", 0.3))
+    session, events, drain = talking_session(stt, brain)
+    conversation = session.conversation
+    try:
+        assert not conversation.in_flight
+        say_turn(session)
+        pipeline_idle = 0
+        while not [e for e in events if e["type"] == "speech.ended"]:
+            assert conversation.in_flight, events
+            pipeline_idle += not session.pipeline.busy
+            await asyncio.sleep(0.01)
+        assert pipeline_idle >= 20, pipeline_idle  # transcribing and thinking: ~0.6 s
+        await wait_for(lambda: not conversation.in_flight, timeout=1)
     finally:
         drain.stop()
         await session.close()

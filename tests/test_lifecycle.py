@@ -16,7 +16,9 @@ from aiortc import RTCConfiguration, RTCPeerConnection
 
 from agent.config import Config, LifecycleSettings
 from signaling.keys import SESSIONS
+from tests.clips import SPEECH_WAV, read_wav
 from tests.conftest import LiveServer
+from tests.mic import ClipMic
 from tests.netem import relayed_client
 from tests.rtc_client import RtcClient
 
@@ -161,3 +163,52 @@ async def test_an_idle_session_is_closed_and_told_why(live_server: LiveServer) -
         finally:
             await client.close()
     assert 1.0 <= idle_for <= 3.0
+
+
+@pytest.mark.parametrize(
+    "server_config",
+    [Config(host="127.0.0.1", port=0, lifecycle=LifecycleSettings(idle_timeout_s=2.0))],
+)
+async def test_the_user_talking_keeps_a_session_from_the_idle_timeout(
+    live_server: LiveServer,
+) -> None:
+    """Bug: in a one-to-one session the user's own speech never counted as activity (in a
+    room anyone's does): a user talking to an agent that stayed silent (no STT, or still
+    thinking) had the session closed under them as an abandoned tab. Once they go quiet the
+    idle timeout runs again."""
+    samples, rate = read_wav(SPEECH_WAV)  # 3.5 s of speech, longer than the idle timeout
+    keep_alive = {"type": "config", "barge_in": True}  # a client request: activity
+    async with aiohttp.ClientSession() as http:
+        client = RtcClient(live_server.url, http)
+        mic = client.mic = ClipMic()
+        await client.connect()
+        sid = client.session_id
+        assert sid is not None
+        try:
+            # Until the microphone is scored, requests keep the session (as at a call's start).
+            deadline = time.monotonic() + 30
+            while True:
+                client.send(keep_alive)
+                state = await session_state(http, live_server.url, sid)
+                inbound = state and state["inbound"]
+                if inbound and inbound["ready"] and inbound["windows"] > 5:
+                    break
+                assert time.monotonic() < deadline, state
+                await asyncio.sleep(0.1)
+            client.send(keep_alive)  # the last request: from here only the user talks
+            mic.play(samples, rate)
+            talked = time.monotonic()
+            while not mic.done.is_set():
+                closed = [e for e in client.events if e["type"] == "session.closed"]
+                assert not closed, f"closed {time.monotonic() - talked:.1f} s into the talk"
+                assert time.monotonic() - talked < 10
+                await asyncio.sleep(0.05)
+            quiet_from = time.monotonic()
+            assert any(e["type"] == "user.speech.started" for e in client.events)
+            event = await client.wait_event(lambda e: e["type"] == "session.closed", 8)
+            quiet_for = time.monotonic() - quiet_from
+            assert event == {"type": "session.closed", "reason": "idle_timeout"}
+        finally:
+            await client.close()
+    # The end of the turn (0.6 s of silence) plus the idle timeout, give or take a look.
+    assert 1.5 <= quiet_for <= 5.0, quiet_for

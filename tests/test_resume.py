@@ -6,6 +6,7 @@ back (playout pauses while no peer is connected)."""
 from __future__ import annotations
 
 import asyncio
+import time
 from types import SimpleNamespace
 from typing import Any
 
@@ -19,6 +20,7 @@ from agent.adaptation import ReceiverOpus
 from agent.config import Config, LifecycleSettings, LimitSettings
 from agent.session import AgentSession
 from signaling.keys import SESSIONS
+from tests.clips import SPEECH_WAV, read_wav
 from tests.conftest import LiveServer
 from tests.doubles import RtcpSender, ToneEngine, tone_frequency
 from tests.mic import ClipMic
@@ -261,6 +263,75 @@ async def test_a_session_closed_during_its_resume_is_not_resumed(
             assert (status, body["error"]["code"]) == (410, "session_expired")
         finally:
             await first.close()
+            await second.close()
+
+
+async def _wait_listening(http: aiohttp.ClientSession, url: str, sid: str) -> None:
+    """Until the session's microphone is being scored (the VAD is loaded and running)."""
+    deadline = time.monotonic() + 30
+    while True:
+        state = await session_state(http, url, sid)
+        assert state is not None
+        inbound = state["inbound"]
+        if inbound and inbound["ready"] and inbound["windows"] > 5:
+            return
+        assert time.monotonic() < deadline, state
+        await asyncio.sleep(0.1)
+
+
+async def _inbound_frames(http: aiohttp.ClientSession, url: str, sid: str) -> int:
+    state = await session_state(http, url, sid)
+    assert state is not None and state["inbound"] is not None, state
+    return int(state["inbound"]["frames"])
+
+
+async def _resume_and_lose_the_answer(http: aiohttp.ClientSession, url: str, token: str) -> None:
+    """A resume offer with a microphone whose answer never reaches the client (the network
+    dropped again): the server's new peer connection never connects."""
+    lost = RtcClient(url, http)
+    lost.pc.addTransceiver(ClipMic(), direction="sendrecv")
+    lost.pc.createDataChannel("agent")
+    await lost.pc.setLocalDescription(await lost.pc.createOffer())
+    body: dict[str, Any] = {"type": "offer", "sdp": lost.pc.localDescription.sdp, "resume": token}
+    async with http.post(url + "/offer", json=body) as resp:
+        assert resp.status == 200, await resp.text()
+    await lost.close()
+
+
+async def test_a_retried_resume_listens_to_the_retry_s_microphone(
+    live_server: LiveServer,
+) -> None:
+    """Bug: after a resume whose answer got lost (README: it can be tried again), the retry's
+    microphone was only drained, never listened to: no VAD, turns or barge-in for the rest of
+    the call. The session waited for the lost connection's track to end before switching,
+    and in aiortc 1.16 the track of a receiver that never started never ends."""
+    samples, rate = read_wav(SPEECH_WAV)
+    async with aiohttp.ClientSession() as http:
+        first = RtcClient(live_server.url, http)
+        first.mic = ClipMic()
+        await first.connect()
+        sid, token = first.session_id, first.session_token
+        assert sid is not None and token is not None
+        await _wait_listening(http, live_server.url, sid)
+        await first.close()
+
+        await _resume_and_lose_the_answer(http, live_server.url, token)
+
+        second = RtcClient(live_server.url, http)
+        second.mic = ClipMic()
+        await second.connect(resume=token)
+        try:
+            assert second.session_id == sid
+            await asyncio.sleep(1.0)
+            before = await _inbound_frames(http, live_server.url, sid)
+            await asyncio.sleep(1.0)
+            after = await _inbound_frames(http, live_server.url, sid)
+            assert after > before + 20, (
+                f"the resumed microphone is not listened to: {before} -> {after} frames"
+            )
+            second.mic.play(samples, rate)
+            await second.wait_event(lambda e: e["type"] == "user.speech.started", timeout=5)
+        finally:
             await second.close()
 
 

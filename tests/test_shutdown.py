@@ -14,11 +14,15 @@ import aiohttp
 import pytest
 from aiortc import RTCConfiguration, RTCPeerConnection
 
+from agent.config import Config
+from agent.conversation_config import ServiceSettings
 from signaling.keys import DRAIN, SESSIONS
 from signaling.shutdown import drain
-from tests.conftest import LiveServer
+from tests.conftest import LiveServer, serve
+from tests.doubles import ToneEngine
 from tests.rtc_client import RtcClient
 from tests.server_process import ServerProcess
+from tests.services import FakeLLM
 
 pytest_plugins = ["tests.conftest_chattts"]
 pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
@@ -152,3 +156,59 @@ async def test_an_offer_in_flight_when_the_drain_closes_everything_is_refused(
     assert len(registry) == 0 and registry.load == 0
     assert [pc.connectionState for pc in made] == ["closed"] * len(made)
     assert registry._watchdog is None or registry._watchdog.done()
+
+
+async def test_the_drain_lets_a_chat_reply_being_prepared_be_spoken() -> None:
+    """Bug: the drain counted only the speech pipeline, so a ``chat`` whose reply the LLM was
+    still preparing (first token not yet in) looked idle and its session was closed at once:
+    the user's question went unanswered. A reply being prepared is speech in flight too."""
+    llm = FakeLLM(first_token_delay_s=1.0)
+    async with llm:
+        config = Config(
+            host="127.0.0.1",
+            port=0,
+            services=ServiceSettings(llm_base_url=llm.url, llm_timeout_s=5.0),
+        )
+        async with serve(config, ToneEngine()) as server, aiohttp.ClientSession() as http:
+            client = RtcClient(server.url, http)
+            await client.connect()
+            try:
+                client.send({"type": "chat", "text": "what time is it"})
+                while not llm.requests:  # the reply is being prepared
+                    await asyncio.sleep(0.01)
+                started = time.monotonic()
+                finished = await drain(server.app[SESSIONS], server.app[DRAIN], 8.0)
+                took = time.monotonic() - started
+                spoken = [e for e in client.events if e["type"] == "speech.started"]
+                assert spoken, (
+                    f"drain closed the session after {took:.2f} s (returned {finished}) "
+                    f"with the chat reply unspoken; events: {client.events}"
+                )
+                assert finished
+            finally:
+                await client.close()
+
+
+async def test_a_detached_session_does_not_hold_the_drain_to_its_deadline(
+    live_server: LiveServer,
+) -> None:
+    """Bug: a detached session (its client between networks) has its playout paused, and the
+    drain refuses its resume (503 shutting_down): its queued speech can never play, yet the
+    drain waited for it, the whole deadline (20 s by default) on every SIGTERM while any
+    client was away."""
+    from tests.test_lifecycle import detached, wait_for
+
+    async with aiohttp.ClientSession() as http:
+        client = RtcClient(live_server.url, http)
+        await client.connect()
+        sid = client.session_id
+        assert sid is not None
+        client.send({"type": "say", "text": " ".join(["word"] * 40), "id": "long"})  # 10 s
+        await client.wait_event(lambda e: e["type"] == "speech.started")
+        await client.close()  # hang-up without DELETE: detached, speech paused
+        await wait_for(http, live_server.url, sid, detached, 5)
+        started = time.monotonic()
+        await drain(live_server.app[SESSIONS], live_server.app[DRAIN], 4.0)
+        took = time.monotonic() - started
+    assert took < 2.0, f"drain waited {took:.1f} s for a session nobody can resume"
+    assert len(live_server.app[SESSIONS]) == 0
