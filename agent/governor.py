@@ -44,6 +44,7 @@ follows.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import math
 import time
@@ -271,7 +272,10 @@ class ComplexityGovernor:
     def _schedule(self, when: float) -> None:
         assert self._loop is not None
         self._due = when
-        self._timer = self._loop.call_at(when, self._probe)
+        # An empty context: call_at copies the caller's, and the first schedule happens in
+        # the first session's offer; each probe re-schedules from its own, so every governor
+        # line would name that session for the life of the process.
+        self._timer = self._loop.call_at(when, self._probe, context=contextvars.Context())
 
     def _probe(self) -> None:
         assert self._loop is not None

@@ -10,6 +10,7 @@ when the listener gets the audio, not when it was generated.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import dataclasses
 import logging
 import time
@@ -117,6 +118,10 @@ class SpeechPipeline:
         self._discarding: dict[str, str] = {}
         self._wakeup = asyncio.Event()
         self._worker: asyncio.Task[None] | None = None
+        # The context the worker first started in (a session's, or a room's empty one): a
+        # worker restarted by interrupt() runs in it again, not in the interrupter's, whose
+        # session id its log lines would otherwise carry for good.
+        self._worker_context: contextvars.Context | None = None
         self._closed = False
 
     @property
@@ -131,7 +136,11 @@ class SpeechPipeline:
     # --- requests ------------------------------------------------------------------------
     def start(self) -> None:
         if self._worker is None and not self._closed:
-            self._worker = asyncio.get_running_loop().create_task(self._run())
+            if self._worker_context is None:
+                self._worker_context = contextvars.copy_context()
+            self._worker = asyncio.get_running_loop().create_task(
+                self._run(), context=self._worker_context.copy()
+            )
 
     def configure(self, fields: dict[str, Any]) -> None:
         """Apply a ``config`` message's voice fields. A voice the engine can already tell it

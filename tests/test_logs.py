@@ -14,8 +14,9 @@ import pytest
 
 from agent.config import BreakerSettings, Config, LifecycleSettings
 from agent.conversation_config import ListenSettings
-from signaling.keys import BREAKER, SESSIONS
+from signaling.keys import BREAKER, DRAIN, SESSIONS
 from signaling.logs import configure_logging, log_handler
+from signaling.shutdown import drain
 from tests.conftest import LiveServer, serve
 from tests.doubles import FailingEngine, ToneEngine
 from tests.rtc_client import RtcClient
@@ -194,3 +195,91 @@ async def test_the_fronts_access_lines_name_the_session(json_log: io.StringIO) -
         ("POST", "/whep", whep),
         ("DELETE", f"/whep/{whep}", whep),
     ]
+
+
+async def test_the_cpu_governors_lines_name_no_session(
+    json_log: io.StringIO,
+) -> None:
+    """The governor is the whole process's: its probe timer was first scheduled (call_at
+    copies the context) while the first session's offer was answered, and each probe
+    re-schedules the next from that copy, so every "Opus complexity a -> b" line names the
+    first session of the process, for good, long after it closed (seen in the chaos run:
+    all 22 governor lines named the warm-up session, closed minutes before)."""
+    config = Config(host="127.0.0.1", port=0, listen=ListenSettings(enabled=False))
+    async with serve(config, ToneEngine()) as server, aiohttp.ClientSession() as http:
+        first = await offer(http, server.url)  # registers the first encoder: timer starts
+        async with http.delete(f"{server.url}/sessions/{first}") as resp:
+            assert resp.status == 204
+        governor = server.app[SESSIONS].governor
+        lowest = governor.policy.rungs[0]
+        decide = governor.policy.decide
+        # Overload, once: the next window's decision steps every encoder down.
+        governor.policy.decide = lambda now, load, late: lowest  # type: ignore[method-assign]
+        await offer(http, server.url)  # a second session, so there is an encoder to step
+        async with asyncio.timeout(5):
+            while not any("Opus complexity" in r["message"] for r in lines(json_log)):
+                await asyncio.sleep(0.05)
+        governor.policy.decide = decide  # type: ignore[method-assign]
+    steps = [r for r in lines(json_log) if "Opus complexity" in r["message"]]
+    assert all(r["session_id"] is None for r in steps), [first] + [
+        (r["session_id"], r["message"][:60]) for r in steps
+    ]
+
+
+async def test_a_rooms_speech_worker_names_no_session_after_a_participants_interrupt(
+    json_log: io.StringIO,
+) -> None:
+    """The room's agent belongs to no session (Room.start runs its tasks in an empty
+    context, README "Logs"). But ``SpeechPipeline.interrupt`` replaces the speech worker with
+    ``create_task`` in the context of whoever interrupted: after one participant's
+    ``interrupt`` the room agent's worker, and every line it writes (engine failures
+    included), names that participant, for good, even after it left."""
+    config = Config(
+        host="127.0.0.1",
+        port=0,
+        listen=ListenSettings(enabled=False),
+        breaker=BreakerSettings(failures=100, window_s=30, cooldown_s=1),
+    )
+    engine = FailingEngine()
+    async with serve(config, engine) as server, aiohttp.ClientSession() as http:
+        other = await offer(http, server.url, room="r")  # the room exists before the client
+        client = RtcClient(server.url, http)
+        await client.connect(room="r")  # data channel open
+        interrupter = client.session_id
+        room = server.app[SESSIONS].rooms.get("r")
+        assert room is not None
+        before = room.pipeline._worker
+        client.send({"type": "interrupt"})
+        async with asyncio.timeout(5):
+            while room.pipeline._worker is before:
+                await asyncio.sleep(0.02)
+        # The interrupter leaves; the room (and its agent) lives on with the other one.
+        async with http.delete(f"{server.url}/sessions/{interrupter}") as resp:
+            assert resp.status == 204
+        await client.close()
+        engine.mode = "start"
+        async with http.post(f"{server.url}/sessions/{other}/say", json={"text": "hi"}) as r:
+            assert r.status == 202, await r.text()
+        async with asyncio.timeout(10):
+            while engine.failures < 1:
+                await asyncio.sleep(0.02)
+        await asyncio.sleep(0.1)
+    failed = [r for r in lines(json_log) if "engine failed on utterance" in r["message"]]
+    assert failed
+    assert [r["session_id"] for r in failed] == [None], (interrupter, failed[0]["session_id"])
+
+
+async def test_the_drains_closing_lines_name_their_session(
+    json_log: io.StringIO,
+) -> None:
+    """README "Logs": every line names its session. On SIGTERM the drain's
+    ``close_all`` closes every session from the shutdown's own context (no session id):
+    each "session <id> closed" line of a shutdown says ``[-]`` (seen in the chaos run's
+    SIGTERM: 7 of them), unlike the same line from a DELETE or the watchdog."""
+    config = Config(host="127.0.0.1", port=0, listen=ListenSettings(enabled=False))
+    async with serve(config, ToneEngine()) as server, aiohttp.ClientSession() as http:
+        sid = await offer(http, server.url)
+        await drain(server.app[SESSIONS], server.app[DRAIN], 1.0)
+    closed = [r for r in lines(json_log) if r["message"].startswith(f"session {sid} closed")]
+    assert closed
+    assert [r["session_id"] for r in closed] == [sid]
