@@ -220,6 +220,18 @@ async def test_a_voice_the_replica_refuses_is_the_clients_error_not_a_fault(
 
 @on_module_loop
 @ray_timeout
+async def test_a_continuation_travels_to_the_replica(
+    ray_engine: tuple[RayServeEngine, Config],
+) -> None:
+    """The next sentence of an utterance already playing is marked as such on its request:
+    the replica takes the flag (its engine's scheduler starts it ahead of newer streams)."""
+    engine, _config = ray_engine
+    chunks = [c async for c in engine.synthesize("hello there", VoiceOptions(), continuation=True)]
+    assert sum(len(c) for c in chunks) > 0
+
+
+@on_module_loop
+@ray_timeout
 async def test_a_dead_replica_fails_its_streams_and_serve_restarts_it(
     ray_engine: tuple[RayServeEngine, Config],
 ) -> None:

@@ -71,7 +71,9 @@ class SpeechReplica:
             "fingerprint": self._fingerprint,
         }
 
-    async def synthesize(self, text: str, voice: VoiceOptions) -> AsyncGenerator[bytes, None]:
+    async def synthesize(
+        self, text: str, voice: VoiceOptions, continuation: bool = False
+    ) -> AsyncGenerator[bytes, None]:
         """Stream one utterance. Serve cancels this generator when the caller cancels: the
         engine stream is closed with it and its row leaves the batch at the next step."""
         counts = self._counts
@@ -80,7 +82,8 @@ class SpeechReplica:
         counts.active += 1
         outcome = "failed"
         try:
-            async with aclosing(self._engine.synthesize(text, voice)) as chunks:
+            speech = self._engine.synthesize(text, voice, continuation=continuation)
+            async with aclosing(speech) as chunks:
                 async for chunk in chunks:
                     if pacer.samples == 0:
                         counts.last_first_audio_s = time.perf_counter() - started
