@@ -86,12 +86,15 @@ class CircuitBreaker:
                 await self._probe
         await self.inner.close()
 
-    async def synthesize(self, text: str, voice: VoiceOptions) -> AsyncGenerator[PCM, None]:
+    async def synthesize(
+        self, text: str, voice: VoiceOptions, *, continuation: bool = False
+    ) -> AsyncGenerator[PCM, None]:
         reason = self.unavailable
         if reason is not None:
             raise EngineUnavailable(reason)
         try:
-            async with aclosing(self.inner.synthesize(text, voice)) as chunks:
+            speech = self.inner.synthesize(text, voice, continuation=continuation)
+            async with aclosing(speech) as chunks:
                 async for chunk in chunks:
                     yield chunk
         except (asyncio.CancelledError, GeneratorExit, RequestError):

@@ -184,6 +184,13 @@ class RaySettings:
     max_replicas: int = 0  # above ``replicas``: Serve autoscales between the two
     # Autoscaling target: streams per replica (a replica generates up to max_batch at once).
     target_streams: float = 4.0
+    # Streams one replica takes at once (Serve's max_ongoing_requests); more wait in Serve's
+    # queue. A stream stays open while its audio *plays* (the replica paces it to lead_s
+    # ahead of real time), mostly parked in the engine, so this bounds open streams (their
+    # KV caches, a replica's share of sessions), not compute: the engine's scheduler shares
+    # its max_batch rows among them. At max_batch, playing utterances alone would fill a
+    # replica and a new one would wait for one of them to finish playing.
+    max_streams: int = 32
     gpus_per_replica: float = 0.0  # 0: CPU; 0.5: two replicas share a GPU
     cpus_per_replica: float = 1.0
     # A replica stops pulling audio from its engine once it is this far ahead of real-time
@@ -195,6 +202,8 @@ class RaySettings:
     def __post_init__(self) -> None:
         if self.replicas < 1 or self.max_replicas < 0 or self.lead_s <= 0:
             raise ValueError("tts replicas must be >= 1, max replicas >= 0, lead > 0")
+        if self.max_streams < 1:
+            raise ValueError(f"tts max streams must be at least 1, got {self.max_streams}")
         if self.gpus_per_replica < 0 or self.cpus_per_replica < 0:
             raise ValueError("resources per replica must not be negative")
 
@@ -381,6 +390,12 @@ class Config:
             )
         if self.workers < 1:
             raise ValueError(f"workers (media processes) must be at least 1, got {self.workers}")
+        # Fewer would leave batch rows idle while streams wait in Serve's queue.
+        if self.tts == "ray" and self.ray.max_streams < self.chattts.max_batch:
+            raise ValueError(
+                f"streams per replica (--tts-max-streams, {self.ray.max_streams}) must not be "
+                f"below the engine's batch (max_batch, {self.chattts.max_batch})"
+            )
         # The controller would silently use the ceiling as its floor (agent/bitrate.py).
         if self.adaptation.enabled and self.adaptation.min_bitrate > self.opus.bitrate:
             raise ValueError(

@@ -65,6 +65,10 @@ class TTSEngine(Protocol):
       ``RequestError``, not a bare ``EngineError``: the circuit breaker counts only faults.
       An engine that can tell without speaking also has ``check_voice`` (see ``check_voice``
       below); it is optional.
+    - ``continuation=True`` says ``text`` continues an utterance whose earlier audio is
+      already playing (its next sentence): the listener hears silence until this stream's
+      first chunk, so an engine that queues streams should start it ahead of streams that
+      have not begun speaking. An engine without a queue ignores it.
     """
 
     name: str
@@ -92,8 +96,10 @@ class TTSEngine(Protocol):
         """Release the model and any worker threads."""
         ...
 
-    def synthesize(self, text: str, voice: VoiceOptions) -> AsyncGenerator[PCM, None]:
-        """Stream speech for ``text``."""
+    def synthesize(
+        self, text: str, voice: VoiceOptions, *, continuation: bool = False
+    ) -> AsyncGenerator[PCM, None]:
+        """Stream speech for ``text`` (``continuation``: see the class docstring)."""
         ...
 
 

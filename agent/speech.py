@@ -386,8 +386,14 @@ class SpeechPipeline:
             caption_mark = (frame_index, partial(self._emit, caption))
             pending_marks.append(caption_mark)
             segment_start = engine_samples
+            # Once this utterance has audio, a later segment continues speech the listener
+            # is hearing: the engine must not queue it behind other sessions' new streams.
+            # (Not merely "not the first segment": after segments that made no sound nothing
+            # plays yet, and this one waits its turn like any new utterance.)
+            continuation = engine_samples > 0
             try:
-                async with aclosing(self.engine.synthesize(segment, utt.voice)) as chunks:
+                speech = self.engine.synthesize(segment, utt.voice, continuation=continuation)
+                async with aclosing(speech) as chunks:
                     async for chunk in chunks:
                         if utt.first_chunk_at is None:
                             utt.first_chunk_at = time.monotonic()

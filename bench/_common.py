@@ -257,10 +257,12 @@ def _bench_engine_class(base: type) -> type:
             super().__init__(**kw)
             self.first_chunk_at: dict[str, float] = {}
 
-        async def synthesize(self, text: str, voice: Any) -> AsyncIterator[Any]:
+        async def synthesize(
+            self, text: str, voice: Any, *, continuation: bool = False
+        ) -> AsyncIterator[Any]:
             token = text.split()[0] if text.split() else ""
             first = token.startswith("tok")
-            gen = super().synthesize(text, voice)
+            gen = super().synthesize(text, voice, continuation=continuation)
             try:
                 async for chunk in gen:
                     if first:

@@ -81,7 +81,9 @@ class ToneEngine:
     async def close(self) -> None:
         self._ready = False
 
-    async def synthesize(self, text: str, voice: VoiceOptions) -> AsyncGenerator[PCM, None]:
+    async def synthesize(
+        self, text: str, voice: VoiceOptions, *, continuation: bool = False
+    ) -> AsyncGenerator[PCM, None]:
         self.started_streams += 1
         words = max(1, len(text.split()))
         total = int(words * self.seconds_per_word * self.sample_rate)
@@ -121,7 +123,9 @@ class ClipEngine(ToneEngine):
             raise ValueError("the clip must be non-empty mono PCM")
         self.clip = clip.astype(np.float32)
 
-    async def synthesize(self, text: str, voice: VoiceOptions) -> AsyncGenerator[PCM, None]:
+    async def synthesize(
+        self, text: str, voice: VoiceOptions, *, continuation: bool = False
+    ) -> AsyncGenerator[PCM, None]:
         self.started_streams += 1
         total = int(max(1, len(text.split())) * self.seconds_per_word * self.sample_rate)
         chunk = max(1, self.sample_rate * self.chunk_ms // 1000)
@@ -158,7 +162,9 @@ class FailingEngine(ToneEngine):
         if voice.voice is not None and not voice.voice.startswith("seed:"):
             raise UnknownVoice(f"unknown voice {voice.voice[:40]!r}")
 
-    async def synthesize(self, text: str, voice: VoiceOptions) -> AsyncGenerator[PCM, None]:
+    async def synthesize(
+        self, text: str, voice: VoiceOptions, *, continuation: bool = False
+    ) -> AsyncGenerator[PCM, None]:
         self.check_voice(voice)
         if self.mode == "refuse":
             raise UnknownVoice(f"unknown voice {voice.voice!r}: no speaker for it")
@@ -166,7 +172,7 @@ class FailingEngine(ToneEngine):
             self.failures += 1
             raise EngineError("the engine's worker crashed")
         n = 0
-        async with aclosing(super().synthesize(text, voice)) as chunks:
+        async with aclosing(super().synthesize(text, voice, continuation=continuation)) as chunks:
             async for chunk in chunks:
                 if self.mode == "midway" and n == self.good_chunks:
                     self.failures += 1

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 import aiohttp
@@ -15,6 +15,7 @@ import pytest
 
 from agent.breaker import CircuitBreaker
 from agent.config import BreakerSettings, Config, SpeechSettings
+from agent.engine import PCM, VoiceOptions
 from agent.speech import SpeechPipeline
 from tests.conftest import LiveServer
 from tests.doubles import FailingEngine, ToneEngine
@@ -174,3 +175,23 @@ def test_the_breaker_reports_the_rate_its_engine_learned_at_start() -> None:
     engine.sample_rate = 16_000  # what agent/raytts/engine.py does in start()
     assert breaker.sample_rate == 16_000
     assert SpeechPipeline(breaker, SpeechSettings(), lambda event: None).rate == 16_000
+
+
+async def test_the_breaker_passes_continuation_through() -> None:
+    """The pipeline says which segments continue speech already playing; in the product it
+    says it to the breaker, which must not drop it on the way to the engine."""
+    seen: list[bool] = []
+
+    class Recording(ToneEngine):
+        async def synthesize(
+            self, text: str, voice: VoiceOptions, *, continuation: bool = False
+        ) -> AsyncGenerator[PCM, None]:
+            seen.append(continuation)
+            async for chunk in super().synthesize(text, voice, continuation=continuation):
+                yield chunk
+
+    breaker = CircuitBreaker(Recording(), BREAKER)
+    for continuation in (False, True):
+        async for _chunk in breaker.synthesize("hi", VoiceOptions(), continuation=continuation):
+            pass
+    assert seen == [False, True]

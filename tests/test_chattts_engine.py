@@ -19,8 +19,9 @@ from agent.breaker import CircuitBreaker
 from agent.chattts.decode import SAMPLES_PER_TOKEN
 from agent.chattts.engine import ChatTTSEngine, speech_tokens, split_spoken
 from agent.chattts.scheduler import SAMPLE_RATE, Stream
-from agent.config import BreakerSettings, ChatTTSSettings
+from agent.config import BreakerSettings, ChatTTSSettings, SpeechSettings
 from agent.engine import EngineError, TTSEngine, UnknownVoice, VoiceOptions
+from agent.speech import SpeechPipeline
 from agent.text.normalize import normalize_for_tts
 from tests.conftest_chattts import TEST_DEVICE
 
@@ -358,6 +359,59 @@ async def test_a_later_generation_of_a_segment_does_not_queue_behind_newer_strea
     for piece in later:
         assert piece.stats.first_audio is not None
         assert piece.stats.first_audio < newer.stats.finished, "it waited for the newer stream"
+
+
+async def test_the_next_sentence_of_a_playing_utterance_does_not_queue_behind_newer_streams(
+    chattts_engine: ChatTTSEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A `say` of two sentences: the pipeline asks for sentence 2 when sentence 1's generation
+    ends. It went in as a new stream, so with the batch full it waited behind a stream
+    another session had started meanwhile: the listener heard sentence 1, then silence until
+    that newer stream ended. The pipeline now says it continues speech already playing."""
+    sched = chattts_engine.scheduler
+    assert sched is not None
+    sentences: list[Stream] = []
+    newer: list[Stream] = []
+    submit = sched.submit
+    loop = asyncio.get_running_loop()
+    drained: list[asyncio.Task[np.ndarray]] = []
+
+    def recording_submit(*args: Any, **kwargs: Any) -> Stream:
+        if sentences and not newer:
+            # Another session starts speaking just before sentence 2 is asked for, so it is
+            # ahead in the queue whatever the machine's speed (its listener keeps up: it
+            # never parks).
+            newer.append(submit("another session speaks this long sentence " * 6, VoiceOptions()))
+            drained.append(loop.create_task(drain(newer[0])))
+        stream = submit(*args, **kwargs)
+        sentences.append(stream)
+        return stream
+
+    monkeypatch.setattr(sched, "submit", recording_submit)
+    max_batch, sched.max_batch = sched.max_batch, 1  # a full batch, as on a busy server
+    events: list[dict[str, Any]] = []
+    pipeline = SpeechPipeline(chattts_engine, SpeechSettings(max_buffer_ahead_s=120), events.append)
+    pipeline.start()
+    try:
+        pipeline.say(
+            "The first sentence is spoken here now. The second sentence follows right after it."
+        )
+        async with asyncio.timeout(60):  # nothing plays the buffer out: no speech.ended
+            while not (len(sentences) == 2 and sentences[1].stats.first_audio is not None):
+                await asyncio.sleep(0.005)
+            await drained[0]
+    finally:
+        sched.max_batch = max_batch
+        await pipeline.close()
+    assert len(sentences) == 2 and newer
+    first, second = sentences
+    assert first.stats.first_audio is not None and second.stats.first_audio is not None
+    assert newer[0].stats.finished is not None
+    assert second.stats.submitted < newer[0].stats.finished  # asked for while newer generated
+    assert second.stats.first_audio < newer[0].stats.finished, (
+        "sentence 2 of the playing utterance waited for the newer stream to end: "
+        f"{second.stats.first_audio - second.stats.submitted:.2f} s of silence mid-utterance"
+    )
 
 
 async def test_a_generation_cut_off_at_max_new_tokens_is_logged(

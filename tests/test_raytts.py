@@ -137,9 +137,18 @@ def test_tts_flag_selects_the_plane() -> None:
     assert remote.ray.address == "ray://10.0.0.5:6379"
     assert (remote.ray.replicas, remote.ray.max_replicas) == (2, 6)
     assert remote.ray.gpus_per_replica == 0.5
+    assert remote.ray.max_streams == RaySettings().max_streams
     env = {"VOICE_AGENT_TTS": "ray", "VOICE_AGENT_TTS_LEAD": "1.5"}
     from_env = config_from_args(build_parser(env).parse_args(["serve"]), env)
     assert (from_env.tts, from_env.ray.address, from_env.ray.lead_s) == ("ray", None, 1.5)
+    env = {"VOICE_AGENT_TTS": "ray", "VOICE_AGENT_TTS_MAX_STREAMS": "64"}
+    assert config_from_args(build_parser(env).parse_args(["serve"]), env).ray.max_streams == 64
+    streams = ["serve", "--tts", "ray", "--tts-max-streams", "12"]
+    assert config_from_args(parse(streams), {}).ray.max_streams == 12
+    # Below the engine's batch (8), rows would sit idle while streams queue in Serve.
+    for bad in ("0", "7"):
+        with pytest.raises(ValueError, match=r"max[ -]streams"):
+            config_from_args(parse(["serve", "--tts", "ray", "--tts-max-streams", bad]), {})
     for bad in ("ray:/x", "gpu", "ray://"):
         with pytest.raises(ValueError, match="--tts"):
             config_from_args(parse(["serve", "--tts", bad]), {})
@@ -149,11 +158,14 @@ def test_serve_options_come_from_the_settings() -> None:
     from agent.config import ChatTTSSettings
     from agent.raytts.deployment import deployment_options
 
-    fixed = deployment_options(RaySettings(replicas=3, gpus_per_replica=0.25), ChatTTSSettings())
+    fixed = deployment_options(RaySettings(replicas=3, gpus_per_replica=0.25))
     assert fixed["num_replicas"] == 3 and "autoscaling_config" not in fixed
     assert fixed["ray_actor_options"] == {"num_cpus": 1.0, "num_gpus": 0.25}
-    assert fixed["max_ongoing_requests"] == ChatTTSSettings().max_batch
-    scaled = deployment_options(RaySettings(replicas=1, max_replicas=4), ChatTTSSettings())
+    # Open (playing) streams, not the compute batch: well above it by default.
+    assert fixed["max_ongoing_requests"] == RaySettings().max_streams
+    assert RaySettings().max_streams >= 4 * ChatTTSSettings().max_batch
+    assert deployment_options(RaySettings(max_streams=50))["max_ongoing_requests"] == 50
+    scaled = deployment_options(RaySettings(replicas=1, max_replicas=4))
     assert "num_replicas" not in scaled
     assert scaled["autoscaling_config"] == {
         "min_replicas": 1,
@@ -205,6 +217,69 @@ async def test_a_stalled_listener_does_not_let_the_replica_run_ahead(
 
 @on_module_loop
 @ray_timeout
+async def test_playing_streams_do_not_hold_every_replica_slot(
+    ray_engine: tuple[RayServeEngine, Config],
+) -> None:
+    """A replica request lasts as long as its audio *plays* (the replica paces itself to
+    lead_s ahead of real time), not as long as it generates. Serve's per-replica limit was
+    max_batch, so with max_batch utterances playing the next session's utterance waited in
+    Serve's queue until one of them had finished playing (14 s with a batch of 2, 18.5 s
+    here), while the engine would have started it as soon as it had a row. The limit now
+    bounds open streams: the new request enters the replica at once.
+
+    Its first audio is not timed against a fixed bound: how soon the engine gives it a row
+    depends on how far ahead of real time the playing streams generate (parked streams lend
+    theirs), 0.3 s on an idle machine, seconds on a loaded one. It must come while all the
+    others still play, though: before, it came only once one of them had ended."""
+    engine, config = ray_engine
+    playing_n = config.chattts.max_batch  # as many as the old limit let a replica take
+    heard = [asyncio.Event() for _ in range(playing_n)]  # set at each one's first chunk
+
+    async def listener(first: asyncio.Event) -> None:  # plays in real time, as media does
+        async for chunk in engine.synthesize(LONG_TEXT, VoiceOptions()):
+            first.set()
+            await asyncio.sleep(len(chunk) / 24_000)
+
+    playing = [asyncio.create_task(listener(first)) for first in heard]
+    tasks: list[asyncio.Task[Any]] = [*playing]
+    newer = engine.synthesize("hello there", VoiceOptions())
+    try:
+        await asyncio.wait_for(asyncio.gather(*(first.wait() for first in heard)), 60)
+        # They have played a while: generation ran ahead and parked (on a fast enough CPU).
+        await asyncio.sleep(2.0)
+        t0 = time.monotonic()
+        first_audio = asyncio.create_task(anext(newer))
+        tasks.append(first_audio)
+        # Serve counts a stats() call against the same per-replica limit: with every slot
+        # held by a playing stream, it too waits for one of them to end.
+        deadline = t0 + 5.0
+        while True:
+            try:
+                stats = await asyncio.wait_for(replica_stats(engine), deadline - time.monotonic())
+            except TimeoutError:
+                pytest.fail(f"the replica took no request while {playing_n} streams played")
+            if stats["active"] == playing_n + 1:  # the new stream is on the replica
+                break
+            assert time.monotonic() < deadline, stats
+            await asyncio.sleep(0.05)
+        assert len(await asyncio.wait_for(first_audio, 60)) > 0
+        waited = time.monotonic() - t0
+        assert not any(t.done() for t in playing), "the new stream waited for one to end"
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await newer.aclose()  # after its anext() task: a running generator cannot close
+    # The cancellations reach the replica before the next test counts its streams.
+    deadline = time.monotonic() + 30
+    while (await replica_stats(engine))["active"] > 0:
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.1)
+    print(f"new stream's first audio with {playing_n} playing: {waited:.2f} s")
+
+
+@on_module_loop
+@ray_timeout
 async def test_a_voice_the_replica_refuses_is_the_clients_error_not_a_fault(
     ray_engine: tuple[RayServeEngine, Config],
 ) -> None:
@@ -215,6 +290,18 @@ async def test_a_voice_the_replica_refuses_is_the_clients_error_not_a_fault(
         async for _ in engine.synthesize("hello there", VoiceOptions(voice="not-a-voice")):
             pass
     chunks = [c async for c in engine.synthesize("hello there", VoiceOptions())]
+    assert sum(len(c) for c in chunks) > 0
+
+
+@on_module_loop
+@ray_timeout
+async def test_a_continuation_travels_to_the_replica(
+    ray_engine: tuple[RayServeEngine, Config],
+) -> None:
+    """The next sentence of an utterance already playing is marked as such on its request:
+    the replica takes the flag (its engine's scheduler starts it ahead of newer streams)."""
+    engine, _config = ray_engine
+    chunks = [c async for c in engine.synthesize("hello there", VoiceOptions(), continuation=True)]
     assert sum(len(c) for c in chunks) > 0
 
 

@@ -131,11 +131,13 @@ async def test_frames_come_at_the_encoders_input_rate_with_captions_in_place(
 
 
 class FailingEngine(ToneEngine):
-    async def synthesize(self, text: str, voice: VoiceOptions) -> AsyncGenerator[PCM, None]:
+    async def synthesize(
+        self, text: str, voice: VoiceOptions, *, continuation: bool = False
+    ) -> AsyncGenerator[PCM, None]:
         if "boom" in text:
             yield np.zeros(2400, dtype=np.float32)
             raise RuntimeError("model exploded")
-        async for chunk in super().synthesize(text, voice):
+        async for chunk in super().synthesize(text, voice, continuation=continuation):
             yield chunk
 
 
@@ -159,7 +161,9 @@ async def test_engine_failure_ends_only_that_utterance() -> None:
 
 
 class SilentEngine(ToneEngine):
-    async def synthesize(self, text: str, voice: VoiceOptions) -> AsyncGenerator[PCM, None]:
+    async def synthesize(
+        self, text: str, voice: VoiceOptions, *, continuation: bool = False
+    ) -> AsyncGenerator[PCM, None]:
         return
         yield
 
@@ -224,14 +228,42 @@ async def test_refused_first_delta_leaves_no_stream_behind() -> None:
 
 
 class RecordingEngine(ToneEngine):
-    def __init__(self) -> None:
+    def __init__(self, silent: tuple[str, ...] = ()) -> None:
         super().__init__(chunk_delay_s=0.01)
         self.voices: dict[str, VoiceOptions] = {}
+        self.continuations: dict[str, bool] = {}
+        self.silent = silent  # texts spoken as no audio at all
 
-    async def synthesize(self, text: str, voice: VoiceOptions) -> AsyncGenerator[PCM, None]:
+    async def synthesize(
+        self, text: str, voice: VoiceOptions, *, continuation: bool = False
+    ) -> AsyncGenerator[PCM, None]:
         self.voices[text] = voice
-        async for chunk in super().synthesize(text, voice):
+        self.continuations[text] = continuation
+        if text in self.silent:
+            return
+        async for chunk in super().synthesize(text, voice, continuation=continuation):
             yield chunk
+
+
+async def test_a_segment_after_audible_ones_is_a_continuation_for_the_engine() -> None:
+    """The engine hears which segments continue speech already playing (so it can start
+    them ahead of newer streams): not an utterance's first, nor one after silent ones."""
+    events: list[dict[str, Any]] = []
+    engine = RecordingEngine(silent=("Hmm.",))
+    pipeline = SpeechPipeline(engine, SpeechSettings(), events.append)
+    pipeline.start()
+    drain = Drain(pipeline)
+    pipeline.say("First sentence. Second sentence.", "a")
+    pipeline.say("Hmm. Fourth one.", "b")
+    await wait_for(lambda: {"type": "speech.ended", "id": "b", "interrupted": False} in events)
+    drain.stop()
+    assert engine.continuations == {
+        "First sentence.": False,
+        "Second sentence.": True,
+        "Hmm.": False,
+        "Fourth one.": False,  # nothing of "b" was playing yet
+    }
+    await pipeline.close()
 
 
 async def test_config_applies_to_utterances_accepted_after_it() -> None:

@@ -148,10 +148,12 @@ class FailsOn(ToneEngine):
         super().__init__(seconds_per_word=0.05)
         self.word = word
 
-    async def synthesize(self, text: str, voice: VoiceOptions) -> AsyncIterator[Any]:
+    async def synthesize(
+        self, text: str, voice: VoiceOptions, *, continuation: bool = False
+    ) -> AsyncIterator[Any]:
         if self.word in text:
             raise EngineError(f"cannot say {text!r}")
-        async for chunk in super().synthesize(text, voice):
+        async for chunk in super().synthesize(text, voice, continuation=continuation):
             yield chunk
 
 

@@ -165,15 +165,19 @@ class ChatTTSEngine:
         if self._voices is not None:
             self._voices.check(voice)
 
-    async def synthesize(self, text: str, voice: VoiceOptions) -> AsyncGenerator[PCM, None]:
+    async def synthesize(
+        self, text: str, voice: VoiceOptions, *, continuation: bool = False
+    ) -> AsyncGenerator[PCM, None]:
         if not self._ready:
             raise EngineError("ChatTTS engine is not started")
         # Closing this generator does not close one it iterates: aclosing does.
-        async with contextlib.aclosing(self._stream(text, voice)) as inner:
+        async with contextlib.aclosing(self._stream(text, voice, continuation)) as inner:
             async for chunk in inner:
                 yield chunk
 
-    async def _stream(self, text: str, voice: VoiceOptions) -> AsyncGenerator[PCM, None]:
+    async def _stream(
+        self, text: str, voice: VoiceOptions, continuation: bool = False
+    ) -> AsyncGenerator[PCM, None]:
         if self.scheduler is None:
             raise EngineError("ChatTTS engine is not started")
         # Refused here rather than by the worker, which reports every error as a plain
@@ -182,8 +186,10 @@ class ChatTTSEngine:
         # Normalizing to measure is text work (~1 ms, ~10 ms for a 200-digit run): off the
         # loop, which paces every session's packets.
         for index, piece in enumerate(await asyncio.to_thread(self._generations, text)):
-            # A later piece continues speech already playing: it starts at once.
-            stream = self.scheduler.submit(piece, voice, continuation=index > 0)
+            # A later piece of this text, or the next sentence of an utterance the caller
+            # says is playing, continues speech already heard: it starts at once, not
+            # behind streams that have not begun (the listener would hear a gap).
+            stream = self.scheduler.submit(piece, voice, continuation=continuation or index > 0)
             try:
                 while (chunk := await stream.get()) is not None:
                     yield chunk

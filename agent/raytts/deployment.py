@@ -71,7 +71,9 @@ class SpeechReplica:
             "fingerprint": self._fingerprint,
         }
 
-    async def synthesize(self, text: str, voice: VoiceOptions) -> AsyncGenerator[bytes, None]:
+    async def synthesize(
+        self, text: str, voice: VoiceOptions, continuation: bool = False
+    ) -> AsyncGenerator[bytes, None]:
         """Stream one utterance. Serve cancels this generator when the caller cancels: the
         engine stream is closed with it and its row leaves the batch at the next step."""
         counts = self._counts
@@ -80,7 +82,8 @@ class SpeechReplica:
         counts.active += 1
         outcome = "failed"
         try:
-            async with aclosing(self._engine.synthesize(text, voice)) as chunks:
+            speech = self._engine.synthesize(text, voice, continuation=continuation)
+            async with aclosing(speech) as chunks:
                 async for chunk in chunks:
                     if pacer.samples == 0:
                         counts.last_first_audio_s = time.perf_counter() - started
@@ -122,7 +125,7 @@ class SpeechReplica:
             raise RuntimeError(failure or "the ChatTTS engine is not running")
 
 
-def deployment_options(ray: RaySettings, chattts: ChatTTSSettings) -> dict[str, Any]:
+def deployment_options(ray: RaySettings) -> dict[str, Any]:
     """Ray Serve's own deployment options, from our settings (no scheduling of our own)."""
     options: dict[str, Any] = {
         "name": DEPLOYMENT_NAME,
@@ -130,9 +133,12 @@ def deployment_options(ray: RaySettings, chattts: ChatTTSSettings) -> dict[str, 
             "num_cpus": ray.cpus_per_replica,
             "num_gpus": ray.gpus_per_replica,
         },
-        # A replica generates max_batch streams at once; more wait in Serve's queue, where
-        # autoscaling sees them, instead of inside the engine.
-        "max_ongoing_requests": chattts.max_batch,
+        # Not the engine's max_batch: a request stays open while its audio plays (paced to
+        # lead_s ahead), so max_batch playing utterances would hold every slot and a new one
+        # would wait in Serve's queue until one finished playing, while the engine's own
+        # scheduler (parking) would start it at once. Beyond max_streams, streams wait in
+        # Serve's queue, where autoscaling sees them.
+        "max_ongoing_requests": ray.max_streams,
     }
     if ray.max_replicas > ray.replicas:
         options["autoscaling_config"] = {
@@ -148,7 +154,7 @@ def deployment_options(ray: RaySettings, chattts: ChatTTSSettings) -> dict[str, 
 def speech_app(ray: RaySettings, chattts: ChatTTSSettings) -> Application:
     from ray import serve
 
-    deployment = serve.deployment(**deployment_options(ray, chattts))(SpeechReplica)
+    deployment = serve.deployment(**deployment_options(ray))(SpeechReplica)
     return deployment.bind(chattts, ray.lead_s, fingerprint(ray, chattts))
 
 
@@ -156,5 +162,5 @@ def fingerprint(ray: RaySettings, chattts: ChatTTSSettings) -> str:
     """Names what a deployment was built from. Deploying an app again, even unchanged, makes
     Serve replace its replicas (measured: a new replica process, in-flight streams lost), so
     a media process that finds the app running with the same fingerprint only attaches."""
-    options = deployment_options(ray, chattts)
+    options = deployment_options(ray)
     return hashlib.sha256(repr((sorted(options.items()), chattts, ray.lead_s)).encode()).hexdigest()

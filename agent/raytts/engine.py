@@ -107,18 +107,24 @@ class RayServeEngine:
             await self._driver.call(self._disconnect)
         self._driver.stop()
 
-    async def synthesize(self, text: str, voice: VoiceOptions) -> AsyncGenerator[PCM, None]:
+    async def synthesize(
+        self, text: str, voice: VoiceOptions, *, continuation: bool = False
+    ) -> AsyncGenerator[PCM, None]:
         if not self._warm:
             raise EngineError("the Ray Serve engine is not started")
         # Closing this generator does not close one it iterates: aclosing does.
-        async with contextlib.aclosing(self._stream(text, voice)) as inner:
+        async with contextlib.aclosing(self._stream(text, voice, continuation)) as inner:
             async for chunk in inner:
                 yield chunk
 
-    async def _stream(self, text: str, voice: VoiceOptions) -> AsyncGenerator[PCM, None]:
+    async def _stream(
+        self, text: str, voice: VoiceOptions, continuation: bool = False
+    ) -> AsyncGenerator[PCM, None]:
+        # ``continuation`` travels to the replica's engine, whose scheduler is where a next
+        # sentence could otherwise queue behind newer streams (one bool on the request).
         response = cast(
             "DeploymentResponseGenerator[bytes]",
-            self.handle.options(stream=True).synthesize.remote(text, voice),
+            self.handle.options(stream=True).synthesize.remote(text, voice, continuation),
         )
         finished = False
         try:
