@@ -238,10 +238,12 @@ class Scheduler:
     def submit(self, text: str, voice: VoiceOptions, continuation: bool = False) -> Stream:
         """Queue an utterance; must be called from the event loop that will consume it.
 
-        ``continuation``: the next generation of text already playing (a long segment spoken
-        as several, agent/chattts/engine.py). It starts at the next step, ahead of streams
-        waiting and even with the batch full, as a parked stream resumes: it must not wait
-        behind streams that have not started."""
+        ``continuation``: the next generation of an utterance already playing (its next
+        sentence, or a long segment's next piece, agent/chattts/engine.py). It starts at the
+        next step, ahead of streams waiting and even with the batch full, as a parked stream
+        resumes: speech already heard must not stall behind streams that have not started.
+        The batch widens past ``max_batch`` only by such streams, at most one per utterance
+        playing; new utterances still wait for a slot."""
         if not self.alive:
             raise EngineError("ChatTTS worker is not running")
         stream = Stream(
