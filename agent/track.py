@@ -25,8 +25,11 @@ Encoding ahead: with an ``encode_executor`` (worker threads), while speech flows
 buffered frame is handed to a worker right after the current packet goes out, so libopus
 runs (with the GIL released: it is a ctypes call) on another core during the 20 ms sleep and
 the event loop only collects the result. The frame stays in the playout buffer until its
-tick, so an interrupt still drops it; a result whose frame was dropped is discarded. The
-first frame after silence is encoded inline, so onset latency is unchanged.
+tick, so an interrupt still drops it; a result whose frame was dropped is discarded, and the
+encoder is restored to its state from before that frame (the listener never got it: what
+follows must not be predicted from it), so the packets are byte-identical to inline
+encoding's, interrupts included. The first frame after silence is encoded inline, so onset
+latency is unchanged.
 """
 
 from __future__ import annotations
@@ -292,7 +295,10 @@ class OpusPacketTrack(MediaStreamTrack):
             return
         upcoming = self._source.peek()
         if upcoming is not None:
-            self._ahead = (upcoming, self._executor.submit(self.encoder.encode, upcoming.pcm))
+            self._ahead = (
+                upcoming,
+                self._executor.submit(_encode_undoably, self.encoder, upcoming.pcm),
+            )
 
     def _take_ahead(self, frame: PlayoutFrame | None) -> bytes | None:
         """The ahead-encoded payload for ``frame``, or None (and the stale job settled)."""
@@ -306,7 +312,13 @@ class OpusPacketTrack(MediaStreamTrack):
             return job.result()  # normally done already: it had 20 ms
         # The frame was dropped (interrupt): the encoder must not run it after what follows.
         if not job.cancel():
-            job.result()
+            # It ran (or is running): libopus took the frame into its prediction and
+            # lookahead. Take it back, or every later packet is coded from audio the
+            # listener never got (louder residue 10-20 ms after a barge-in, then drift).
+            try:
+                job.result()
+            finally:
+                self.encoder.restore()
         return None
 
     async def _sleep_until(
@@ -412,6 +424,16 @@ class OpusPacketTrack(MediaStreamTrack):
             self._take_ahead(None)
         finally:
             self.encoder.close()
+
+
+def _encode_undoably(encoder: OpusEncoder, pcm: npt.NDArray[np.int16]) -> bytes:
+    """Encode a frame ahead, in a worker, saving the encoder's state first for
+    ``restore`` should the frame be dropped. The snapshot runs here rather than on the loop
+    before the job is handed over: it costs the loop nothing, and a job cancelled before it
+    started took nothing to take back (the loop awaits or cancels each job before touching
+    the encoder again, so nothing else encodes in between)."""
+    encoder.snapshot()
+    return encoder.encode(pcm)
 
 
 @cache

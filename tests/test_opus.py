@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ctypes
+
 import av
 import numpy as np
 import pytest
@@ -198,3 +200,90 @@ def test_frames_are_encoded_from_any_layout_the_same() -> None:
     for layout in (strided, readonly):
         encoder, reference = OpusEncoder(), OpusEncoder()
         assert [encoder.encode(f) for f in layout] == [reference.encode(f) for f in frames]
+
+
+def syllables(seconds: float, rate: int, seed: int = 0) -> np.ndarray:
+    """Voiced speech-like sound with a gliding pitch, in syllables separated by digital
+    silence long enough for DTX to kick in (~0.38 s): SILK, hybrid and mode changes."""
+    rng = np.random.default_rng(seed)
+    t = np.arange(int(rate * seconds)) / rate
+    phase = 2 * np.pi * np.cumsum(140 + 60 * np.sin(2 * np.pi * 0.7 * t)) / rate
+    voiced = np.sin(phase) + 0.4 * np.sin(2 * phase)
+    envelope = np.clip(np.sin(2 * np.pi * 1.3 * t), 0, 1)
+    x = 0.35 * voiced * envelope + 0.03 * rng.standard_normal(t.size) * (envelope > 0)
+    return (np.clip(x, -1, 1) * 32767).astype(np.int16)
+
+
+def encoder_state(encoder: OpusEncoder) -> bytes:
+    """The whole native state, as ``snapshot`` copies it."""
+    assert encoder._handle is not None
+    return ctypes.string_at(encoder._handle, encoder._lib.opus_encoder_get_size(1))
+
+
+# name: (FEC, expected loss %, DTX, band cap)
+SETTINGS = {
+    "plain": (False, 0, False, None),
+    "fec": (True, 15, False, None),
+    "dtx": (False, 0, True, None),
+    "fec+dtx": (True, 5, True, None),
+    "wb-cap": (False, 0, False, 16_000),
+    "nb-cap": (False, 0, False, 8_000),
+}
+
+
+@pytest.mark.parametrize("complexity", range(11))
+@pytest.mark.parametrize("rate", [48_000, 24_000], ids=["48k", "24k"])
+def test_a_restored_encoder_codes_as_if_the_dropped_frame_never_came(
+    rate: int, complexity: int
+) -> None:
+    """What encoding ahead relies on when an interrupt drops the frame a worker encoded
+    (agent/track.py): ``restore`` leaves libopus's state byte for byte as an encoder's that
+    never saw the frame, so every later packet is the same; a setting changed while the
+    dropped frame was in flight is kept."""
+    size = rate // 50
+    pcm = syllables(2.4, rate, seed=complexity).reshape(-1, size)
+    stray = syllables(0.2, rate, seed=99).reshape(-1, size)[3]
+    drop = 20
+    for name, (fec, loss, dtx, cap) in SETTINGS.items():
+        kept, fresh = (
+            OpusEncoder(
+                complexity=complexity, fec=fec, expected_loss_pct=loss, dtx=dtx, sample_rate=rate
+            )
+            for _ in range(2)
+        )
+        for encoder in (kept, fresh):
+            encoder.set_band_cap(cap)
+        assert [kept.encode(f) for f in pcm[:drop]] == [fresh.encode(f) for f in pcm[:drop]]
+        kept.snapshot()
+        kept.encode(stray)  # encoded ahead, then dropped
+        for encoder in (kept, fresh):  # the network controller, meanwhile
+            encoder.set_bitrate(24_000)
+        kept.restore()
+        assert encoder_state(kept) == encoder_state(fresh), name
+        after = [kept.encode(f) for f in pcm[drop:]], [fresh.encode(f) for f in pcm[drop:]]
+        assert after[0] == after[1], name
+        assert encoder_state(kept) == encoder_state(fresh), name
+        assert kept.bitrate == 24_000
+
+
+def test_without_the_restore_a_dropped_frame_changes_what_follows() -> None:
+    """The check above can fail: libopus carries a frame into the next ones' coding."""
+    pcm = syllables(1.0, 48_000).reshape(-1, FRAME_SAMPLES)
+    kept, fresh = OpusEncoder(), OpusEncoder()
+    for frame in pcm[:20]:
+        kept.encode(frame)
+        fresh.encode(frame)
+    kept.encode(pcm[20])
+    assert [kept.encode(f) for f in pcm[21:]] != [fresh.encode(f) for f in pcm[21:]]
+
+
+def test_restore_needs_a_snapshot_and_an_open_encoder() -> None:
+    encoder = OpusEncoder()
+    with pytest.raises(OpusError, match="no snapshot"):
+        encoder.restore()
+    encoder.snapshot()
+    encoder.restore()  # nothing encoded since: a no-op
+    encoder.close()
+    for call in (encoder.snapshot, encoder.restore):
+        with pytest.raises(OpusError, match="closed"):
+            call()

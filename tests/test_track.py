@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from concurrent.futures import Executor
 
 import numpy as np
 import pytest
@@ -298,3 +299,51 @@ async def test_a_mark_added_after_the_frame_was_encoded_ahead_fires_with_it() ->
         track.stop()
     assert fired == ["end"]
     assert packet == ahead  # not encoded a second time on the loop
+
+
+async def _stream_with_interrupt(executor: Executor | None) -> list[bytes]:
+    """Three speech packets, an interrupt (barge-in), silence, then a new utterance."""
+    buffer = PlayoutBuffer(100)
+    track = OpusPacketTrack(buffer, rephase_on_onset=False, encode_executor=executor)
+    for i in range(10):
+        await buffer.put(tone_frame(i))
+    packets = [bytes(await track.recv()) for _ in range(3)]
+    if executor is not None:
+        assert track._ahead is not None
+        track._ahead[1].result()  # the worker had its 20 ms: frame 3 is encoded
+    buffer.clear()  # interrupt: frame 3 is never sent
+    packets += [bytes(await track.recv()) for _ in range(2)]  # silence
+    for i in range(5):
+        await buffer.put(tone_frame(100 + i))
+    packets += [bytes(await track.recv()) for _ in range(5)]
+    track.stop()
+    return packets
+
+
+async def test_an_interrupt_with_encoding_ahead_sends_what_inline_encoding_sends() -> None:
+    """The frame encoded ahead and then dropped by an interrupt never reaches the listener,
+    but it went through the encoder: unless the encoder is taken back to its state before
+    it, every packet after the interrupt is predicted from audio the receiver's decoder
+    never got (encoder/decoder mismatch, like a lost packet with no concealment), and the
+    stream differs from the inline path's (found by review)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from agent.opus import OpusDecoder
+
+    inline = await _stream_with_interrupt(None)
+    with ThreadPoolExecutor(1) as pool:
+        ahead = await _stream_with_interrupt(pool)
+    assert ahead[:3] == inline[:3]  # before the interrupt: byte-identical (as documented)
+
+    def decoded(packets: list[bytes]) -> np.ndarray:
+        decoder = OpusDecoder()
+        pcm = np.concatenate([decoder.decode(p) for p in packets]).astype(np.float64)
+        decoder.close()
+        return pcm
+
+    # What the listener hears in the first silence packet after the barge-in: the inline
+    # stream carries the tail of frame 2 (libopus's lookahead) and fades out; without the
+    # restore, the encoded-ahead stream carried the tail of frame 3, never received.
+    after = slice(3 * 960, 4 * 960)
+    diff = np.abs(decoded(ahead)[after] - decoded(inline)[after]).max()
+    assert ahead[3:] == inline[3:], f"post-interrupt packets differ; decoded max diff {diff:.0f}"
