@@ -342,7 +342,9 @@ class OpusPacketTrack(MediaStreamTrack):
         finally:
             timer.cancel()
             self._waiter = None
-            if wake_on_arrival:
+            # Only if the hook is still ours: a stopped track's wait ends a loop step after
+            # stop(), and a track renewed on the same buffer (a resume) may have set its own.
+            if self._source.on_arrival is on_arrival:
                 self._source.on_arrival = None
         return arrived
 

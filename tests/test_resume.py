@@ -14,6 +14,7 @@ import aiohttp
 import numpy as np
 import pytest
 from aiortc import RTCPeerConnection
+from aiortc.mediastreams import MediaStreamError
 from aiortc.rtp import RtcpReceiverInfo, RtcpRrPacket
 
 from agent.adaptation import ReceiverOpus
@@ -398,5 +399,34 @@ async def test_a_renewed_track_gets_a_fresh_adaptation_until_its_connection_atta
         transceiver = SimpleNamespace(sender=RtcpSender())
         session.attach_sender(transceiver, ReceiverOpus(fec=True))  # type: ignore[arg-type]
         assert session.network.track is session.track and session.network.tap is not None
+    finally:
+        await session.close()
+
+
+async def test_a_renewed_track_keeps_its_early_send_on_speech_onset() -> None:
+    """renew_track stops the old track while its recv may be waiting for its tick with the
+    playout buffer's onset hook set; that wait only ends at the loop's next step, and its
+    cleanup must not unhook the hook the new track set in the meantime (it did: the new
+    track then sent the first speech after a resume at its tick, up to 20 ms late)."""
+    session = AgentSession("s1", ToneEngine(), Config())
+    try:
+        buffer = session.pipeline.buffer
+        old = session.track
+        await old.recv()  # the first packet goes at once; the next waits for its tick
+        waiting = asyncio.ensure_future(old.recv())
+        await asyncio.sleep(0.005)
+        assert buffer.on_arrival is not None  # idle: speech arriving would go out at once
+        session.renew_track()
+        new = session.track
+        await new.recv()  # at once, in the loop step of the renew
+        speech = np.full(buffer.sample_rate // 50, 3_000, dtype=np.int16)
+        loop = asyncio.get_running_loop()
+        loop.call_later(0.002, lambda: asyncio.ensure_future(buffer.put(speech)))
+        # Its wait starts in this step too, before the old track's wait has ended.
+        await new.recv()
+        with pytest.raises(MediaStreamError):
+            await waiting
+        assert new.stats.speech_packets == 1
+        assert new.stats.early_rephases == 1  # sent when it arrived, not at the tick
     finally:
         await session.close()
