@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeGuard
@@ -202,13 +203,24 @@ class RaySettings:
 # HS256 keys shorter than the hash output are brute-forceable (RFC 7518 section 3.2).
 MIN_SECRET_BYTES = 32
 ROLES = ("speaker", "listener", "host")
+# Characters that end or rewrite a line of text: C0 controls (LF, CR among them), DEL, C1
+# controls (NEL among them) and Unicode's line and paragraph separators (str.splitlines
+# breaks at each). The text log escapes them (signaling/logs.py); a room name has none.
+CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 # A room's name: what a request may ask for, a token may be bound to, and the token
 # command mints (one rule, so a token never names a room the API refuses).
 MAX_ROOM_CHARS = 64
+ROOM_NAME_RULE = f"1-{MAX_ROOM_CHARS} characters, none a control character (e.g. a newline)"
 
 
 def is_room_name(room: object) -> TypeGuard[str]:
-    return isinstance(room, str) and 0 < len(room) <= MAX_ROOM_CHARS
+    """A newline or other control character in a name has no use and would let it pose as
+    separate lines wherever it is shown or logged (the text log escapes them too)."""
+    return (
+        isinstance(room, str)
+        and 0 < len(room) <= MAX_ROOM_CHARS
+        and CONTROL_CHARS.search(room) is None
+    )
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,8 @@ from typing import NoReturn
 from agent.config import (
     INSTRUCT_POLICIES,
     LOG_LEVELS,
-    MAX_ROOM_CHARS,
     ROLES,
+    ROOM_NAME_RULE,
     AdaptationSettings,
     BreakerSettings,
     ChatTTSSettings,
@@ -475,9 +475,7 @@ def _room_name(value: str) -> str:
     """A room the API accepts: an empty one (``--room "$ROOM"`` with ROOM unset) would mint a
     token the server refuses. argparse names the flag: ``argument --room: ...``, exit 2."""
     if not is_room_name(value):
-        raise argparse.ArgumentTypeError(
-            f"a room name is 1-{MAX_ROOM_CHARS} characters, not {len(value)}"
-        )
+        raise argparse.ArgumentTypeError(f"a room name is {ROOM_NAME_RULE}")
     return value
 
 

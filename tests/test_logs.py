@@ -6,6 +6,7 @@ import asyncio
 import io
 import json
 import logging
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -15,8 +16,8 @@ import pytest
 from agent.config import BreakerSettings, Config, LifecycleSettings
 from agent.conversation_config import ListenSettings
 from signaling.keys import BREAKER, SESSIONS
-from signaling.logs import configure_logging, log_handler
-from tests.conftest import LiveServer, serve
+from signaling.logs import TextFormatter, configure_logging, log_handler
+from tests.conftest import LiveServer, raw_http, serve
 from tests.doubles import FailingEngine, ToneEngine
 from tests.rtc_client import RtcClient
 from tests.test_shutdown import an_offer
@@ -38,6 +39,27 @@ def json_log() -> Iterator[io.StringIO]:
     finally:
         root.removeHandler(handler)
         root.setLevel(level)
+
+
+@pytest.fixture
+def text_log() -> Iterator[io.StringIO]:
+    """The server's text log handler (the default, without --log-json) on the root logger."""
+    stream = io.StringIO()
+    handler = log_handler(json_lines=False)
+    handler.setStream(stream)  # type: ignore[attr-defined]
+    root = logging.getLogger()
+    level = root.level
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    try:
+        yield stream
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(level)
+
+
+# What a client would have the log say on a line of its own.
+FORGED = "2026-01-01 00:00:00,000 CRITICAL signaling.app [-]: FORGED"
 
 
 def lines(stream: io.StringIO) -> list[dict[str, Any]]:
@@ -194,3 +216,45 @@ async def test_the_fronts_access_lines_name_the_session(json_log: io.StringIO) -
         ("POST", "/whep", whep),
         ("DELETE", f"/whep/{whep}", whep),
     ]
+
+
+async def test_a_request_path_cannot_forge_a_log_line(text_log: io.StringIO) -> None:
+    """The access log writes the decoded path: ``/x%0A<a log line>`` wrote that line as a
+    line of its own. The text format escapes control characters now: ``/x\\n2026-...``."""
+    config = Config(host="127.0.0.1", port=0, listen=ListenSettings(enabled=False))
+    async with serve(config, ToneEngine()) as server:
+        host = server.url.removeprefix("http://").encode()
+        path = b"/x%0A" + FORGED.replace(" ", "%20").encode()
+        request = b"GET " + path + b" HTTP/1.1\r\nHost: " + host + b"\r\nConnection: close\r\n\r\n"
+        await raw_http(server.url, request)
+        async with asyncio.timeout(5):  # the access line is written after the reply
+            while "GET /x" not in text_log.getvalue():
+                await asyncio.sleep(0.01)
+    logged = text_log.getvalue().splitlines()
+    assert not any(line.startswith(FORGED) for line in logged), logged
+    assert any(f'"GET /x\\n{FORGED}" 404' in line for line in logged), logged
+
+
+def test_the_text_format_writes_one_line_whatever_the_values_hold() -> None:
+    """Any value a message quotes (a room name, a path, a header), wherever it came from:
+    CR, LF, the other C0 and C1 controls and Unicode's line separators are escaped, and a
+    traceback's lines are indented (an exception's message may quote a client too)."""
+    formatter = TextFormatter()
+    value = "r\n" + FORGED + "\r\x1b[2K\x85\u2028\x7f\té"
+    record = logging.LogRecord(
+        "signaling.rooms", logging.INFO, __file__, 1, "room %s", (value,), None
+    )
+    record.session_id = "-"
+    (line,) = formatter.format(record).splitlines()
+    assert line.endswith(r"[-]: room r\n" + FORGED + r"\r\x1b[2K\x85\u2028\x7f\té")
+    try:
+        raise ValueError("bad room\n" + FORGED)
+    except ValueError:
+        failed = logging.LogRecord("x", logging.ERROR, __file__, 1, "oops", (), sys.exc_info())
+    failed.session_id = "-"
+    first, *traceback = formatter.format(failed).splitlines()
+    assert first.endswith("[-]: oops") and traceback[-1] == "    " + FORGED
+    assert traceback[0] == "    Traceback (most recent call last):"
+    assert all(line.startswith("    ") for line in traceback)
+    # The indented traceback is not cached on the record for the other handlers.
+    assert failed.exc_text is None
