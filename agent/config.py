@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -132,12 +133,16 @@ class SpeechSettings:
     max_message_bytes: int = 16_384
 
 
+# The devices ChatTTS may load on (torch's names); "auto": CUDA when present, else CPU.
+DEVICES = re.compile(r"auto|cpu|mps|cuda(:[0-9]+)?")
+
+
 @dataclass(frozen=True)
 class ChatTTSSettings:
     """How the ChatTTS engine loads and streams."""
 
     model_dir: Path | None = None  # None: ChatTTS's own download from Hugging Face
-    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    device: str = "auto"  # DEVICES: auto (CUDA when present) | cpu | cuda | cuda:N | mps
     compile: bool = False
     first_chunk_tokens: int = 24  # tokens generated before the first audio chunk
     chunk_tokens: int = 24  # smallest later chunk (tokens)
@@ -162,6 +167,12 @@ class ChatTTSSettings:
         if self.threads < 0:
             raise ValueError(
                 f"torch threads (--threads) must be 0 (automatic) or more, got {self.threads}"
+            )
+        # Checked here, not by torch when the engine loads: by then the server is up, and a
+        # typo (gpu, CPU) only shows as a traceback in its log and /readyz 503 for ever.
+        if not DEVICES.fullmatch(self.device):
+            raise ValueError(
+                f"the device (--device) must be auto, cpu, cuda, cuda:N or mps, got {self.device!r}"
             )
 
 
@@ -198,6 +209,13 @@ class RaySettings:
             raise ValueError("tts replicas must be >= 1, max replicas >= 0, lead > 0")
         if self.gpus_per_replica < 0 or self.cpus_per_replica < 0:
             raise ValueError("resources per replica must not be negative")
+        # Ray Serve refuses it only when the deployment starts, after the server is up.
+        # (Checked even without autoscaling: turning it on later should not find it broken.)
+        if not 0 < self.target_streams < math.inf:
+            raise ValueError(
+                "the autoscaling target (--tts-target-streams) must be a positive number of "
+                f"streams per replica, got {self.target_streams}"
+            )
 
 
 # HS256 keys shorter than the hash output are brute-forceable (RFC 7518 section 3.2).
@@ -382,6 +400,8 @@ class Config:
     services: ServiceSettings = field(default_factory=ServiceSettings)
 
     def __post_init__(self) -> None:
+        for url in self.ice_servers:
+            _check_ice_server(url)
         if not 0 <= self.port <= 65535:
             raise ValueError(
                 f"the port (--port) must be 0-65535 (0: any free one), got {self.port}"
@@ -399,3 +419,19 @@ class Config:
                 f"the adaptation floor min_bitrate (--min-bitrate, {self.adaptation.min_bitrate})"
                 f" must not be above the Opus bitrate (--bitrate, {self.opus.bitrate})"
             )
+
+
+def _check_ice_server(url: str) -> None:
+    """A URL aiortc parses: it parses them for every new peer connection, so one it refuses
+    would fail every offer (400 bad_sdp) instead of stopping the server at start."""
+    # aiortc is imported only with ICE servers configured (most setups have none): it is
+    # ~0.2 s that a Config, and the command line, need not pay otherwise.
+    from aiortc.rtcicetransport import parse_stun_turn_uri
+
+    try:
+        parse_stun_turn_uri(url)
+    except ValueError as exc:
+        raise ValueError(
+            f"the ICE server {url!r} (--ice-server) is not a STUN or TURN URL such as "
+            f"stun:HOST[:PORT] or turn:HOST[:PORT][?transport=udp|tcp] (aiortc: {exc})"
+        ) from None

@@ -302,6 +302,19 @@ def test_an_empty_or_blank_variable_is_unset(
         (["--fec-min-bitrate", "-1"], {}, "(--fec-min-bitrate) must be 6000-510000"),
         (["--encode-threads", "-2"], {}, "(--encode-threads) must be -1"),
         (["--threads", "-1"], {}, "(--threads) must be 0 (automatic) or more"),
+        # Refused by torch only when the engine loaded: the server was up, /readyz 503.
+        (["--device", "gpu"], {}, "(--device) must be auto, cpu, cuda, cuda:N or mps"),
+        (["--device", "CPU"], {}, "(--device) must be auto, cpu, cuda, cuda:N or mps"),
+        (["--device", "cuda:"], {}, "(--device) must be auto, cpu, cuda, cuda:N or mps"),
+        ([], {"VOICE_AGENT_DEVICE": "gpu"}, "(--device) must be auto, cpu, cuda, cuda:N or mps"),
+        # aiortc parses them for every new peer: each offer was 400 bad_sdp.
+        (["--ice-server", "stun.l.google.com:19302"], {}, "is not a STUN or TURN URL"),
+        (["--ice-server", "stun:a.example?transport=tcp"], {}, "is not a STUN or TURN URL"),
+        ([], {"VOICE_AGENT_ICE_SERVERS": "stun:a.example, b.example"}, "'b.example' (--ice"),
+        # Ray Serve refused it when the engine deployed: the server was up, /readyz 503.
+        (["--tts=ray://auto", "--tts-target-streams", "0"], {}, "(--tts-target-streams) must be"),
+        (["--tts=ray://auto", "--tts-target-streams", "-2"], {}, "(--tts-target-streams) must be"),
+        (["--tts=ray://auto", "--tts-target-streams", "nan"], {}, "(--tts-target-streams) must be"),
     ],
 )
 def test_a_setting_that_would_crash_or_be_changed_is_refused(
@@ -334,6 +347,12 @@ def test_the_edges_of_those_ranges_are_accepted(
     fixed = build(["serve", "--bitrate", "8000", "--no-adaptation"])  # no floor to respect
     assert fixed.opus.bitrate == 8000
     assert build(["serve", "--bitrate", "510000"]).opus.bitrate == 510_000
+    for device in ("auto", "cpu", "cuda", "cuda:1", "mps"):
+        assert build(["serve", "--device", device]).chattts.device == device
+    ray = build(["serve", "--tts", "ray://auto", "--tts-target-streams", "0.5"]).ray
+    assert ray.target_streams == 0.5
+    ice = ["stun:a.example", "stun:b.example:19302", "turns:c.example:443?transport=tcp"]
+    assert build(["serve", *(f"--ice-server={url}" for url in ice)]).ice_servers == tuple(ice)
     # The Config refuses them itself, whoever builds it.
     for bad in ({"port": 70000}, {"log_level": "verbose"}, {"workers": 0}):
         with pytest.raises(ValueError):
