@@ -256,8 +256,26 @@ class SecuritySettings:
     metrics_token: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
+        # Empty is not "none": None turns authentication off, which an empty value (e.g.
+        # --auth-secret "$SECRET" with SECRET unset) must never do silently.
+        if self.auth_secret == "":
+            raise ValueError(
+                "the auth secret (--auth-secret) is empty: leave it out to run without "
+                "authentication"
+            )
         if self.auth_secret is not None and len(self.auth_secret.encode()) < MIN_SECRET_BYTES:
             raise ValueError(f"the auth secret must be at least {MIN_SECRET_BYTES} bytes long")
+        if self.metrics_token == "":
+            raise ValueError(
+                "the metrics token (--metrics-token) is empty: leave it out for an open /metrics"
+            )
+        # An HTTP header's value loses its surrounding whitespace on the way (and the token
+        # presented is stripped too): a token with any could never be presented.
+        if self.metrics_token is not None and self.metrics_token != self.metrics_token.strip():
+            raise ValueError(
+                "the metrics token (--metrics-token) starts or ends with whitespace, which no "
+                "request can present"
+            )
 
 
 @dataclass(frozen=True)

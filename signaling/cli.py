@@ -392,9 +392,9 @@ def config_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> Config
             threads=args.threads,
         ),
         security=SecuritySettings(
-            auth_secret=args.auth_secret or None,
+            auth_secret=args.auth_secret,
             cors_origins=origins,
-            metrics_token=args.metrics_token or None,
+            metrics_token=args.metrics_token,
         ),
         limits=LimitSettings(
             offer_rate=args.offer_rate,

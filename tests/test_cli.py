@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from agent.config import Config
+from signaling.auth import verify_token
 from signaling.cli import build_parser, config_from_args, main
 from signaling.envflags import env_name
 
@@ -315,6 +316,11 @@ def test_an_empty_or_blank_variable_is_unset(
         (["--tts=ray://auto", "--tts-target-streams", "0"], {}, "(--tts-target-streams) must be"),
         (["--tts=ray://auto", "--tts-target-streams", "-2"], {}, "(--tts-target-streams) must be"),
         (["--tts=ray://auto", "--tts-target-streams", "nan"], {}, "(--tts-target-streams) must be"),
+        # An empty flag (e.g. --auth-secret "$SECRET" with SECRET unset) turned auth off.
+        (["--auth-secret", ""], {}, "(--auth-secret) is empty: leave it out"),
+        (["--metrics-token", ""], {}, "(--metrics-token) is empty: leave it out"),
+        # No request can present it: a header's value loses its surrounding whitespace.
+        (["--metrics-token", "s3cret "], {}, "(--metrics-token) starts or ends with whitespace"),
     ],
 )
 def test_a_setting_that_would_crash_or_be_changed_is_refused(
@@ -357,6 +363,40 @@ def test_the_edges_of_those_ranges_are_accepted(
     for bad in ({"port": 70000}, {"log_level": "verbose"}, {"workers": 0}):
         with pytest.raises(ValueError):
             Config(**bad)  # type: ignore[arg-type]
+
+
+def test_a_variable_loses_its_surrounding_whitespace(capsys: pytest.CaptureFixture[str]) -> None:
+    """An env file's trailing space, the newline of a secret read from a file:
+    ``VOICE_AGENT_DEVICE='cpu '`` failed when the engine loaded, and a metrics token
+    ``s3cret\\n`` could never be presented (tests/test_metrics.py). Secrets are stripped
+    alike for the server and ``voice-agent token``, so its tokens still verify."""
+    env = {
+        "VOICE_AGENT_DEVICE": "cpu ",
+        "VOICE_AGENT_PORT": " 9000\n",
+        "VOICE_AGENT_SEND_PATH": "aiortc\n",
+        "VOICE_AGENT_METRICS_TOKEN": "s3cret\n",
+        "VOICE_AGENT_AUTH_SECRET": "a" * 32 + "\n",
+    }
+    config = build(["serve"], env)
+    assert (config.chattts.device, config.port, config.opus.direct_send) == ("cpu", 9000, False)
+    assert config.security.metrics_token == "s3cret"
+    assert config.security.auth_secret == "a" * 32
+    assert main(["token"], env) == 0
+    verify_token(capsys.readouterr().out.strip(), config.security.auth_secret)
+
+
+def test_an_empty_secret_flag_is_refused_an_empty_variable_is_unset(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``serve --auth-secret ""`` (``--auth-secret "$SECRET"`` with SECRET unset) ran
+    without authentication, where ``token --auth-secret ""`` was an error: failing open.
+    An empty VOICE_AGENT_AUTH_SECRET is unset, as every empty variable is."""
+    status, err, served = run(["serve", "--auth-secret", ""], {}, monkeypatch, capsys)
+    assert (status, served) == (2, []) and "voice-agent: error:" in err
+    status, err, _ = run(["token", "--auth-secret", ""], {}, monkeypatch, capsys)
+    assert status == 2 and "no secret" in err
+    status, _, served = run(["serve"], {"VOICE_AGENT_AUTH_SECRET": ""}, monkeypatch, capsys)
+    assert status == 0 and served[0].security.auth_secret is None
 
 
 def test_an_error_while_configuring_logging_is_a_usage_error(
