@@ -479,6 +479,12 @@ def _room_name(value: str) -> str:
     return value
 
 
+def _os_error(exc: OSError) -> str:
+    """``Not a directory: 'x/asset'``: the reason and the path, without ``[Errno 20]``."""
+    reason = exc.strerror or str(exc)
+    return f"{reason}: {str(exc.filename)!r}" if exc.filename else reason
+
+
 def _log_level(value: str) -> str:
     """Any case; ``warn`` for WARNING, as Python's logging itself accepts it."""
     level = value.upper()
@@ -513,7 +519,10 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     if args.command == "tiny-model":
         from agent.chattts.tiny import build_tiny_model
 
-        path = build_tiny_model(args.dir, size=args.size, seed=args.seed)
+        try:
+            path = build_tiny_model(args.dir, size=args.size, seed=args.seed)
+        except OSError as exc:  # DIR is a file, or not writable, or the disk is full
+            parser.error(f"cannot write the model into {args.dir}: {_os_error(exc)}")
         print(f"built a {args.size} random-weight ChatTTS checkpoint in {path}")
         print(f"use it with: voice-agent serve --model-dir {path}")
         return 0

@@ -399,6 +399,21 @@ def test_an_empty_secret_flag_is_refused_an_empty_variable_is_unset(
     assert status == 0 and served[0].security.auth_secret is None
 
 
+@pytest.mark.parametrize("inside", ["a-file", "a-file/model"])
+def test_tiny_model_where_no_directory_can_be_is_a_usage_error(
+    inside: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``tiny-model DIR`` with DIR a file (or under one, or not writable) ended in a
+    traceback after seconds of imports; it is a usage error at once now."""
+    (tmp_path / "a-file").write_text("x")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["tiny-model", str(tmp_path / inside)], {})
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "Traceback" not in err
+    assert f"voice-agent: error: cannot write the model into {tmp_path / inside}: " in err
+    assert "Not a directory" in err
+
+
 def test_an_error_while_configuring_logging_is_a_usage_error(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
