@@ -436,13 +436,8 @@ def serve(config: Config) -> None:
     from signaling.keys import DRAIN, SESSIONS
     from signaling.shutdown import serve as serve_app
 
-    logging.getLogger(__name__).info(
-        "serving the browser client on http://%s:%d (%d media %s)",
-        "localhost" if config.host in ("0.0.0.0", "::") else config.host,
-        config.port,
-        config.workers,
-        "process" if config.workers == 1 else "processes",
-    )
+    # The address is logged once bound (signaling/shutdown.py log_listening): --port 0
+    # picks the port then.
     if config.workers > 1:
         import tempfile
 

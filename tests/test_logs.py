@@ -6,6 +6,8 @@ import asyncio
 import io
 import json
 import logging
+import re
+import signal
 import sys
 from collections.abc import Iterator
 from typing import Any
@@ -15,8 +17,11 @@ import pytest
 
 from agent.config import BreakerSettings, Config, LifecycleSettings
 from agent.conversation_config import ListenSettings
-from signaling.keys import BREAKER, SESSIONS
+from signaling.app import build_app, runner_options
+from signaling.keys import BREAKER, DRAIN, SESSIONS
 from signaling.logs import TextFormatter, configure_logging, log_handler
+from signaling.shutdown import log_listening
+from signaling.shutdown import serve as serve_until_signal
 from tests.conftest import LiveServer, raw_http, serve
 from tests.doubles import FailingEngine, ToneEngine
 from tests.rtc_client import RtcClient
@@ -258,3 +263,46 @@ def test_the_text_format_writes_one_line_whatever_the_values_hold() -> None:
     assert all(line.startswith("    ") for line in traceback)
     # The indented traceback is not cached on the record for the other handlers.
     assert failed.exc_text is None
+
+
+async def test_the_server_logs_the_address_it_bound(caplog: pytest.LogCaptureFixture) -> None:
+    """With --port 0 (any free port) the only line naming the address was logged before
+    binding, and said port 0: the user could not tell where the server was. It is logged
+    once bound now, with the port the socket got."""
+    caplog.set_level(logging.INFO, logger="signaling.shutdown")
+    config = Config(host="127.0.0.1", port=0, listen=ListenSettings(enabled=False))
+    app = build_app(config, ToneEngine())
+    running = asyncio.create_task(
+        serve_until_signal(app, config, app[SESSIONS], app[DRAIN], **runner_options())
+    )
+    said: list[logging.LogRecord] = []
+    try:
+        async with asyncio.timeout(30):
+            while not (said := [r for r in caplog.records if "serving" in r.getMessage()]):
+                assert not running.done(), running.result()
+                await asyncio.sleep(0.01)
+        found = re.search(r"http://127\.0\.0\.1:(\d+) \(1 media process\)", said[0].getMessage())
+        assert found and int(found.group(1)) != 0, said[0].getMessage()
+        url = f"http://127.0.0.1:{found.group(1)}/healthz"
+        async with aiohttp.ClientSession() as http, http.get(url) as resp:
+            assert resp.status == 200
+    finally:
+        if said:  # its SIGTERM handler is in place (set before the line): the real stop
+            signal.raise_signal(signal.SIGTERM)
+        else:
+            running.cancel()
+        async with asyncio.timeout(30):
+            await asyncio.gather(running, return_exceptions=True)
+
+
+def test_every_bound_address_is_named(caplog: pytest.LogCaptureFixture) -> None:
+    """A host name may bind several addresses (localhost: 127.0.0.1 and ::1, each with a
+    port of its own under --port 0); a wildcard address is this machine's localhost."""
+    caplog.set_level(logging.INFO, logger="signaling.shutdown")
+    log_listening([("127.0.0.1", 40001), ("::1", 40002, 0, 0)], Config(workers=3))
+    log_listening([("0.0.0.0", 8080), ("::", 8080, 0, 0)], Config())
+    assert [r.getMessage() for r in caplog.records] == [
+        "serving the browser client on http://127.0.0.1:40001, http://[::1]:40002 "
+        "(3 media processes)",
+        "serving the browser client on http://localhost:8080 (1 media process)",
+    ]
