@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeGuard
@@ -131,12 +133,16 @@ class SpeechSettings:
     max_message_bytes: int = 16_384
 
 
+# The devices ChatTTS may load on (torch's names); "auto": CUDA when present, else CPU.
+DEVICES = re.compile(r"auto|cpu|mps|cuda(:[0-9]+)?")
+
+
 @dataclass(frozen=True)
 class ChatTTSSettings:
     """How the ChatTTS engine loads and streams."""
 
     model_dir: Path | None = None  # None: ChatTTS's own download from Hugging Face
-    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    device: str = "auto"  # DEVICES: auto (CUDA when present) | cpu | cuda | cuda:N | mps
     compile: bool = False
     first_chunk_tokens: int = 24  # tokens generated before the first audio chunk
     chunk_tokens: int = 24  # smallest later chunk (tokens)
@@ -161,6 +167,12 @@ class ChatTTSSettings:
         if self.threads < 0:
             raise ValueError(
                 f"torch threads (--threads) must be 0 (automatic) or more, got {self.threads}"
+            )
+        # Checked here, not by torch when the engine loads: by then the server is up, and a
+        # typo (gpu, CPU) only shows as a traceback in its log and /readyz 503 for ever.
+        if not DEVICES.fullmatch(self.device):
+            raise ValueError(
+                f"the device (--device) must be auto, cpu, cuda, cuda:N or mps, got {self.device!r}"
             )
 
 
@@ -206,18 +218,36 @@ class RaySettings:
             raise ValueError(f"tts max streams must be at least 1, got {self.max_streams}")
         if self.gpus_per_replica < 0 or self.cpus_per_replica < 0:
             raise ValueError("resources per replica must not be negative")
+        # Ray Serve refuses it only when the deployment starts, after the server is up.
+        # (Checked even without autoscaling: turning it on later should not find it broken.)
+        if not 0 < self.target_streams < math.inf:
+            raise ValueError(
+                "the autoscaling target (--tts-target-streams) must be a positive number of "
+                f"streams per replica, got {self.target_streams}"
+            )
 
 
 # HS256 keys shorter than the hash output are brute-forceable (RFC 7518 section 3.2).
 MIN_SECRET_BYTES = 32
 ROLES = ("speaker", "listener", "host")
+# Characters that end or rewrite a line of text: C0 controls (LF, CR among them), DEL, C1
+# controls (NEL among them) and Unicode's line and paragraph separators (str.splitlines
+# breaks at each). The text log escapes them (signaling/logs.py); a room name has none.
+CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 # A room's name: what a request may ask for, a token may be bound to, and the token
 # command mints (one rule, so a token never names a room the API refuses).
 MAX_ROOM_CHARS = 64
+ROOM_NAME_RULE = f"1-{MAX_ROOM_CHARS} characters, none a control character (e.g. a newline)"
 
 
 def is_room_name(room: object) -> TypeGuard[str]:
-    return isinstance(room, str) and 0 < len(room) <= MAX_ROOM_CHARS
+    """A newline or other control character in a name has no use and would let it pose as
+    separate lines wherever it is shown or logged (the text log escapes them too)."""
+    return (
+        isinstance(room, str)
+        and 0 < len(room) <= MAX_ROOM_CHARS
+        and CONTROL_CHARS.search(room) is None
+    )
 
 
 @dataclass(frozen=True)
@@ -235,8 +265,26 @@ class SecuritySettings:
     metrics_token: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
+        # Empty is not "none": None turns authentication off, which an empty value (e.g.
+        # --auth-secret "$SECRET" with SECRET unset) must never do silently.
+        if self.auth_secret == "":
+            raise ValueError(
+                "the auth secret (--auth-secret) is empty: leave it out to run without "
+                "authentication"
+            )
         if self.auth_secret is not None and len(self.auth_secret.encode()) < MIN_SECRET_BYTES:
             raise ValueError(f"the auth secret must be at least {MIN_SECRET_BYTES} bytes long")
+        if self.metrics_token == "":
+            raise ValueError(
+                "the metrics token (--metrics-token) is empty: leave it out for an open /metrics"
+            )
+        # An HTTP header's value loses its surrounding whitespace on the way (and the token
+        # presented is stripped too): a token with any could never be presented.
+        if self.metrics_token is not None and self.metrics_token != self.metrics_token.strip():
+            raise ValueError(
+                "the metrics token (--metrics-token) starts or ends with whitespace, which no "
+                "request can present"
+            )
 
 
 @dataclass(frozen=True)
@@ -379,6 +427,8 @@ class Config:
     services: ServiceSettings = field(default_factory=ServiceSettings)
 
     def __post_init__(self) -> None:
+        for url in self.ice_servers:
+            _check_ice_server(url)
         if not 0 <= self.port <= 65535:
             raise ValueError(
                 f"the port (--port) must be 0-65535 (0: any free one), got {self.port}"
@@ -402,3 +452,19 @@ class Config:
                 f"the adaptation floor min_bitrate (--min-bitrate, {self.adaptation.min_bitrate})"
                 f" must not be above the Opus bitrate (--bitrate, {self.opus.bitrate})"
             )
+
+
+def _check_ice_server(url: str) -> None:
+    """A URL aiortc parses: it parses them for every new peer connection, so one it refuses
+    would fail every offer (400 bad_sdp) instead of stopping the server at start."""
+    # aiortc is imported only with ICE servers configured (most setups have none): it is
+    # ~0.2 s that a Config, and the command line, need not pay otherwise.
+    from aiortc.rtcicetransport import parse_stun_turn_uri
+
+    try:
+        parse_stun_turn_uri(url)
+    except ValueError as exc:
+        raise ValueError(
+            f"the ICE server {url!r} (--ice-server) is not a STUN or TURN URL such as "
+            f"stun:HOST[:PORT] or turn:HOST[:PORT][?transport=udp|tcp] (aiortc: {exc})"
+        ) from None

@@ -18,7 +18,7 @@ from typing import Any
 import jwt
 from aiohttp import web
 
-from agent.config import MAX_ROOM_CHARS, ROLES, is_room_name
+from agent.config import ROLES, ROOM_NAME_RULE, is_room_name
 from signaling.errors import ApiError, Handler
 
 ALGORITHM = "HS256"
@@ -45,7 +45,7 @@ def mint_token(secret: str, *, ttl_s: int, room: str | None = None, role: str | 
         raise ValueError(f"role must be one of {', '.join(ROLES)}")
     if room is not None and not is_room_name(room):
         # verify_token would refuse it: minting it only hands out a token that never works.
-        raise ValueError(f"the room must be 1-{MAX_ROOM_CHARS} characters")
+        raise ValueError(f"the room must be {ROOM_NAME_RULE}")
     now = int(time.time())
     payload: dict[str, Any] = {"iat": now, "exp": now + ttl_s}
     if room is not None:
@@ -75,11 +75,9 @@ def verify_token(token: str | None, secret: str) -> Claims:
     if role not in ROLES:
         raise _unauthorized(f"the token is invalid: 'role' must be one of {', '.join(ROLES)}")
     if room is not None and not is_room_name(room):
-        # A room the API itself refuses to name ('' or too long) would otherwise be joined
-        # silently: room_for takes the token's room as it is.
-        raise _unauthorized(
-            f"the token is invalid: 'room' must be a string of 1-{MAX_ROOM_CHARS} characters"
-        )
+        # A room the API itself refuses to name ('', too long, a newline in it) would
+        # otherwise be joined silently: room_for takes the token's room as it is.
+        raise _unauthorized(f"the token is invalid: 'room' must be a string of {ROOM_NAME_RULE}")
     return Claims(role=role, room=room)
 
 

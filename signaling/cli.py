@@ -14,8 +14,8 @@ from typing import NoReturn
 from agent.config import (
     INSTRUCT_POLICIES,
     LOG_LEVELS,
-    MAX_ROOM_CHARS,
     ROLES,
+    ROOM_NAME_RULE,
     AdaptationSettings,
     BreakerSettings,
     ChatTTSSettings,
@@ -394,9 +394,9 @@ def config_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> Config
             threads=args.threads,
         ),
         security=SecuritySettings(
-            auth_secret=args.auth_secret or None,
+            auth_secret=args.auth_secret,
             cors_origins=origins,
-            metrics_token=args.metrics_token or None,
+            metrics_token=args.metrics_token,
         ),
         limits=LimitSettings(
             offer_rate=args.offer_rate,
@@ -438,13 +438,8 @@ def serve(config: Config) -> None:
     from signaling.keys import DRAIN, SESSIONS
     from signaling.shutdown import serve as serve_app
 
-    logging.getLogger(__name__).info(
-        "serving the browser client on http://%s:%d (%d media %s)",
-        "localhost" if config.host in ("0.0.0.0", "::") else config.host,
-        config.port,
-        config.workers,
-        "process" if config.workers == 1 else "processes",
-    )
+    # The address is logged once bound (signaling/shutdown.py log_listening): --port 0
+    # picks the port then.
     if config.workers > 1:
         import tempfile
 
@@ -477,10 +472,14 @@ def _room_name(value: str) -> str:
     """A room the API accepts: an empty one (``--room "$ROOM"`` with ROOM unset) would mint a
     token the server refuses. argparse names the flag: ``argument --room: ...``, exit 2."""
     if not is_room_name(value):
-        raise argparse.ArgumentTypeError(
-            f"a room name is 1-{MAX_ROOM_CHARS} characters, not {len(value)}"
-        )
+        raise argparse.ArgumentTypeError(f"a room name is {ROOM_NAME_RULE}")
     return value
+
+
+def _os_error(exc: OSError) -> str:
+    """``Not a directory: 'x/asset'``: the reason and the path, without ``[Errno 20]``."""
+    reason = exc.strerror or str(exc)
+    return f"{reason}: {str(exc.filename)!r}" if exc.filename else reason
 
 
 def _log_level(value: str) -> str:
@@ -517,7 +516,10 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     if args.command == "tiny-model":
         from agent.chattts.tiny import build_tiny_model
 
-        path = build_tiny_model(args.dir, size=args.size, seed=args.seed)
+        try:
+            path = build_tiny_model(args.dir, size=args.size, seed=args.seed)
+        except OSError as exc:  # DIR is a file, or not writable, or the disk is full
+            parser.error(f"cannot write the model into {args.dir}: {_os_error(exc)}")
         print(f"built a {args.size} random-weight ChatTTS checkpoint in {path}")
         print(f"use it with: voice-agent serve --model-dir {path}")
         return 0

@@ -1,9 +1,11 @@
 """Flags that default to ``VOICE_AGENT_<FLAG>`` variables, with one rule for all of them.
 
 A variable that is unset, empty or only whitespace leaves the flag's own default. Any other
-value is converted with the flag's type and checked against its choices, as argparse does a
-command-line value (it does neither for a default); a value it refuses is a usage error
-naming the variable (``VOICE_AGENT_PORT='abc' is not a valid int``), exit status 2.
+value loses its surrounding whitespace (an env file's trailing space, the newline a secret
+read from a file ends with), then is converted with the flag's type and checked against its
+choices, as argparse does a command-line value (it does neither for a default); a value it
+refuses is a usage error naming the variable (``VOICE_AGENT_PORT='abc' is not a valid
+int``), exit status 2.
 
 The variables of a subcommand are read when that subcommand is parsed: a bad
 ``VOICE_AGENT_PORT`` does not stop ``voice-agent token``.
@@ -26,9 +28,11 @@ class EnvError(ValueError):
 
 
 def env_value(env: Mapping[str, str], name: str) -> str | None:
-    """``VOICE_AGENT_<name>``; None when unset, empty or only whitespace."""
+    """``VOICE_AGENT_<name>`` without surrounding whitespace; None when unset, empty or only
+    whitespace. Secrets too: a metrics token ``s3cret\\n`` read from a file is ``s3cret``,
+    as a client's header presents it (a header cannot carry the newline)."""
     raw = env.get(ENV_PREFIX + name)
-    return None if raw is None or not raw.strip() else raw
+    return None if raw is None else raw.strip() or None
 
 
 def env_bool(env: Mapping[str, str], name: str) -> bool:

@@ -47,7 +47,7 @@ from signaling.errors import ApiError, error_middleware
 from signaling.keys import CONFIG, DRAIN
 from signaling.metrics import offer_outcome_middleware, offers_counter
 from signaling.routes import SESSION_TOKEN_HEADER
-from signaling.shutdown import Drain
+from signaling.shutdown import Drain, log_listening
 from signaling.workers import Worker, WorkerPool
 
 log = logging.getLogger(__name__)
@@ -389,6 +389,7 @@ async def _serve_front(config: Config, pool: WorkerPool) -> None:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
+        log_listening(runner.addresses, config)
         await stop.wait()
         log.info("stop signal received: draining the workers")
         app[DRAIN].draining = True

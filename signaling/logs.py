@@ -3,6 +3,10 @@
 Tokens must never reach a log. Browsers send them in the query string (and then in the
 Referer of later requests), which aiohttp's default access log prints; the access logger
 here writes the path without the query and no headers.
+
+Nor may a client write log lines of its own: a request path (``%0A`` decodes to a newline),
+a room name or any other value a message quotes could otherwise end the line and forge the
+next. The text format escapes control characters (JSON lines escape them anyway).
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from typing import Any
 from aiohttp.abc import AbstractAccessLogger
 from aiohttp.web import BaseRequest, StreamResponse
 
-from agent.config import Config
+from agent.config import CONTROL_CHARS, Config
 from agent.logcontext import SessionIdFilter
 
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s [%(session_id)s]: %(message)s"
@@ -42,10 +46,43 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry, ensure_ascii=False, default=str)
 
 
+def escape_controls(text: str) -> str:
+    """``\\n`` for a newline, ``\\x1b`` for ESC...: each control character as Python would
+    write it in a string literal, visible and on the same line."""
+    return CONTROL_CHARS.sub(lambda match: ascii(match.group())[1:-1], text)
+
+
+class TextFormatter(logging.Formatter):
+    """TEXT_FORMAT, one line per record whatever its values hold; a traceback follows on
+    lines of its own, each indented, so that none of them can pass for a record either
+    (an exception's message may quote what a client sent)."""
+
+    def __init__(self) -> None:
+        super().__init__(TEXT_FORMAT)
+
+    def format(self, record: logging.LogRecord) -> str:
+        # logging.Formatter.format, but escaped; and without caching the traceback on the
+        # record (record.exc_text), which every other handler would then print indented.
+        record.message = record.getMessage()
+        record.asctime = self.formatTime(record, self.datefmt)
+        parts = [escape_controls(self.formatMessage(record))]
+        if record.exc_info:
+            parts.append(_indented(self.formatException(record.exc_info)))
+        elif record.exc_text:
+            parts.append(_indented(record.exc_text))
+        if record.stack_info:
+            parts.append(_indented(self.formatStack(record.stack_info)))
+        return "\n".join(parts)
+
+
+def _indented(text: str) -> str:
+    return "\n".join("    " + escape_controls(line) for line in text.split("\n"))
+
+
 def log_handler(json_lines: bool) -> logging.Handler:
     handler = logging.StreamHandler()
     handler.addFilter(SessionIdFilter())
-    handler.setFormatter(JsonFormatter() if json_lines else logging.Formatter(TEXT_FORMAT))
+    handler.setFormatter(JsonFormatter() if json_lines else TextFormatter())
     return handler
 
 

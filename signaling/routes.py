@@ -11,7 +11,7 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from agent.config import MAX_ROOM_CHARS, is_room_name
+from agent.config import ROOM_NAME_RULE, is_room_name
 from agent.engine import TTSEngine
 from agent.hooks import SessionHooks
 from agent.httpservice import is_text_charset
@@ -54,7 +54,7 @@ async def _json_body(request: web.Request) -> dict[str, Any]:
 def _check_room(room: object) -> str | None:
     if room is None or is_room_name(room):
         return room
-    raise ApiError(400, "bad_room", f"'room' must be a string of 1-{MAX_ROOM_CHARS} characters")
+    raise ApiError(400, "bad_room", f"'room' must be a string of {ROOM_NAME_RULE}")
 
 
 def _check_name(name: object) -> str | None:

@@ -16,7 +16,7 @@ import logging
 import signal
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
@@ -131,9 +131,33 @@ async def serve(
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
+        if not path:  # a worker's socket is the front's business, not the user's
+            log_listening(runner.addresses, config)
         await stop.wait()
         log.info("stop signal received")
         await drain(sessions, drain_state, config.lifecycle.drain_deadline_s)
     finally:
         await runner.cleanup()
     log.info("stopped")
+
+
+def log_listening(addresses: list[Any], config: Config) -> None:
+    """Where the browser client is, said once the server is bound: with ``--port 0`` (any
+    free port) only the sockets know the port, and a host name may bind more than one
+    address (localhost: 127.0.0.1 and ::1, each with its own port under ``--port 0``)."""
+    urls: list[str] = []
+    for address in addresses:  # (host, port) or, for IPv6, (host, port, flowinfo, scope)
+        host, port = address[0], address[1]
+        if host in ("0.0.0.0", "::"):  # every interface: this machine's own name works
+            host = "localhost"
+        elif ":" in host:
+            host = f"[{host}]"
+        url = f"http://{host}:{port}"
+        if url not in urls:
+            urls.append(url)
+    log.info(
+        "serving the browser client on %s (%d media %s)",
+        ", ".join(urls),
+        config.workers,
+        "process" if config.workers == 1 else "processes",
+    )

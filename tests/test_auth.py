@@ -170,7 +170,7 @@ async def test_a_room_token_is_valid_for_its_room_only(live_server: LiveServer) 
         # A room claim the API would refuse as a requested room ('' or over 64 characters)
         # was taken as it was: every holder joined a room no request may name. Such a
         # token is invalid.
-        for bad_room in ("", "r" * 65, 5):
+        for bad_room in ("", "r" * 65, 5, "r\nx"):
             async with http.post(
                 live_server.url + "/offer",
                 json={"type": "offer", "sdp": OFFER},
@@ -278,7 +278,7 @@ def test_the_token_command_needs_a_secret(capsys: pytest.CaptureFixture[str]) ->
         main(["token", "--ttl", "0"], {"VOICE_AGENT_AUTH_SECRET": SECRET})
 
 
-@pytest.mark.parametrize("room", ["", "r" * 65])
+@pytest.mark.parametrize("room", ["", "r" * 65, "r\n2026-01-01 FORGED", "r\u2028x"])
 def test_the_token_command_refuses_a_room_the_api_refuses(
     room: str, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from agent.config import Config
+from signaling.auth import verify_token
 from signaling.cli import build_parser, config_from_args, main
 from signaling.envflags import env_name
 
@@ -302,6 +303,24 @@ def test_an_empty_or_blank_variable_is_unset(
         (["--fec-min-bitrate", "-1"], {}, "(--fec-min-bitrate) must be 6000-510000"),
         (["--encode-threads", "-2"], {}, "(--encode-threads) must be -1"),
         (["--threads", "-1"], {}, "(--threads) must be 0 (automatic) or more"),
+        # Refused by torch only when the engine loaded: the server was up, /readyz 503.
+        (["--device", "gpu"], {}, "(--device) must be auto, cpu, cuda, cuda:N or mps"),
+        (["--device", "CPU"], {}, "(--device) must be auto, cpu, cuda, cuda:N or mps"),
+        (["--device", "cuda:"], {}, "(--device) must be auto, cpu, cuda, cuda:N or mps"),
+        ([], {"VOICE_AGENT_DEVICE": "gpu"}, "(--device) must be auto, cpu, cuda, cuda:N or mps"),
+        # aiortc parses them for every new peer: each offer was 400 bad_sdp.
+        (["--ice-server", "stun.l.google.com:19302"], {}, "is not a STUN or TURN URL"),
+        (["--ice-server", "stun:a.example?transport=tcp"], {}, "is not a STUN or TURN URL"),
+        ([], {"VOICE_AGENT_ICE_SERVERS": "stun:a.example, b.example"}, "'b.example' (--ice"),
+        # Ray Serve refused it when the engine deployed: the server was up, /readyz 503.
+        (["--tts=ray://auto", "--tts-target-streams", "0"], {}, "(--tts-target-streams) must be"),
+        (["--tts=ray://auto", "--tts-target-streams", "-2"], {}, "(--tts-target-streams) must be"),
+        (["--tts=ray://auto", "--tts-target-streams", "nan"], {}, "(--tts-target-streams) must be"),
+        # An empty flag (e.g. --auth-secret "$SECRET" with SECRET unset) turned auth off.
+        (["--auth-secret", ""], {}, "(--auth-secret) is empty: leave it out"),
+        (["--metrics-token", ""], {}, "(--metrics-token) is empty: leave it out"),
+        # No request can present it: a header's value loses its surrounding whitespace.
+        (["--metrics-token", "s3cret "], {}, "(--metrics-token) starts or ends with whitespace"),
     ],
 )
 def test_a_setting_that_would_crash_or_be_changed_is_refused(
@@ -334,10 +353,65 @@ def test_the_edges_of_those_ranges_are_accepted(
     fixed = build(["serve", "--bitrate", "8000", "--no-adaptation"])  # no floor to respect
     assert fixed.opus.bitrate == 8000
     assert build(["serve", "--bitrate", "510000"]).opus.bitrate == 510_000
+    for device in ("auto", "cpu", "cuda", "cuda:1", "mps"):
+        assert build(["serve", "--device", device]).chattts.device == device
+    ray = build(["serve", "--tts", "ray://auto", "--tts-target-streams", "0.5"]).ray
+    assert ray.target_streams == 0.5
+    ice = ["stun:a.example", "stun:b.example:19302", "turns:c.example:443?transport=tcp"]
+    assert build(["serve", *(f"--ice-server={url}" for url in ice)]).ice_servers == tuple(ice)
     # The Config refuses them itself, whoever builds it.
     for bad in ({"port": 70000}, {"log_level": "verbose"}, {"workers": 0}):
         with pytest.raises(ValueError):
             Config(**bad)  # type: ignore[arg-type]
+
+
+def test_a_variable_loses_its_surrounding_whitespace(capsys: pytest.CaptureFixture[str]) -> None:
+    """An env file's trailing space, the newline of a secret read from a file:
+    ``VOICE_AGENT_DEVICE='cpu '`` failed when the engine loaded, and a metrics token
+    ``s3cret\\n`` could never be presented (tests/test_metrics.py). Secrets are stripped
+    alike for the server and ``voice-agent token``, so its tokens still verify."""
+    env = {
+        "VOICE_AGENT_DEVICE": "cpu ",
+        "VOICE_AGENT_PORT": " 9000\n",
+        "VOICE_AGENT_SEND_PATH": "aiortc\n",
+        "VOICE_AGENT_METRICS_TOKEN": "s3cret\n",
+        "VOICE_AGENT_AUTH_SECRET": "a" * 32 + "\n",
+    }
+    config = build(["serve"], env)
+    assert (config.chattts.device, config.port, config.opus.direct_send) == ("cpu", 9000, False)
+    assert config.security.metrics_token == "s3cret"
+    assert config.security.auth_secret == "a" * 32
+    assert main(["token"], env) == 0
+    verify_token(capsys.readouterr().out.strip(), config.security.auth_secret)
+
+
+def test_an_empty_secret_flag_is_refused_an_empty_variable_is_unset(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``serve --auth-secret ""`` (``--auth-secret "$SECRET"`` with SECRET unset) ran
+    without authentication, where ``token --auth-secret ""`` was an error: failing open.
+    An empty VOICE_AGENT_AUTH_SECRET is unset, as every empty variable is."""
+    status, err, served = run(["serve", "--auth-secret", ""], {}, monkeypatch, capsys)
+    assert (status, served) == (2, []) and "voice-agent: error:" in err
+    status, err, _ = run(["token", "--auth-secret", ""], {}, monkeypatch, capsys)
+    assert status == 2 and "no secret" in err
+    status, _, served = run(["serve"], {"VOICE_AGENT_AUTH_SECRET": ""}, monkeypatch, capsys)
+    assert status == 0 and served[0].security.auth_secret is None
+
+
+@pytest.mark.parametrize("inside", ["a-file", "a-file/model"])
+def test_tiny_model_where_no_directory_can_be_is_a_usage_error(
+    inside: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``tiny-model DIR`` with DIR a file (or under one, or not writable) ended in a
+    traceback after seconds of imports; it is a usage error at once now."""
+    (tmp_path / "a-file").write_text("x")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["tiny-model", str(tmp_path / inside)], {})
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "Traceback" not in err
+    assert f"voice-agent: error: cannot write the model into {tmp_path / inside}: " in err
+    assert "Not a directory" in err
 
 
 def test_an_error_while_configuring_logging_is_a_usage_error(

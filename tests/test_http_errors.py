@@ -47,6 +47,9 @@ async def _error(resp: aiohttp.ClientResponse) -> dict[str, str]:
             "bad_sdp",
         ),
         (b'{"type": "offer", "sdp": "v=0", "room": 7}', 400, "bad_room"),
+        # A newline in a room name would let it pose as a log line of its own.
+        (b'{"type": "offer", "sdp": "v=0", "room": "r\\n2026-01-01 FORGED"}', 400, "bad_room"),
+        (b'{"type": "offer", "sdp": "v=0", "room": "r\\u0085"}', 400, "bad_room"),
         (
             b'{"type": "offer", "sdp": "v=0\\r\\nm=audio 9 UDP/TLS/RTP/SAVPF 0\\r\\n'
             b'a=rtpmap:0 PCMU/8000\\r\\n"}',

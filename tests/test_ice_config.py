@@ -31,3 +31,14 @@ async def test_ice_servers_are_served(live_server: LiveServer) -> None:
                 },
             ]
         }
+
+
+@pytest.mark.parametrize(
+    "url", ["stun.l.google.com:19302", "https://turn.example", "stun:a.example?transport=udp"]
+)
+def test_a_url_aiortc_cannot_parse_is_refused_at_start(url: str) -> None:
+    """aiortc parses the list for every new peer connection: one URL it refuses (here
+    without its stun: scheme) made every offer fail with 400 bad_sdp, and the server ran
+    on. The Config refuses it now, whoever builds it (the CLI: a usage error)."""
+    with pytest.raises(ValueError, match="is not a STUN or TURN URL"):
+        Config(ice_servers=("stun:stun.example.org", url))

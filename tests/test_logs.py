@@ -6,6 +6,9 @@ import asyncio
 import io
 import json
 import logging
+import re
+import signal
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -14,10 +17,12 @@ import pytest
 
 from agent.config import BreakerSettings, Config, LifecycleSettings
 from agent.conversation_config import ListenSettings
+from signaling.app import build_app, runner_options
 from signaling.keys import BREAKER, DRAIN, SESSIONS
-from signaling.logs import configure_logging, log_handler
-from signaling.shutdown import drain
-from tests.conftest import LiveServer, serve
+from signaling.logs import TextFormatter, configure_logging, log_handler
+from signaling.shutdown import drain, log_listening
+from signaling.shutdown import serve as serve_until_signal
+from tests.conftest import LiveServer, raw_http, serve
 from tests.doubles import FailingEngine, ToneEngine
 from tests.rtc_client import RtcClient
 from tests.test_shutdown import an_offer
@@ -39,6 +44,27 @@ def json_log() -> Iterator[io.StringIO]:
     finally:
         root.removeHandler(handler)
         root.setLevel(level)
+
+
+@pytest.fixture
+def text_log() -> Iterator[io.StringIO]:
+    """The server's text log handler (the default, without --log-json) on the root logger."""
+    stream = io.StringIO()
+    handler = log_handler(json_lines=False)
+    handler.setStream(stream)  # type: ignore[attr-defined]
+    root = logging.getLogger()
+    level = root.level
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    try:
+        yield stream
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(level)
+
+
+# What a client would have the log say on a line of its own.
+FORGED = "2026-01-01 00:00:00,000 CRITICAL signaling.app [-]: FORGED"
 
 
 def lines(stream: io.StringIO) -> list[dict[str, Any]]:
@@ -283,3 +309,88 @@ async def test_the_drains_closing_lines_name_their_session(
     closed = [r for r in lines(json_log) if r["message"].startswith(f"session {sid} closed")]
     assert closed
     assert [r["session_id"] for r in closed] == [sid]
+
+
+async def test_a_request_path_cannot_forge_a_log_line(text_log: io.StringIO) -> None:
+    """The access log writes the decoded path: ``/x%0A<a log line>`` wrote that line as a
+    line of its own. The text format escapes control characters now: ``/x\\n2026-...``."""
+    config = Config(host="127.0.0.1", port=0, listen=ListenSettings(enabled=False))
+    async with serve(config, ToneEngine()) as server:
+        host = server.url.removeprefix("http://").encode()
+        path = b"/x%0A" + FORGED.replace(" ", "%20").encode()
+        request = b"GET " + path + b" HTTP/1.1\r\nHost: " + host + b"\r\nConnection: close\r\n\r\n"
+        await raw_http(server.url, request)
+        async with asyncio.timeout(5):  # the access line is written after the reply
+            while "GET /x" not in text_log.getvalue():
+                await asyncio.sleep(0.01)
+    logged = text_log.getvalue().splitlines()
+    assert not any(line.startswith(FORGED) for line in logged), logged
+    assert any(f'"GET /x\\n{FORGED}" 404' in line for line in logged), logged
+
+
+def test_the_text_format_writes_one_line_whatever_the_values_hold() -> None:
+    """Any value a message quotes (a room name, a path, a header), wherever it came from:
+    CR, LF, the other C0 and C1 controls and Unicode's line separators are escaped, and a
+    traceback's lines are indented (an exception's message may quote a client too)."""
+    formatter = TextFormatter()
+    value = "r\n" + FORGED + "\r\x1b[2K\x85\u2028\x7f\té"
+    record = logging.LogRecord(
+        "signaling.rooms", logging.INFO, __file__, 1, "room %s", (value,), None
+    )
+    record.session_id = "-"
+    (line,) = formatter.format(record).splitlines()
+    assert line.endswith(r"[-]: room r\n" + FORGED + r"\r\x1b[2K\x85\u2028\x7f\té")
+    try:
+        raise ValueError("bad room\n" + FORGED)
+    except ValueError:
+        failed = logging.LogRecord("x", logging.ERROR, __file__, 1, "oops", (), sys.exc_info())
+    failed.session_id = "-"
+    first, *traceback = formatter.format(failed).splitlines()
+    assert first.endswith("[-]: oops") and traceback[-1] == "    " + FORGED
+    assert traceback[0] == "    Traceback (most recent call last):"
+    assert all(line.startswith("    ") for line in traceback)
+    # The indented traceback is not cached on the record for the other handlers.
+    assert failed.exc_text is None
+
+
+async def test_the_server_logs_the_address_it_bound(caplog: pytest.LogCaptureFixture) -> None:
+    """With --port 0 (any free port) the only line naming the address was logged before
+    binding, and said port 0: the user could not tell where the server was. It is logged
+    once bound now, with the port the socket got."""
+    caplog.set_level(logging.INFO, logger="signaling.shutdown")
+    config = Config(host="127.0.0.1", port=0, listen=ListenSettings(enabled=False))
+    app = build_app(config, ToneEngine())
+    running = asyncio.create_task(
+        serve_until_signal(app, config, app[SESSIONS], app[DRAIN], **runner_options())
+    )
+    said: list[logging.LogRecord] = []
+    try:
+        async with asyncio.timeout(30):
+            while not (said := [r for r in caplog.records if "serving" in r.getMessage()]):
+                assert not running.done(), running.result()
+                await asyncio.sleep(0.01)
+        found = re.search(r"http://127\.0\.0\.1:(\d+) \(1 media process\)", said[0].getMessage())
+        assert found and int(found.group(1)) != 0, said[0].getMessage()
+        url = f"http://127.0.0.1:{found.group(1)}/healthz"
+        async with aiohttp.ClientSession() as http, http.get(url) as resp:
+            assert resp.status == 200
+    finally:
+        if said:  # its SIGTERM handler is in place (set before the line): the real stop
+            signal.raise_signal(signal.SIGTERM)
+        else:
+            running.cancel()
+        async with asyncio.timeout(30):
+            await asyncio.gather(running, return_exceptions=True)
+
+
+def test_every_bound_address_is_named(caplog: pytest.LogCaptureFixture) -> None:
+    """A host name may bind several addresses (localhost: 127.0.0.1 and ::1, each with a
+    port of its own under --port 0); a wildcard address is this machine's localhost."""
+    caplog.set_level(logging.INFO, logger="signaling.shutdown")
+    log_listening([("127.0.0.1", 40001), ("::1", 40002, 0, 0)], Config(workers=3))
+    log_listening([("0.0.0.0", 8080), ("::", 8080, 0, 0)], Config())
+    assert [r.getMessage() for r in caplog.records] == [
+        "serving the browser client on http://127.0.0.1:40001, http://[::1]:40002 "
+        "(3 media processes)",
+        "serving the browser client on http://localhost:8080 (1 media process)",
+    ]

@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import aiohttp
 import pytest
+from aiohttp import web
+from aiohttp.test_utils import make_mocked_request
 from prometheus_client.parser import text_string_to_metric_families
 
 from agent.config import Config, SecuritySettings
 from agent.governor import ComplexityGovernor
 from signaling.app import build_app
-from signaling.keys import SESSIONS
+from signaling.cli import build_parser, config_from_args
+from signaling.errors import ApiError
+from signaling.keys import CONFIG, SESSIONS
 from signaling.metrics import _governor_metrics
+from signaling.routes import check_metrics_token
 from tests.conftest import LiveServer, raw_http, raw_status
 from tests.doubles import ToneEngine
 from tests.rtc_client import RtcClient
@@ -128,6 +133,25 @@ class TestProtected:
         )
         assert raw_status(reply) == 401, reply
         assert b'"unauthorized"' in reply
+
+
+@pytest.mark.parametrize("raw", ["s3cret\n", "s3cret ", " s3cret\r\n"])
+def test_a_metrics_token_read_from_a_file_can_be_presented(raw: str) -> None:
+    """VOICE_AGENT_METRICS_TOKEN was kept with its newline (a secret mounted from a file) or
+    trailing space, while the token presented loses its own (a header cannot keep it): no
+    scrape could ever match. Variables are stripped now, secrets included."""
+    env = {"VOICE_AGENT_METRICS_TOKEN": raw}
+    app = web.Application()
+    app[CONFIG] = config_from_args(build_parser(env).parse_args(["serve"]), env)
+    for presented, allowed in (("s3cret", True), (raw, True), ("s3cre", False)):
+        request = make_mocked_request(
+            "GET", "/metrics", headers={"Authorization": f"Bearer {presented.strip()}"}, app=app
+        )
+        if allowed:
+            check_metrics_token(request)
+        else:
+            with pytest.raises(ApiError):
+                check_metrics_token(request)
 
 
 async def test_scraping_reads_live_state_without_a_background_task(

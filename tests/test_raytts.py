@@ -154,6 +154,14 @@ def test_tts_flag_selects_the_plane() -> None:
             config_from_args(parse(["serve", "--tts", bad]), {})
 
 
+@pytest.mark.parametrize("target", [0.0, -1.0, float("nan"), float("inf")])
+def test_an_autoscaling_target_serve_would_refuse_is_refused_at_start(target: float) -> None:
+    """Ray Serve refused ``target_ongoing_requests`` 0 (pydantic: must be > 0) only when the
+    engine deployed, with the server already up."""
+    with pytest.raises(ValueError, match="--tts-target-streams"):
+        RaySettings(max_replicas=4, target_streams=target)
+
+
 def test_serve_options_come_from_the_settings() -> None:
     from agent.config import ChatTTSSettings
     from agent.raytts.deployment import deployment_options

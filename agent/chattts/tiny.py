@@ -331,6 +331,12 @@ def build_tiny_model(
     ``tiny`` (~3 MB, seconds to build) is for tests and smoke runs; ``full`` has the published
     dimensions (~280M parameters, ~1.1 GB on disk) for benchmarks only.
     """
+    out_dir = Path(out_dir)
+    asset = out_dir / "asset"
+    # First: a path that cannot take it (a file, no permission) fails at once with OSError,
+    # not after seconds of imports.
+    asset.mkdir(parents=True, exist_ok=True)
+
     import torch
     from ChatTTS.model.dvae import DVAE
     from ChatTTS.model.embed import Embed
@@ -339,9 +345,6 @@ def build_tiny_model(
     from vocos import Vocos
     from vocos.pretrained import instantiate_class
 
-    out_dir = Path(out_dir)
-    asset = out_dir / "asset"
-    asset.mkdir(parents=True, exist_ok=True)
     gen = torch.Generator().manual_seed(seed)
     torch_state = torch.random.get_rng_state()
     torch.manual_seed(seed)  # module initialisers use the global RNG; restored below
