@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import json
 import logging
@@ -29,38 +30,35 @@ from tests.test_shutdown import an_offer
 from tests.test_worker_routing import front_and_worker
 
 
-@pytest.fixture
-def json_log() -> Iterator[io.StringIO]:
-    """The server's JSON log handler on the root logger, writing into a string."""
+@contextlib.contextmanager
+def captured_log(json_lines: bool, level: int) -> Iterator[io.StringIO]:
+    """The server's log handler (JSON lines or the default text) on the root logger,
+    writing into a string."""
     stream = io.StringIO()
-    handler = log_handler(json_lines=True)
+    handler = log_handler(json_lines=json_lines)
     handler.setStream(stream)  # type: ignore[attr-defined]
     root = logging.getLogger()
-    level = root.level
+    previous = root.level
     root.addHandler(handler)
-    root.setLevel(logging.DEBUG)
+    root.setLevel(level)
     try:
         yield stream
     finally:
         root.removeHandler(handler)
-        root.setLevel(level)
+        root.setLevel(previous)
+
+
+@pytest.fixture
+def json_log() -> Iterator[io.StringIO]:
+    with captured_log(json_lines=True, level=logging.DEBUG) as stream:
+        yield stream
 
 
 @pytest.fixture
 def text_log() -> Iterator[io.StringIO]:
-    """The server's text log handler (the default, without --log-json) on the root logger."""
-    stream = io.StringIO()
-    handler = log_handler(json_lines=False)
-    handler.setStream(stream)  # type: ignore[attr-defined]
-    root = logging.getLogger()
-    level = root.level
-    root.addHandler(handler)
-    root.setLevel(logging.INFO)
-    try:
+    """The default format, without --log-json."""
+    with captured_log(json_lines=False, level=logging.INFO) as stream:
         yield stream
-    finally:
-        root.removeHandler(handler)
-        root.setLevel(level)
 
 
 # What a client would have the log say on a line of its own.
