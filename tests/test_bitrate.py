@@ -287,3 +287,132 @@ def test_a_report_without_loss_figures_updates_rtt_only() -> None:
     controller.on_loss_report(LossReport(10.0, None, rtt_s=0.07, jitter_s=0.002))
     assert controller.last_loss == before
     assert controller.rtt_s == 0.07 and controller.jitter_s == 0.002
+
+
+def test_a_receiver_ceiling_below_what_libopus_can_do_is_raised_to_6_kbps() -> None:
+    """libopus goes no lower than 6 kbps: a maxaveragebitrate under it gives a 6 kbps target."""
+    assert BitrateController(SETTINGS, 4_000).target.bitrate == 6_000
+
+
+def test_a_remb_below_the_congestion_floor_caps_at_the_floor() -> None:
+    """REMB is a congestion signal: it caps the rate no lower than ``min_bitrate``."""
+    controller = BitrateController(SETTINGS, CEILING)
+    assert controller.on_remb(1.0, 5_000).bitrate == SETTINGS.min_bitrate
+
+
+def test_a_climb_reaches_the_encoder_in_steps_of_at_least_min_step() -> None:
+    """The estimate creeps up with every clean report; the encoder is told only when it has
+    moved by MIN_STEP (8%) or reached a bound, so a recovery is a few changes, not dozens."""
+    controller = BitrateController(SETTINGS, CEILING)
+    run(controller, [0.10] * 12)
+    rates = [t.bitrate for t in run(controller, [0.0] * 30, start=12.0, every=0.25)]
+    steps = [(a, b) for a, b in itertools.pairwise(rates) if a != b]
+    assert steps and rates[-1] == CEILING
+    assert all(b >= a * 1.08 - 1 or b == CEILING for a, b in steps), steps
+
+
+def test_loss_of_exactly_fec_on_loss_turns_fec_on() -> None:
+    """FEC comes on with a report of loss >= fec_on_loss (1%), the threshold included."""
+    controller = BitrateController(SETTINGS, CEILING)
+    assert controller.on_loss_report(LossReport(1.0, SETTINGS.fec_on_loss, packets=100)).fec
+
+
+def test_a_negative_rtt_is_ignored_and_does_not_poison_the_baseline() -> None:
+    """A confused peer's negative RTT is no sample: a normal RTT after it is no spike."""
+    controller = BitrateController(SETTINGS, CEILING)
+    controller.on_loss_report(LossReport(1.0, 0.0, rtt_s=-1.0))
+    assert controller.rtt_s is None
+    target = controller.on_loss_report(LossReport(2.0, 0.0, rtt_s=0.05))
+    assert target.bitrate == CEILING and controller.last_reason == "start"
+
+
+def test_queueing_between_hold_and_overuse_holds_the_climb() -> None:
+    """transport-cc queueing above queuing_delay_hold_ms (not yet over-use) holds climbing,
+    whatever clean loss reports say meanwhile."""
+    controller = BitrateController(SETTINGS, CEILING)
+    controller.on_loss_report(LossReport(1.0, 0.0))
+    backed_off = controller.on_delay_report(DelayReport(1.1, 120.0, 50.0)).bitrate
+    assert backed_off < CEILING
+    now = 1.1
+    for _ in range(20):  # long past increase_hold_s
+        now += 0.5
+        controller.on_delay_report(DelayReport(now, 40.0, 0.0))
+        controller.on_loss_report(LossReport(now, 0.0))
+    assert controller.target.bitrate == backed_off
+
+
+def test_queueing_that_drains_is_not_over_use() -> None:
+    """High queueing with a falling delay trend is draining: no back-off."""
+    controller = BitrateController(SETTINGS, CEILING)
+    controller.on_loss_report(LossReport(1.0, 0.0))
+    assert controller.on_delay_report(DelayReport(1.1, 120.0, -50.0)).bitrate == CEILING
+
+
+def test_fec_goes_off_by_the_clock_when_no_reports_come() -> None:
+    """tick(): with no reports at all, FEC still goes off fec_off_after_s after the last loss."""
+    controller = BitrateController(SETTINGS, CEILING)
+    assert controller.on_loss_report(LossReport(1.0, 0.10)).fec
+    assert controller.tick(1.0 + SETTINGS.fec_off_after_s - 1).fec
+    off = controller.tick(1.0 + SETTINGS.fec_off_after_s)
+    assert not off.fec and off.expected_loss_pct == 0
+
+
+def test_the_rtt_baseline_is_relearned_after_a_minute_on_a_slower_path() -> None:
+    """The baseline is the minimum of the last minute: a route change to a steadily longer
+    RTT backs off at first, then is the new normal and the rate climbs back."""
+    controller = BitrateController(SETTINGS, CEILING)
+    now = 0.0
+    for _ in range(10):
+        now += 1
+        controller.on_loss_report(LossReport(now, 0.0, rtt_s=0.05))
+    for _ in range(90):
+        now += 1
+        controller.on_loss_report(LossReport(now, 0.0, rtt_s=0.3))
+    assert controller.target.bitrate == CEILING
+
+
+def test_the_rtt_baseline_is_the_minimum_not_the_jittery_top() -> None:
+    """With RTTs jittering between 100 and 150 ms, 280 ms is a spike against the 100 ms
+    baseline (above 2 x 100 ms and 100 ms + 100 ms)."""
+    controller = BitrateController(SETTINGS, CEILING)
+    now = 0.0
+    for i in range(10):
+        now += 1
+        controller.on_loss_report(LossReport(now, 0.0, rtt_s=0.10 if i % 2 else 0.15))
+    spiked = controller.on_loss_report(LossReport(now + 1, 0.0, rtt_s=0.28))
+    assert spiked.bitrate < CEILING and controller.last_reason == "round-trip time"
+
+
+def test_an_rtt_that_doubles_by_less_than_the_minimum_rise_is_no_spike() -> None:
+    """A spike must be both rtt_spike_factor x the baseline and rtt_spike_min_s above it:
+    50 -> 120 ms more than doubles but is only 70 ms up, a short path's noise."""
+    controller = BitrateController(SETTINGS, CEILING)
+    now = 0.0
+    for _ in range(10):
+        now += 1
+        controller.on_loss_report(LossReport(now, 0.0, rtt_s=0.05))
+    assert controller.on_loss_report(LossReport(now + 1, 0.0, rtt_s=0.12)).bitrate == CEILING
+
+
+def test_after_loss_the_climb_waits_for_the_slow_estimate_too() -> None:
+    """Climbing needs both the fast and the slow loss estimate at or below loss_increase:
+    after a 10% spell the fast one is clean within 3 reports, the slow one takes ~7."""
+    controller = BitrateController(SETTINGS, CEILING)
+    run(controller, [0.10] * 12)
+    recovery = run(controller, [0.0] * 5, start=12.0)
+    assert all(t.bitrate == SETTINGS.fec_min_bitrate for t in recovery)
+
+
+def test_no_climb_within_the_hold_after_a_decrease() -> None:
+    """After a decrease the rate holds for increase_hold_s, however clean the path reads."""
+    controller = BitrateController(SETTINGS, CEILING)
+    controller.on_loss_report(LossReport(1.0, 0.0))
+    backed_off = controller.on_delay_report(DelayReport(1.1, 120.0, 50.0)).bitrate
+    now = 1.1
+    while now < 1.1 + SETTINGS.increase_hold_s - 0.15:
+        now += 0.1
+        assert controller.on_delay_report(DelayReport(now, 2.0, -1.0)).bitrate == backed_off
+    for _ in range(10):
+        now += 0.1
+        controller.on_delay_report(DelayReport(now, 2.0, -1.0))
+    assert controller.target.bitrate > backed_off

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -437,3 +439,239 @@ async def test_a_turn_the_microphone_ends_in_the_middle_of_still_ends(how: str) 
     (ended,) = [e for e in events if e["type"] == "user.speech.ended"]
     assert ended["duration_ms"] >= 300
     assert brain.asked == [[{"role": "user", "content": "What time is it?"}]]
+
+
+def test_a_probability_exactly_at_the_threshold_is_speech() -> None:
+    """Onset counts windows at or above vad_threshold: the threshold itself is speech."""
+    settings = ListenSettings(min_speech_ms=0)
+    detector = SpeechDetector(settings)
+    assert run(detector, [settings.vad_threshold]) == [("started", 0, 0)]
+
+
+def test_a_window_between_the_thresholds_does_not_reset_an_onset() -> None:
+    """Hysteresis before the onset too: a window between vad_neg_threshold and vad_threshold
+    neither counts as speech nor breaks the run of speech windows."""
+    detector = SpeechDetector(ListenSettings(min_speech_ms=64))  # two windows
+    assert run(detector, [0.9, 0.4, 0.9]) == [("started", 2, 1)]
+
+
+def test_speech_inside_a_turn_restarts_the_end_of_turn_silence() -> None:
+    """End of turn needs end_of_turn_silence_ms of silence in a row: a word between two
+    short pauses keeps the turn going."""
+    detector = SpeechDetector(ListenSettings(min_speech_ms=0, end_of_turn_silence_ms=96))
+    events = run(detector, [0.9, 0.1, 0.1, 0.9, 0.1, 0.1, 0.9])
+    assert events == [("started", 0, 0)]
+    assert run(detector, [0.1, 0.1, 0.1]) == [("ended", 9, 6)]
+
+
+def test_after_a_turn_a_new_onset_needs_the_minimum_speech_again() -> None:
+    """The onset run starts from zero after each turn: a window between the thresholds, or
+    a single loud click, right after a turn ended does not start the next one."""
+    detector = SpeechDetector(ListenSettings(min_speech_ms=64, end_of_turn_silence_ms=64))
+    assert [e[0] for e in run(detector, [0.9, 0.9, 0.1, 0.1])] == ["started", "ended"]
+    assert run(detector, [0.4, 0.9, 0.1]) == []
+
+
+async def test_with_barge_in_off_the_user_talking_does_not_cut_the_reply() -> None:
+    """barge_in false (data channel ``config``): the user starting to talk leaves the reply
+    being prepared alone; it is spoken to its end, not interrupted."""
+    brain = RecordingBrain(think_s=0.3)
+    session, events, drain = talking_session(ScriptedSTT(), brain)
+    conversation = session.conversation
+    conversation.barge_in = False
+    try:
+        conversation.ask("What time is it?")
+        await wait_for(lambda: brain.asked)
+        conversation.user_started(ActivityEvent(Activity.STARTED, 0))
+        await wait_for(lambda: [e for e in events if e["type"] == "speech.ended"], timeout=3)
+        [ended] = [e for e in events if e["type"] == "speech.ended"]
+        assert not ended.get("interrupted") and conversation.stats.barge_ins == 0
+    finally:
+        drain.stop()
+        await session.close()
+
+
+async def test_no_reply_starts_while_the_user_is_talking_again() -> None:
+    """A transcript that comes back while the user has started another turn waits: the
+    reply starts once that turn ends, and answers both."""
+    stt = ScriptedSTT(("What time is it?", 0.1), ("", 0.0))
+    brain = RecordingBrain()
+    session, _, drain = talking_session(stt, brain)
+    conversation = session.conversation
+    try:
+        say_turn(session)
+        conversation.user_started(ActivityEvent(Activity.STARTED, 0))  # talking again
+        await wait_for(lambda: stt.calls == 1 and not conversation._turn_tasks)
+        await asyncio.sleep(0.2)
+        assert brain.asked == []
+        conversation.user_ended(np.zeros(1_600, np.float32), ActivityEvent(Activity.ENDED, 0))
+        await wait_for(lambda: brain.asked, timeout=3)
+        assert brain.asked == [[{"role": "user", "content": "What time is it?"}]]
+    finally:
+        drain.stop()
+        await session.close()
+
+
+async def test_a_missing_speech_to_text_service_is_reported_once_per_session() -> None:
+    """No --stt-url: the first turn gets an stt_unavailable error, later turns do not (the
+    same alert at every turn would only bury the page)."""
+    session = AgentSession("s", ToneEngine(), Config())
+    events: list[dict[str, Any]] = []
+    session.outbox.send = events.append  # type: ignore[method-assign, assignment]
+    conversation = session.conversation
+    try:
+        for _ in range(3):
+            say_turn(session, 0.2)
+            await wait_for(lambda: not conversation._turn_tasks)
+        errors = [e for e in events if e["type"] == "error"]
+        assert [e["code"] for e in errors] == ["stt_unavailable"]
+        assert len([e for e in events if e["type"] == "user.speech.ended"]) == 3
+    finally:
+        await session.close()
+
+
+async def test_chats_waiting_for_their_reply_are_bounded_by_the_utterance_queue() -> None:
+    """Each chat waits (and costs an LLM call): at most max_queued_utterances may wait; the
+    next is refused with queue_full."""
+    from agent.speech import SpeechError
+
+    brain = RecordingBrain(think_s=5.0)
+    session, _, drain = talking_session(ScriptedSTT(), brain)
+    conversation = session.conversation
+    session.pipeline.settings = dataclasses.replace(
+        session.pipeline.settings, max_queued_utterances=3
+    )
+    try:
+        for i in range(3):
+            conversation.ask(f"question {i}")
+        with pytest.raises(SpeechError) as refused:
+            conversation.ask("one too many")
+        assert refused.value.code == "queue_full"
+    finally:
+        drain.stop()
+        await session.close()
+
+
+def test_the_history_keeps_the_last_max_history_messages() -> None:
+    """What the brain is sent is bounded: past max_history_messages the oldest go."""
+    session = AgentSession("s", ToneEngine(), Config())
+    conversation = session.conversation
+    conversation.services = dataclasses.replace(conversation.services, max_history_messages=3)
+    for i in range(4):
+        conversation._add_user(f"message {i}")
+        assert len(conversation.history) == min(i + 1, 3)
+    assert [m["content"] for m in conversation.history] == ["message 1", "message 2", "message 3"]
+    conversation.discard()
+
+
+class FailingFirstBrain(RecordingBrain):
+    """Its first reply fails before a word (the LLM is down); later ones answer."""
+
+    async def reply(self, history: list[Message]) -> AsyncIterator[str]:
+        self.asked.append([dict(m) for m in history])
+        if len(self.asked) == 1:
+            raise ServiceError("llm_failed", "the LLM is down")
+        yield "Sure."
+
+
+async def test_a_failed_reply_followed_by_a_later_one_leaves_no_question_open() -> None:
+    """A reply nobody heard reopens the user's last question only if no later reply answers
+    it: here the next chat's reply (which sees both questions) does, so a cough after it
+    gets no third reply."""
+    stt = ScriptedSTT(("", 0.0))
+    brain = FailingFirstBrain()
+    session, events, drain = talking_session(stt, brain)
+    conversation = session.conversation
+    try:
+        conversation.ask("What time is it?")
+        conversation.ask("And the date?")
+        await wait_for(lambda: [e for e in events if e["type"] == "speech.ended"], timeout=3)
+        say_turn(session, 0.2)  # a cough
+        await wait_for(lambda: stt.calls == 1 and not conversation._turn_tasks)
+        await asyncio.sleep(0.3)  # a third reply would have been asked for by now
+        assert len(brain.asked) == 2
+        assert brain.asked[1] == [
+            {"role": "user", "content": "What time is it?"},
+            {"role": "user", "content": "And the date?"},
+        ]
+    finally:
+        drain.stop()
+        await session.close()
+
+
+async def test_the_brain_is_sent_settled_messages_only() -> None:
+    """A turn still being transcribed has an empty slot in the history: a chat answered
+    meanwhile does not send the brain that empty message."""
+    stt = ScriptedSTT(("A long story.", 0.5))
+    brain = RecordingBrain()
+    session, _, drain = talking_session(stt, brain)
+    try:
+        say_turn(session)  # its transcript comes back in 0.5 s
+        session.conversation.ask("Hello?")
+        await wait_for(lambda: brain.asked)
+        assert brain.asked[0] == [{"role": "user", "content": "Hello?"}]
+    finally:
+        drain.stop()
+        await session.close()
+
+
+def test_a_user_talking_is_heard_now_and_after_the_turn_when_it_ended() -> None:
+    """The idle watchdog's view: while the user talks they are heard *now*; after the turn,
+    at its end."""
+    session = AgentSession("s", ToneEngine(), Config())
+    conversation = session.conversation
+    assert conversation.user_heard_at(50.0) < 0
+    conversation.user_started(ActivityEvent(Activity.STARTED, 0))
+    assert conversation.user_heard_at(1_000.0) == 1_000.0
+    conversation._closed = True  # the turn's end is noted, nothing is transcribed
+    conversation.user_ended(np.zeros(160, np.float32), ActivityEvent(Activity.ENDED, 0))
+    later = time.monotonic() + 100.0
+    ended = conversation.user_heard_at(later)
+    assert ended < later and conversation.user_heard_at(later + 100.0) == ended
+    conversation.discard()
+
+
+async def test_replies_are_prepared_one_after_another() -> None:
+    """Replies run one at a time, in order: the second chat's reply is not asked of the
+    brain while the first is still being written."""
+    brain = RecordingBrain(think_s=0.3)
+    session, _, drain = talking_session(ScriptedSTT(), brain)
+    try:
+        session.conversation.ask("First?")
+        session.conversation.ask("Second?")
+        await asyncio.sleep(0.15)
+        assert len(brain.asked) == 1
+        await wait_for(lambda: len(brain.asked) == 2, timeout=3)
+    finally:
+        drain.stop()
+        await session.close()
+
+
+class TurnRecorder:
+    """A Listener that keeps what the inbound audio reports."""
+
+    def __init__(self) -> None:
+        self.started: list[ActivityEvent] = []
+        self.ended: list[tuple[np.ndarray, ActivityEvent]] = []
+
+    def user_started(self, event: ActivityEvent) -> None:
+        self.started.append(event)
+
+    def user_ended(self, audio: np.ndarray, event: ActivityEvent) -> None:
+        self.ended.append((audio, event))
+
+
+def test_a_turn_s_audio_starts_with_its_preroll_before_the_onset_windows() -> None:
+    """The turn handed to speech-to-text holds preroll_ms of audio before the speech began,
+    then the onset's own windows (the first word's start), then the rest of the turn."""
+    from agent.inbound import InboundAudio
+
+    settings = ListenSettings(min_speech_ms=64, preroll_ms=64, end_of_turn_silence_ms=64)
+    listener = TurnRecorder()
+    inbound = InboundAudio(None, None, settings, listener)  # type: ignore[arg-type]
+    windows = [np.full(512, i, np.float32) for i in range(10)]
+    for i, p in enumerate([0.0, 0.0, 0.0, 0.0, 0.9, 0.9, 0.9, 0.1, 0.1]):
+        inbound._on_window(windows[i], float(i), p)
+    [(audio, _)] = listener.ended
+    assert [int(v) for v in audio[::512]] == [2, 3, 4, 5, 6, 7, 8]
+    assert inbound.stats.last_onset_frame_at == 4.0  # the first speech window's arrival

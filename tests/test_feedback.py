@@ -28,6 +28,7 @@ from agent.feedback import (
     SENT_REPORTS_KEPT,
     Applier,
     FeedbackTap,
+    TransportSequence,
     TransportSequenceMap,
     _now_us,
 )
@@ -266,3 +267,93 @@ async def test_junk_rtcp_through_the_installed_hooks_never_raises() -> None:
     # Junk bytes where transport feedback is expected: parsed, refused, counted, no raise.
     tap._guarded(tap._on_rtcp_data, b"\x8f\xcd\x00\x04" + b"\xff" * 16)
     assert controller.reports == 0
+
+
+def test_a_remb_naming_other_streams_only_is_ignored() -> None:
+    tap, controller, _ = make_tap()
+    remb = RtcpPsfbPacket(
+        fmt=RTCP_PSFB_APP, ssrc=99, media_ssrc=0, fci=pack_remb_fci(18_000, [SSRC + 1])
+    )
+    tap._on_rtcp_packet(remb)
+    assert tap.remb_reports == 0 and controller.remb is None
+    assert controller.target.bitrate == CEILING
+
+
+def test_transport_sequence_numbers_wrap_at_16_bits() -> None:
+    """The header extension holds 16 bits: after 65535 comes 0 (about 22 minutes of audio)."""
+    sequence = TransportSequence()
+    sequence._next = 0xFFFE
+    assert [sequence.take() for _ in range(3)] == [0xFFFE, 0xFFFF, 0]
+
+
+def test_receiver_report_loss_is_not_counted_again_once_transport_cc_reports_it() -> None:
+    """Where transport-cc feedback flows it already reported the loss: a receiver report's
+    summary of the same packets must not lower the bitrate a second time (its RTT and
+    jitter still count)."""
+    tap, controller, _ = make_tap()
+    tap.transport_feedbacks = 1
+    tap._on_rtcp_packet(report(fraction_lost=128))
+    assert tap.receiver_reports == 1 and controller.last_loss is None
+    assert controller.jitter_s == 0.01
+    assert controller.target == EncoderTarget(CEILING, False, 0)
+
+
+async def test_an_rtt_of_a_minute_or_more_is_dropped() -> None:
+    """An RTT of 60 s or more comes from another SR or a confused peer, not the path."""
+    clock = Clock(10.0)
+    _, controller, sender = installed_tap(clock)
+    lsr = await sender.send_sr(current_ntp_time())
+    clock.now = 75.0
+    await sender._handle_rtcp_packet(report(0, lsr=lsr, dlsr=0))
+    assert controller.rtt_s is None
+    assert controller.target.bitrate == CEILING
+
+
+def test_transport_cc_loss_needs_enough_packets_in_its_window() -> None:
+    """A window is judged once it spans TWCC_LOSS_WINDOW_S and holds TWCC_LOSS_MIN_PACKETS:
+    a trickle of a few packets (one of them lost) is not yet a loss figure."""
+    tap, controller, _ = make_tap()
+    tap._count_twcc_loss(0.0, 3, 1)
+    tap._count_twcc_loss(0.6, 2, 0)
+    assert controller.reports == 0 and not controller.target.fec
+    tap._count_twcc_loss(0.7, 5, 0)
+    assert controller.reports == 1 and controller.last_loss == pytest.approx(0.1)
+
+
+def test_each_transport_cc_loss_window_starts_afresh() -> None:
+    """A judged window is reset: an old burst does not count in the next window's loss."""
+    tap, controller, _ = make_tap()
+    tap._count_twcc_loss(0.0, 10, 5)
+    tap._count_twcc_loss(0.5, 10, 5)
+    assert controller.last_loss == pytest.approx(0.5)
+    tap._count_twcc_loss(0.8, 10, 0)
+    tap._count_twcc_loss(1.0, 10, 0)
+    assert controller.reports == 2 and controller.last_loss == 0.0
+
+
+def test_a_packet_reported_lost_then_received_is_not_loss() -> None:
+    """transport-cc may report a late packet lost and, in the next feedback, received: the
+    recovery cancels the loss, so a path that only reorders reads clean."""
+    clock = Clock(0.0)
+    controller = BitrateController(AdaptationSettings(), CEILING)
+    tap = FeedbackTap(
+        SimpleNamespace(_ssrc=SSRC),  # type: ignore[arg-type]
+        controller,
+        Encoder().applier(),
+        clock=clock,
+    )
+    start = _now_us()
+    for round_ in range(12):
+        clock.now = 0.1 * round_
+        base = max(0, 5 * round_ - 3)  # from the packet the last feedback said was lost
+        arrivals: list[int | None] = []
+        for seq in range(base, 5 * round_ + 5):
+            send = start + seq * 20_000
+            if seq >= 5 * round_:
+                tap._history.record(seq, send, 80)
+            late = seq == 5 * round_ + 2  # reported lost now, received in the next feedback
+            arrivals.append(None if late else send + 20_000)
+        ref = start // 64_000 * 64_000
+        tap._on_rtcp_data(build_transport_feedback(base, ref, round_, arrivals))
+    assert controller.reports >= 2
+    assert controller.last_loss == 0.0

@@ -395,3 +395,17 @@ async def test_the_session_registry_shares_one_governor_with_its_rooms() -> None
         assert registry.governor.policy.rungs == full(0, 2, 6, 7, 9)
     finally:
         await registry.close_all()
+
+
+def test_one_stalled_probe_in_a_window_is_not_overload() -> None:
+    """The window's lateness is its second-latest probe: one stall (a DTLS handshake, a
+    garbage collection) does not step the encoders down; two do."""
+    governor = ComplexityGovernor(9, 0, TUNING)
+    before = governor.rung
+    for late, expected in (([0.0, 0.0, 0.0, 0.5], before), ([0.0, 0.0, 0.5, 0.5], None)):
+        governor._window_late = list(late)
+        governor._window_busy, governor._window_wall = 0.01, 0.2
+        governor._decide(10.0)
+        if expected is not None:
+            assert governor.rung == expected and governor.late_s == 0.0
+    assert governor.rung != before and governor.late_s == 0.5

@@ -402,3 +402,29 @@ def test_a_shared_sequence_never_lets_an_old_entry_answer_after_the_wrap() -> No
     assert history.get(newest) is not None and history.get(newest).send_time_us == 9_999
     stale = (newest + 20) & 0xFFFF  # recorded ~65,500 numbers ago, not this stream's now
     assert history.get(stale) is None
+
+
+def test_a_padding_bit_with_a_zero_padding_count_is_garbled() -> None:
+    """RFC 3550: with the P bit set the last octet counts the padding, itself included, so
+    0 is impossible: the sub-packet's length cannot be trusted and the walk ends."""
+    first = build_transport_feedback(1, 0, 1, [1000])
+    zero_padding = bytearray(first)
+    zero_padding[0] |= 0x20
+    zero_padding[-1] = 0
+    assert list(iter_transport_feedback(bytes(zero_padding))) == []
+
+
+def test_a_feedback_too_short_for_its_two_ssrcs_ends_the_walk_quietly() -> None:
+    """An RTPFB FMT=15 packet of 8 bytes (header and sender SSRC only) is garbled: nothing
+    is yielded and nothing is raised."""
+    short = struct.pack("!BBHI", 0x80 | 15, 205, 1, 42)
+    assert list(iter_transport_feedback(short)) == []
+
+
+def test_the_minimum_delay_is_forgotten_after_its_window() -> None:
+    """Queueing delay is measured against the minimum of the last 10 s: after a route change
+    to a steadily longer path, the new delay becomes the baseline and queueing reads ~0 again
+    (else the controller would hold or back off for the rest of the call)."""
+    summaries = _simulate(800, lambda seq: 40_000 if seq < 200 else 90_000)
+    assert summaries[45].queuing_delay_ms == pytest.approx(50, abs=1)  # just after the change
+    assert summaries[-1].queuing_delay_ms is not None and summaries[-1].queuing_delay_ms < 1
