@@ -15,7 +15,7 @@ import pytest
 
 from agent.breaker import CircuitBreaker
 from agent.config import BreakerSettings, Config, SpeechSettings
-from agent.engine import PCM, VoiceOptions
+from agent.engine import PCM, EngineUnavailable, RequestError, VoiceOptions
 from agent.speech import SpeechPipeline
 from tests.conftest import LiveServer
 from tests.doubles import FailingEngine, ToneEngine
@@ -195,3 +195,122 @@ async def test_the_breaker_passes_continuation_through() -> None:
         async for _chunk in breaker.synthesize("hi", VoiceOptions(), continuation=continuation):
             pass
     assert seen == [False, True]
+
+
+# --- the breaker alone: a scripted engine and a clock the test moves ------------------------
+class ScriptedEngine(ToneEngine):
+    """Each utterance does what ``outcomes`` says next: "ok" speaks, "fail" raises after the
+    first chunk, "refuse" raises a RequestError, "silent" yields nothing."""
+
+    def __init__(self, *outcomes: str) -> None:
+        super().__init__(seconds_per_word=0.02)
+        self.outcomes = list(outcomes)
+
+    async def synthesize(
+        self, text: str, voice: VoiceOptions, *, continuation: bool = False
+    ) -> AsyncGenerator[PCM, None]:
+        outcome = self.outcomes.pop(0) if self.outcomes else "ok"
+        if outcome == "refuse":
+            raise RequestError("no such voice")
+        if outcome == "silent":
+            return
+        async for chunk in super().synthesize(text, voice, continuation=continuation):
+            yield chunk
+            if outcome == "fail":
+                raise RuntimeError("the engine crashed")
+
+
+async def _speak(breaker: CircuitBreaker) -> str:
+    try:
+        async for _chunk in breaker.synthesize("one two", VoiceOptions()):
+            pass
+    except EngineUnavailable:
+        return "unavailable"
+    except RequestError:
+        return "refused"
+    except RuntimeError:
+        return "failed"
+    return "ok"
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def test_failures_open_the_breaker_only_when_in_a_row_and_within_the_window() -> None:
+    clock = Clock()
+    settings = BreakerSettings(failures=3, window_s=10, cooldown_s=100)
+    breaker = CircuitBreaker(ScriptedEngine(*["fail"] * 5), settings, clock)
+    try:
+        for _ in range(3):  # three failures, but 6 s apart: never three within 10 s
+            assert await _speak(breaker) == "failed"
+            clock.now += 6
+        assert breaker.state == "closed"
+        assert await _speak(breaker) == "failed"  # now the last three are within 10 s ...
+        assert await _speak(breaker) == "failed"
+        assert breaker.state == "open" and breaker.opened == 1  # ... at exactly `failures`
+        assert await _speak(breaker) == "unavailable"
+    finally:
+        await breaker.close()
+
+
+async def test_a_success_or_a_refused_request_between_failures() -> None:
+    """A success ends the run of failures; a RequestError (one client's bad voice) neither
+    counts nor ends it."""
+    settings = BreakerSettings(failures=2, window_s=10, cooldown_s=100)
+    breaker = CircuitBreaker(ScriptedEngine("fail", "ok", "fail", "refuse"), settings, Clock())
+    try:
+        assert [await _speak(breaker) for _ in range(4)] == ["failed", "ok", "failed", "refused"]
+        assert breaker.state == "closed"
+        assert await _speak(breaker) == "ok"
+    finally:
+        await breaker.close()
+    breaker = CircuitBreaker(ScriptedEngine("fail", "refuse", "fail"), settings, Clock())
+    try:
+        assert [await _speak(breaker) for _ in range(3)] == ["failed", "refused", "failed"]
+        assert breaker.state == "open"
+    finally:
+        await breaker.close()
+
+
+async def test_a_probe_must_produce_audio_and_its_success_starts_a_fresh_count() -> None:
+    settings = BreakerSettings(failures=2, window_s=10, cooldown_s=0.05)
+    engine = ScriptedEngine("fail", "fail", "silent", "ok", "fail")
+    breaker = CircuitBreaker(engine, settings, Clock())
+    try:
+        assert [await _speak(breaker) for _ in range(2)] == ["failed", "failed"]
+        assert breaker.state == "open"
+        async with asyncio.timeout(5):
+            while breaker.last_error != "the probe produced no audio":
+                await asyncio.sleep(0.005)
+        assert breaker.state == "open"  # the first probe spoke nothing: still open
+        async with asyncio.timeout(5):
+            while breaker.state != "closed":  # the second probe speaks
+                await asyncio.sleep(0.01)
+        assert await _speak(breaker) == "failed"  # one failure after closing is one, not three
+        assert breaker.state == "closed"
+    finally:
+        await breaker.close()
+
+
+async def test_utterances_failing_after_the_breaker_opened_do_not_reopen_it() -> None:
+    """Utterances already running when the breaker opened may fail afterwards: the breaker
+    is open already, its cool-down is not restarted (nor another probe scheduled)."""
+    clock = Clock()
+    settings = BreakerSettings(failures=2, window_s=10, cooldown_s=100)
+    breaker = CircuitBreaker(ScriptedEngine(*["fail"] * 3), settings, clock)
+    try:
+        running = breaker.synthesize("one two", VoiceOptions())
+        await running.__anext__()  # started while the breaker was closed
+        assert [await _speak(breaker) for _ in range(2)] == ["failed", "failed"]
+        retry = breaker.retry_after_s
+        clock.now += 5  # within the window: three failures in a row now
+        with pytest.raises(RuntimeError):
+            await running.__anext__()
+        assert breaker.opened == 1 and breaker.retry_after_s == pytest.approx(retry - 5)
+    finally:
+        await breaker.close()

@@ -16,6 +16,7 @@ from aiortc import RTCConfiguration, RTCPeerConnection
 
 from agent.config import Config, LifecycleSettings
 from signaling.keys import SESSIONS
+from signaling.lifecycle import Liveness, Verdict, check_interval, tap_rtcp, verdict
 from tests.clips import SPEECH_WAV, read_wav
 from tests.conftest import LiveServer
 from tests.mic import ClipMic
@@ -212,3 +213,78 @@ async def test_the_user_talking_keeps_a_session_from_the_idle_timeout(
             await client.close()
     # The end of the turn (0.6 s of silence) plus the idle timeout, give or take a look.
     assert 1.5 <= quiet_for <= 5.0, quiet_for
+
+
+# --- the rules alone (verdict is a pure function of the liveness and the clock) ------------
+RULES = LifecycleSettings(
+    connect_timeout_s=20.0, rtcp_timeout_s=12.0, resume_grace_s=15.0, idle_timeout_s=600.0
+)
+
+
+def _life(**fields: Any) -> Liveness:
+    life = Liveness(created_at=0.0, last_activity=0.0)
+    for name, value in fields.items():
+        setattr(life, name, value)
+    return life
+
+
+def test_a_detached_session_expires_when_its_grace_is_up() -> None:
+    life = _life(connected_at=1.0, detached_at=100.0)
+    assert verdict(life, False, RULES, 114.9) is Verdict.KEEP
+    assert verdict(life, False, RULES, 115.0) is Verdict.EXPIRED
+
+
+def test_a_timer_of_zero_is_off() -> None:
+    """0 turns a timer off (LifecycleSettings): no idle close, no connect timeout, no RTCP
+    timeout, however long it has been."""
+    off = LifecycleSettings(
+        connect_timeout_s=0, rtcp_timeout_s=0, resume_grace_s=15.0, idle_timeout_s=0
+    )
+    assert verdict(_life(), False, off, 10_000.0) is Verdict.KEEP  # never connected
+    connected = _life(connected_at=1.0, last_inbound=1.0)
+    assert verdict(connected, True, off, 10_000.0) is Verdict.KEEP  # silent peer
+
+
+def test_a_peer_that_lost_its_connection_runs_the_connect_timer() -> None:
+    """Connected once but not now (ICE reconnecting): the connect timer decides, even while
+    RTCP was heard recently."""
+    life = _life(connected_at=1.0, last_inbound=19.0, last_activity=19.0)
+    assert verdict(life, True, RULES, 20.0) is Verdict.KEEP
+    assert verdict(life, False, RULES, 20.0) is Verdict.LOST
+    assert life.lost_reason == "connect_timeout"
+
+
+def test_the_watchdog_looks_four_times_per_shortest_timer() -> None:
+    short = LifecycleSettings(
+        connect_timeout_s=2.0, rtcp_timeout_s=3.0, resume_grace_s=0, idle_timeout_s=0
+    )
+    assert check_interval(short) == 0.5
+    assert check_interval(RULES) == 1.0
+
+
+def test_liveness_keeps_the_first_connect_and_never_moves_activity_back() -> None:
+    life = Liveness()
+    life.connected()
+    first = life.connected_at
+    life.connected()  # a reconnect
+    assert life.connected_at == first
+    life.active()
+    latest = life.last_activity
+    life.active_since(latest - 100.0)  # an older speech time: no step back
+    assert life.last_activity == latest
+
+
+async def test_tap_rtcp_sees_every_rtcp_packet_and_passes_it_on() -> None:
+    from tests.doubles import RtcpSender
+
+    sender = RtcpSender()
+    passed: list[object] = []
+
+    async def original(packet: object) -> None:
+        passed.append(packet)
+
+    sender._handle_rtcp_packet = original  # type: ignore[method-assign]
+    heard: list[int] = []
+    tap_rtcp(sender, lambda: heard.append(1))  # type: ignore[arg-type]
+    await sender._handle_rtcp_packet("rr")
+    assert heard == [1] and passed == ["rr"]

@@ -224,3 +224,58 @@ def test_idle_buckets_are_dropped_and_the_table_is_capped() -> None:
     clock.now = 100.0  # every bucket has refilled: they all go on the next request
     limiter.take("e")
     assert len(limiter) == 1
+
+
+def test_the_wait_shrinks_as_the_bucket_refills() -> None:
+    """The wait returned is until one whole token is there, counting what has refilled."""
+    clock = FakeClock()
+    limiter = RateLimiter(1.0, 1, clock=clock)
+    assert limiter.take("a") == 0.0
+    clock.now = 0.75
+    assert limiter.take("a") == pytest.approx(0.25)
+
+
+def test_a_bucket_never_holds_more_than_its_burst() -> None:
+    """However long a client was away, it gets ``burst`` requests at once, not more (its
+    bucket may outlive the idle drop behind a less refilled one)."""
+    clock = FakeClock()
+    limiter = RateLimiter(1.0, 2, clock=clock)
+    limiter.take("x")
+    limiter.take("x")  # empty: it stays at the least recent end, not yet full
+    limiter.take("a")  # one token left
+    clock.now = 1.9  # "a" would hold 2.9 without the cap; "x" holds 1.9: nothing dropped
+    assert [limiter.take("a") for _ in range(2)] == [0.0, 0.0]
+    assert limiter.take("a") == pytest.approx(1.0)
+
+
+def test_a_bucket_refilled_exactly_to_its_burst_is_dropped() -> None:
+    clock = FakeClock()
+    limiter = RateLimiter(1.0, 2, clock=clock)
+    limiter.take("a")
+    clock.now = 1.0  # exactly full again
+    limiter.take("b")
+    assert len(limiter) == 1
+
+
+def test_retry_after_rounds_the_wait_up_to_whole_seconds() -> None:
+    """A 429's Retry-After is the wait rounded up (at least 1 s): retrying after it works."""
+    from signaling.errors import ApiError
+    from signaling.limits import Limits
+
+    limits = Limits(LimitSettings(offer_rate=0.4, offer_burst=1))
+    limits.check_offer("198.51.100.7")
+    with pytest.raises(ApiError) as refused:
+        limits.check_offer("198.51.100.7")  # next token in 2.5 s
+    assert refused.value.status == 429
+    assert refused.value.headers == {"Retry-After": "3"}
+
+
+def test_a_wait_under_a_second_is_still_refused() -> None:
+    from signaling.errors import ApiError
+    from signaling.limits import Limits
+
+    limits = Limits(LimitSettings(speech_rate=4.0, speech_burst=1))
+    limits.check_speech(None)
+    with pytest.raises(ApiError) as refused:
+        limits.check_speech(None)  # next token in 0.25 s
+    assert refused.value.headers == {"Retry-After": "1"}
