@@ -357,3 +357,26 @@ def test_a_packet_reported_lost_then_received_is_not_loss() -> None:
         tap._on_rtcp_data(build_transport_feedback(base, ref, round_, arrivals))
     assert controller.reports >= 2
     assert controller.last_loss == 0.0
+
+
+def test_fixed_settings_still_obey_what_the_receiver_can_decode() -> None:
+    """Adaptation off: the configured settings hold, within the receiver's offer: no in-band
+    FEC for a receiver that did not offer useinbandfec=1, its maxaveragebitrate as the rate."""
+    from agent.adaptation import NetworkAdaptation, ReceiverOpus
+    from agent.config import OpusSettings
+    from agent.playout import PlayoutBuffer
+    from agent.track import OpusPacketTrack
+
+    for receiver_fec in (False, True):
+        track = OpusPacketTrack(PlayoutBuffer(100, 48_000), OpusSettings(fec=True))
+        try:
+            network = NetworkAdaptation(
+                track,
+                AdaptationSettings(enabled=False),
+                ReceiverOpus(fec=receiver_fec, max_bitrate=24_000),
+            )
+            network.attach(None)  # type: ignore[arg-type]  # no feedback tap: no sender used
+            assert track.encoder.fec is receiver_fec
+            assert track.encoder.bitrate == 24_000 and network.tap is None
+        finally:
+            track.stop()

@@ -408,3 +408,19 @@ async def test_a_room_chat_waits_for_another_participants_stream() -> None:
         assert not of(sent, "error")
     finally:
         await room.close()
+
+
+async def test_a_repeated_mute_tells_the_room_only_of_a_change() -> None:
+    """``mute`` broadcasts participant.updated when the muted flag changes; sending the same
+    value again (a client re-syncing its button) says nothing new to the room."""
+    room = Room("r", ToneEngine(), Config())
+    a = room.join("sa", speaking=False, host=True, expects_channel=False)
+    b = room.join("sb", speaking=False, host=True, expects_channel=False)
+    sent: list[Event] = []
+    b.outbox.send = sent.append  # type: ignore[method-assign]
+    for muted in (True, True, False, False):
+        a.handle_message(msg(type="mute", muted=muted))
+    updates = of(sent, "participant.updated")
+    assert [e["muted"] for e in updates] == [True, False]
+    await room.leave(a)
+    await room.leave(b)
