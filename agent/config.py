@@ -459,12 +459,20 @@ def _check_ice_server(url: str) -> None:
     would fail every offer (400 bad_sdp) instead of stopping the server at start."""
     # aiortc is imported only with ICE servers configured (most setups have none): it is
     # ~0.2 s that a Config, and the command line, need not pay otherwise.
-    from aiortc.rtcicetransport import parse_stun_turn_uri
+    from aiortc import RTCIceServer
+    from aiortc.rtcicetransport import connection_kwargs
 
+    usage = (
+        f"the ICE server {url!r} (--ice-server) is not a STUN or TURN URL aiortc uses: "
+        "stun:HOST[:PORT], turn:HOST[:PORT][?transport=udp|tcp] or "
+        "turns:HOST[:PORT]?transport=tcp"
+    )
     try:
-        parse_stun_turn_uri(url)
+        # What each peer connection does with it (placeholder credentials: those are the
+        # --ice-username/--ice-credential flags' business). Parsing alone is not enough:
+        # aiortc silently skips stuns:, TURN over another transport and TURNS over UDP.
+        used = connection_kwargs([RTCIceServer(urls=url, username="u", credential="c")])
     except ValueError as exc:
-        raise ValueError(
-            f"the ICE server {url!r} (--ice-server) is not a STUN or TURN URL such as "
-            f"stun:HOST[:PORT] or turn:HOST[:PORT][?transport=udp|tcp] (aiortc: {exc})"
-        ) from None
+        raise ValueError(f"{usage} (aiortc: {exc})") from None
+    if not used:
+        raise ValueError(usage)

@@ -42,3 +42,28 @@ def test_a_url_aiortc_cannot_parse_is_refused_at_start(url: str) -> None:
     on. The Config refuses it now, whoever builds it (the CLI: a usage error)."""
     with pytest.raises(ValueError, match="is not a STUN or TURN URL"):
         Config(ice_servers=("stun:stun.example.org", url))
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["turn:relay.example?transport=sctp", "turns:relay.example?transport=udp", "stuns:a.example"],
+)
+def test_a_url_aiortc_parses_but_skips_is_refused_at_start(url: str) -> None:
+    """aiortc parses these, then leaves them out of every peer connection without a word:
+    no TURN relay, nothing logged. The check is what aiortc uses, not what it parses."""
+    with pytest.raises(ValueError, match="is not a STUN or TURN URL aiortc uses"):
+        Config(ice_servers=(url,))
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "stun:a.example",
+        "stun:a.example:3478",
+        "turn:relay.example",
+        "turn:relay.example:3478?transport=tcp",
+        "turns:relay.example:5349?transport=tcp",
+    ],
+)
+def test_every_url_form_the_readme_lists_is_accepted(url: str) -> None:
+    assert Config(ice_servers=(url,)).ice_servers == (url,)
