@@ -6,7 +6,7 @@ here writes the path without the query and no headers.
 
 Nor may a client write log lines of its own: a request path (``%0A`` decodes to a newline),
 a room name or any other value a message quotes could otherwise end the line and forge the
-next. The text format escapes control characters (JSON lines escape them anyway).
+next. Both formats escape control characters (JSON lines as ``\\uXXXX``).
 """
 
 from __future__ import annotations
@@ -43,7 +43,11 @@ class JsonFormatter(logging.Formatter):
                 entry[key] = getattr(record, key)
         if record.exc_info:
             entry["exc_info"] = self.formatException(record.exc_info)
-        return json.dumps(entry, ensure_ascii=False, default=str)
+        line = json.dumps(entry, ensure_ascii=False, default=str)
+        # json.dumps escapes only C0 controls: DEL, C1 (NEL among them) and U+2028/9 stay raw
+        # with ensure_ascii=False, and a reader splitting with str.splitlines would see a
+        # client's value break the line. \uXXXX is the same string to every JSON reader.
+        return CONTROL_CHARS.sub(lambda match: f"\\u{ord(match.group()):04x}", line)
 
 
 def escape_controls(text: str) -> str:

@@ -392,3 +392,14 @@ def test_every_bound_address_is_named(caplog: pytest.LogCaptureFixture) -> None:
         "(3 media processes)",
         "serving the browser client on http://localhost:8080 (1 media process)",
     ]
+
+
+def test_a_json_log_line_cannot_be_split_by_a_client() -> None:
+    """json.dumps with ensure_ascii=False leaves U+2028, NEL and the other C1 controls raw:
+    a path holding them broke a JSON line for any reader splitting with str.splitlines.
+    Escaped, the message still reads back as the client sent it."""
+    sent = "/x\u2028forged\x85line\x9b"
+    record = logging.LogRecord("aiohttp.access", logging.INFO, __file__, 1, "GET %s", (sent,), None)
+    line = log_handler(json_lines=True).format(record)
+    assert len(line.splitlines()) == 1, line
+    assert json.loads(line)["message"] == "GET " + sent
