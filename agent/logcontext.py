@@ -9,9 +9,17 @@ around. ``SessionIdFilter`` puts it on every record as ``session_id`` ("-" when 
 from __future__ import annotations
 
 import logging
-from contextvars import ContextVar
+from contextvars import Context, ContextVar
 
 SESSION_ID: ContextVar[str | None] = ContextVar("session_id", default=None)
+
+
+def session_context(session_id: str) -> Context:
+    """A fresh context whose log lines name ``session_id`` (and nothing else of the
+    caller's), for work about a session started from elsewhere (the watchdog, the drain)."""
+    context = Context()
+    context.run(SESSION_ID.set, session_id)
+    return context
 
 
 class SessionIdFilter(logging.Filter):

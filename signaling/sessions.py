@@ -27,7 +27,7 @@ from agent.config import Config
 from agent.engine import TTSEngine
 from agent.governor import ComplexityGovernor
 from agent.hooks import SessionHooks
-from agent.logcontext import SESSION_ID
+from agent.logcontext import SESSION_ID, session_context
 from agent.room import RoomMember
 from agent.session import AgentSession
 from agent.threads import cores
@@ -425,7 +425,7 @@ class SessionRegistry:
     def _spawn(self, coro: Any, session_id: str) -> None:
         """Run ``coro`` (losing or closing ``session_id``) on its own, its lines naming that
         session whatever context spawns it (the watchdog's names none)."""
-        task = asyncio.get_running_loop().create_task(coro, context=_naming(session_id))
+        task = asyncio.get_running_loop().create_task(coro, context=session_context(session_id))
         self._closing.add(task)
         task.add_done_callback(self._closing.discard)
 
@@ -484,7 +484,10 @@ class SessionRegistry:
                 await self._watchdog
         loop = asyncio.get_running_loop()
         results = await asyncio.gather(
-            *(loop.create_task(self.close(sid), context=_naming(sid)) for sid in list(self._peers)),
+            *(
+                loop.create_task(self.close(sid), context=session_context(sid))
+                for sid in list(self._peers)
+            ),
             return_exceptions=True,
         )
         for result in results:
@@ -535,10 +538,3 @@ def _encode_executor(threads: int) -> ThreadPoolExecutor | None:
     if threads == 0:
         return None
     return ThreadPoolExecutor(max_workers=threads, thread_name_prefix="opus-encode")
-
-
-def _naming(session_id: str) -> contextvars.Context:
-    """A context whose log lines name ``session_id`` (and nothing else of the caller's)."""
-    context = contextvars.Context()
-    context.run(SESSION_ID.set, session_id)
-    return context
