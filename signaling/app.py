@@ -18,7 +18,7 @@ from agent.engine import EngineLoadError, TTSEngine
 from signaling import routes
 from signaling.auth import make_auth_middleware
 from signaling.cors import make_cors_middleware
-from signaling.errors import error_middleware
+from signaling.errors import ApiError, error_middleware
 from signaling.keys import BREAKER, CONFIG, DRAIN, ENGINE, ENGINE_ERROR, LIMITS, METRICS, SESSIONS
 from signaling.limits import Limits
 from signaling.logs import AccessLogger
@@ -98,11 +98,20 @@ def _add_worker_parts(app: web.Application) -> None:
                 "listening_ready": request.app[SESSIONS].listening_ready,
                 "engine": engine.name,
                 "engine_error": load_errors[0] if load_errors else engine.failure,
+                # What a new offer here is refused with (the front answers with it when no
+                # worker takes new sessions), or null.
+                "refusal": _refusal_json(routes.new_session_refusal(request.app)),
                 "sessions": request.app[SESSIONS].load,
             }
         )
 
     app.router.add_get(STATUS_PATH, status)
+
+
+def _refusal_json(refusal: ApiError | None) -> dict[str, Any] | None:
+    if refusal is None:
+        return None
+    return {"code": refusal.code, "message": refusal.message, "headers": refusal.headers}
 
 
 def product_app(config: Config) -> web.Application:

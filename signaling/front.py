@@ -159,6 +159,10 @@ def _new_session_worker(request: web.Request, room: str | None) -> Worker:
     pool = request.app[POOL]
     worker = pool.for_new_session(room)
     if worker is None:
+        candidates = pool.workers if room is None else [pool.for_room(room)]
+        refusal = workers_refusal(candidates)
+        if refusal is not None:
+            raise refusal
         what = f"the worker for room {room[:64]!r} is" if room is not None else "no worker is"
         raise ApiError(503, "not_ready", f"{what} ready yet", {"Retry-After": "2"})
     worker.sessions += 1  # until the next status poll: a burst of offers spreads out
@@ -183,6 +187,33 @@ def _check_session_path(request: web.Request) -> None:
         part = unquote(segment)
         if part == "." or ".." in part or any(c in part for c in "/\\?#"):
             raise ApiError(404, "not_found", "no such path")
+
+
+# What a worker refuses new sessions with that the client should hear as it is: the engine
+# failed to load (e.g. no network for the weights: the message says what to do), or its
+# circuit breaker is open. Anything else (starting, restarting, draining) is ``not_ready``.
+_PASSED_ON_REFUSALS = ("tts_unavailable", "engine_failed")
+
+
+def workers_refusal(workers: Iterable[Worker]) -> ApiError | None:
+    """The workers' own reason for refusing new sessions, when every one of ``workers`` is
+    up and gives one (as a single process's offer and /readyz would say it); None if any of
+    them may still take sessions (loading, restarting, not yet polled): not_ready, then.
+    An open breaker wins over a failed load (it retries), with the soonest Retry-After."""
+    refusals = []
+    for worker in workers:
+        refusal = worker.status.get("refusal") if worker.alive else None
+        if not isinstance(refusal, dict) or refusal.get("code") not in _PASSED_ON_REFUSALS:
+            return None
+        refusals.append(refusal)
+    if not refusals:
+        return None
+    unavailable = [r for r in refusals if r["code"] == "tts_unavailable"]
+    if unavailable:
+        soonest = min(unavailable, key=lambda r: int(r.get("headers", {}).get("Retry-After", 1)))
+        headers = {"Retry-After": str(soonest.get("headers", {}).get("Retry-After", 1))}
+        return ApiError(503, "tts_unavailable", str(soonest.get("message")), headers)
+    return ApiError(503, "engine_failed", str(refusals[0].get("message")))
 
 
 def _session_worker(request: web.Request, session_id_or_token: str) -> Worker:
@@ -300,7 +331,11 @@ async def readyz(request: web.Request) -> web.Response:
     }
     if ready:
         return web.json_response(body)
-    body["error"] = {"code": "not_ready", "message": "no media worker is ready yet"}
+    refusal = workers_refusal(pool.workers)
+    if refusal is not None:
+        body["error"] = {"code": refusal.code, "message": refusal.message}
+    else:
+        body["error"] = {"code": "not_ready", "message": "no media worker is ready yet"}
     return web.json_response(body, status=503)
 
 

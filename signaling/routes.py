@@ -21,6 +21,7 @@ from signaling.auth import claims, require_room, require_speaker, room_for
 from signaling.errors import ApiError, Handler
 from signaling.keys import BREAKER, CONFIG, DRAIN, ENGINE, ENGINE_ERROR, LIMITS, METRICS, SESSIONS
 from signaling.sessions import Peer, SessionRegistry
+from signaling.shutdown import shutting_down
 
 MAX_NAME_CHARS = 64
 # WHEP answers carry the session token here; a WHEP resume sends it back in the same header.
@@ -70,21 +71,38 @@ def _sessions(request: web.Request) -> SessionRegistry:
 
 def _new_sessions(request: web.Request) -> SessionRegistry:
     """The registry for a new session: 503 with the reason if the engine failed to load."""
-    request.app[DRAIN].check()
-    failure = _engine_failure(request)
-    if failure:
-        raise ApiError(503, "engine_failed", failure)
-    _check_breaker(request)
+    refusal = new_session_refusal(request.app)
+    if refusal is not None:
+        raise refusal
     return _sessions(request)
+
+
+def new_session_refusal(app: web.Application) -> ApiError | None:
+    """The 503 a new session gets now, whatever its offer (None: it would be admitted):
+    shutting down, the engine failed, or its circuit breaker is open. A worker's status
+    carries it (signaling/app.py), so that the front answers with the workers' reason."""
+    if app[DRAIN].draining:
+        return shutting_down()
+    failure = _engine_failure(app)
+    if failure:
+        return ApiError(503, "engine_failed", failure)
+    return _breaker_refusal(app)
 
 
 def _check_breaker(request: web.Request) -> None:
     """503 ``tts_unavailable`` while the engine's circuit breaker is open."""
-    breaker = request.app[BREAKER]
+    refusal = _breaker_refusal(request.app)
+    if refusal is not None:
+        raise refusal
+
+
+def _breaker_refusal(app: web.Application) -> ApiError | None:
+    breaker = app[BREAKER]
     reason = breaker.unavailable
-    if reason is not None:
-        retry = str(max(1, math.ceil(breaker.retry_after_s)))
-        raise ApiError(503, "tts_unavailable", reason, {"Retry-After": retry})
+    if reason is None:
+        return None
+    retry = str(max(1, math.ceil(breaker.retry_after_s)))
+    return ApiError(503, "tts_unavailable", reason, {"Retry-After": retry})
 
 
 def takes_new_sessions(app: web.Application) -> bool:
@@ -92,22 +110,15 @@ def takes_new_sessions(app: web.Application) -> bool:
     circuit breaker closed, no shutdown begun (what /readyz says, but for the voice activity
     model: offers are answered while it loads). A worker's status reports it: the front
     routes new sessions only to workers that take them."""
-    engine = app[ENGINE]
-    return (
-        engine.ready
-        and engine.failure is None
-        and not app[ENGINE_ERROR]
-        and app[BREAKER].unavailable is None
-        and not app[DRAIN].draining
-    )
+    return app[ENGINE].ready and new_session_refusal(app) is None
 
 
-def _engine_failure(request: web.Request) -> str | None:
+def _engine_failure(app: web.Application) -> str | None:
     """Why the engine cannot speak: it failed to load, or failed after it started."""
-    load_error = request.app[ENGINE_ERROR]
+    load_error = app[ENGINE_ERROR]
     if load_error:
         return f"the speech engine failed to load: {load_error[0]}"
-    failure = request.app[ENGINE].failure
+    failure = app[ENGINE].failure
     return f"the speech engine failed: {failure}" if failure else None
 
 
@@ -297,7 +308,7 @@ async def readyz(request: web.Request) -> web.Response:
         )
     if engine.ready:
         return web.json_response({"ready": True, "engine": engine.name})
-    failure = _engine_failure(request)
+    failure = _engine_failure(request.app)
     code, message = ("engine_failed", failure) if failure else ("not_ready", "loading the model")
     return web.json_response(
         {"ready": False, "engine": engine.name, "error": {"code": code, "message": message}},

@@ -241,12 +241,16 @@ class WorkerPool:
         """A room's participants share its worker; other sessions go to the least loaded."""
         live = [w for w in self.workers if w.alive and w.ready]
         if room is not None:
-            # Stable across restarts of the front: a room is pinned by its name's hash.
-            worker = self.workers[_stable_hash(room) % len(self.workers)]
+            worker = self.for_room(room)
             return worker if worker in live else None
         if not live:
             return None
         return min(live, key=lambda w: (w.sessions, w.index))
+
+    def for_room(self, room: str) -> Worker:
+        """The worker that holds ``room``: pinned by its name's hash, which is stable across
+        restarts of the front."""
+        return self.workers[_stable_hash(room) % len(self.workers)]
 
     def for_session(self, session_id: str) -> Worker | None:
         """The worker whose ids start with ``w<index>-``, if the id has that form."""

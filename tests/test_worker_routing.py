@@ -22,7 +22,7 @@ from agent.config import BreakerSettings, Config, SecuritySettings
 from agent.conversation_config import ListenSettings
 from signaling.app import build_app, runner_options
 from signaling.front import build_front_app
-from signaling.keys import BREAKER, DRAIN
+from signaling.keys import BREAKER, DRAIN, ENGINE, ENGINE_ERROR
 from signaling.workers import WorkerPool
 from tests.conftest import raw_http, raw_status
 from tests.doubles import ToneEngine
@@ -407,3 +407,68 @@ async def test_ice_servers_are_answered_while_no_worker_takes_new_sessions() -> 
             assert resp.status == 200, await resp.text()
             servers = (await resp.json())["iceServers"]
         assert servers and "turn:turn.example.com:3478" in str(servers)
+
+
+async def test_the_front_says_why_the_workers_refuse_new_sessions() -> None:
+    """With --workers (the default on a multi-core machine) an engine that failed to load
+    (no network for the weights) or an open circuit breaker on every worker was answered
+    503 ``not_ready`` "no worker is ready yet", offers and /readyz alike: the reason, and
+    what to do about it, stayed in the workers' logs. The front now answers with the
+    workers' own refusal, as one process does; while any worker may still take sessions
+    (loading, restarting) it is still ``not_ready``."""
+    config = Config(
+        host="127.0.0.1",
+        port=0,
+        listen=ListenSettings(enabled=False),
+        breaker=BreakerSettings(cooldown_s=600),
+    )
+    pools: list[WorkerPool] = []
+    apps: list[web.Application] = []
+    async with (
+        front_and_worker(config, pools=pools, workers=2, apps=apps) as url,
+        aiohttp.ClientSession() as http,
+    ):
+        pool, workers = pools[0], apps[1:]
+        async with asyncio.timeout(30):
+            while not all(app[BREAKER].ready for app in workers):
+                await asyncio.sleep(0.01)
+
+        async def answers() -> list[tuple[int, str, str, str | None]]:
+            for worker in pool.workers:  # the front's status poll
+                await pool._poll(worker)
+            got = []
+            for method, path, kwargs in (
+                ("POST", "/offer", {"json": {"type": "offer", "sdp": "v=0"}}),
+                ("POST", "/whep?room=r", {"data": "v=0"}),
+                ("GET", "/readyz", {}),
+            ):
+                async with http.request(method, url + path, **kwargs) as resp:
+                    error = (await resp.json()).get("error", {"code": "", "message": ""})
+                    retry = resp.headers.get("Retry-After")
+                    got.append((resp.status, error["code"], error["message"], retry))
+            return got
+
+        # Worker 0's load failed (as signaling/app.py records it); worker 1 is still
+        # loading: not ready, and no refusal to pass on.
+        workers[0][ENGINE_ERROR].append("no network: download the weights or use --model-dir")
+        workers[1][ENGINE].inner._ready = False  # the breaker wraps the ToneEngine
+        assert [a[1] for a in await answers()] == ["not_ready"] * 3
+        # Both failed: the reason, and what to do, reach the client.
+        workers[1][ENGINE_ERROR].append("no network: download the weights or use --model-dir")
+        for status, code, message, _ in await answers():
+            assert (status, code) == (503, "engine_failed")
+            assert "use --model-dir" in message
+        # Worker 1 loaded after all, but its breaker is open: an open breaker retries, so
+        # its answer wins, with when to come back. A room goes to its own worker, and gets
+        # that worker's reason.
+        workers[1][ENGINE_ERROR].clear()
+        workers[1][ENGINE].inner._ready = True
+        for _ in range(config.breaker.failures):
+            workers[1][BREAKER]._failed(RuntimeError("CUDA out of memory"))
+        offer, room_offer, ready = await answers()
+        for status, code, message, _ in (offer, ready):
+            assert (status, code) == (503, "tts_unavailable"), (offer, ready)
+            assert "CUDA out of memory" in message
+        assert offer[3] is not None and 590 <= int(offer[3]) <= 600, offer
+        pinned = pool.for_room("r").index
+        assert room_offer[1] == ("engine_failed", "tts_unavailable")[pinned], room_offer
