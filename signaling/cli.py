@@ -50,8 +50,9 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     defaults = Config()
     parser = argparse.ArgumentParser(
         prog="voice-agent",
-        description="WebRTC real-time voice agent. Every flag can also be set as "
-        f"{ENV_PREFIX}<FLAG> in the environment (e.g. {ENV_PREFIX}PORT=8080).",
+        description="WebRTC real-time voice agent. Every flag of `serve` can also be set as "
+        f"{ENV_PREFIX}<FLAG> in the environment (e.g. {ENV_PREFIX}PORT=8080); `token` reads "
+        f"{ENV_PREFIX}AUTH_SECRET only.",
     )
     # Each subcommand reads its flags' VOICE_AGENT_* variables as it is parsed, with one rule
     # for all (signaling/envflags.py): empty is unset, a value its flag refuses is an error.
@@ -79,7 +80,9 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         help="a local ChatTTS model (default: ChatTTS's own download from Hugging Face)",
     )
     serve.add_argument(
-        "--device", default=defaults.chattts.device, help="auto (CUDA when present), cpu, cuda"
+        "--device",
+        default=defaults.chattts.device,
+        help="auto (CUDA when present), cpu, cuda, cuda:N, mps",
     )
     serve.add_argument("--compile", action="store_true", help="torch.compile")
     serve.add_argument(
@@ -116,9 +119,9 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     serve.add_argument(
         "--full-band-under-load",
         action="store_true",
-        help="the CPU governor steps complexity alone; by default, below complexity 6 it "
-        "first caps the coded band at wide-band (8 kHz of audio), and at medium-band (6 kHz) "
-        "at complexity 1 or 0",
+        help="the CPU governor steps complexity alone; by default, from complexity 6 down it "
+        "caps the coded band at wide-band (8 kHz of audio), and at medium-band (6 kHz) at "
+        "complexity 1 or 0",
     )
     serve.add_argument(
         "--opus-input-rate",

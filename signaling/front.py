@@ -8,9 +8,11 @@ What it routes where:
 - ``/``, the client's files, ``/healthz``: served here; ``/readyz`` and ``/metrics``: one
   answer for the whole server, from every worker's.
 
-The worker does every check (auth, limits, SDP) itself: the front forwards the request as
-it came (path and query not decoded), plus ``X-Forwarded-For``; only a session path that
-would resolve to another route (encoded ``..``, ``/``, ``?``) it refuses, 404. It checks
+The worker does every check (auth, limits, SDP) itself; the front checks the offer rate
+per client address as well (spread over N workers, the workers' own buckets would let a
+client open N times the rate). The front forwards the request as it came (path and query
+not decoded), plus ``X-Forwarded-For``; only a session path that would resolve to another
+route (encoded ``..``, ``/``, ``?``) it refuses, 404. It checks
 ``--metrics-token`` on its own ``/metrics`` as the workers do. It never touches media.
 CORS (signaling/cors.py, the same allow-list as the workers') is the front's own: it
 answers preflights and puts the headers on its own answers (errors such as
@@ -44,7 +46,8 @@ from signaling import routes
 from signaling.app import FORWARDED_FOR_HEADER, MAX_REQUEST_BYTES, runner_options
 from signaling.cors import make_cors_middleware
 from signaling.errors import ApiError, error_middleware
-from signaling.keys import CONFIG, DRAIN
+from signaling.keys import CONFIG, DRAIN, LIMITS
+from signaling.limits import Limits
 from signaling.metrics import offer_outcome_middleware, offers_counter
 from signaling.routes import SESSION_TOKEN_HEADER
 from signaling.shutdown import Drain, log_listening
@@ -93,6 +96,10 @@ def build_front_app(config: Config, pool: WorkerPool) -> web.Application:
     app[POOL] = pool
     app[FRONT_METRICS] = registry
     app[DRAIN] = Drain()
+    # The offer rate per client address is the whole server's: each worker keeps its own
+    # buckets too, but new sessions are spread over the workers, so alone they would let a
+    # client open N times the rate.
+    app[LIMITS] = Limits(config.limits)
     app.router.add_post("/offer", post_offer)
     app.router.add_post("/whep", post_whep)
     app.router.add_route("*", "/whep/{session_id}", to_session_worker)
@@ -111,6 +118,7 @@ def build_front_app(config: Config, pool: WorkerPool) -> web.Application:
 
 # --- routing -------------------------------------------------------------------------------
 async def post_offer(request: web.Request) -> web.StreamResponse:
+    request.app[LIMITS].check_offer(request.remote)
     body = await request.read()
     try:
         parsed = json.loads(body)
@@ -131,6 +139,7 @@ async def post_offer(request: web.Request) -> web.StreamResponse:
 
 
 async def post_whep(request: web.Request) -> web.StreamResponse:
+    request.app[LIMITS].check_offer(request.remote)
     resume = request.headers.get(SESSION_TOKEN_HEADER)
     if resume is not None:
         return await _forward(request, _session_worker(request, resume))

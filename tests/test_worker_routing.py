@@ -18,7 +18,7 @@ from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 from yarl import URL
 
-from agent.config import BreakerSettings, Config, SecuritySettings
+from agent.config import BreakerSettings, Config, LimitSettings, SecuritySettings
 from agent.conversation_config import ListenSettings
 from signaling.app import build_app, runner_options
 from signaling.front import build_front_app
@@ -472,3 +472,32 @@ async def test_the_front_says_why_the_workers_refuse_new_sessions() -> None:
         assert offer[3] is not None and 590 <= int(offer[3]) <= 600, offer
         pinned = pool.for_room("r").index
         assert room_offer[1] == ("engine_failed", "tts_unavailable")[pinned], room_offer
+
+
+async def test_the_offer_rate_limit_is_the_whole_servers() -> None:
+    """Each worker kept its own offer buckets, and new sessions are spread over the
+    workers: with two, a client opened twice the documented rate (and N times with N).
+    The front checks the rate too, once per client address for the whole server."""
+    config = Config(
+        host="127.0.0.1",
+        port=0,
+        listen=ListenSettings(enabled=False),
+        limits=LimitSettings(offer_rate=0.01, offer_burst=3),
+    )
+    async with (
+        front_and_worker(config, workers=2) as url,
+        aiohttp.ClientSession() as http,
+    ):
+        codes = []
+        for i in range(5):
+            # An offer and a WHEP offer draw on the same bucket, as in one process.
+            kwargs: dict[str, Any] = (
+                {"json": {"type": "offer", "sdp": "v=0"}} if i % 2 else {"data": "v=0"}
+            )
+            path = "/offer" if i % 2 else "/whep"
+            headers = {} if i % 2 else {"Content-Type": "application/sdp"}
+            async with http.post(url + path, headers=headers, **kwargs) as resp:
+                codes.append((resp.status, (await resp.json())["error"]["code"]))
+                if resp.status == 429:
+                    assert int(resp.headers["Retry-After"]) >= 1
+    assert codes == [(400, "no_audio")] * 3 + [(429, "rate_limited")] * 2, codes
