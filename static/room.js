@@ -267,6 +267,71 @@ function onConnectionState(pc) {
   }
 }
 
+// The server can vanish without a word (killed, its machine gone): no channel close, and
+// Chromium calls the connection failed only ~18 s later. Its audio stops at once, though
+// (it sends a packet every 20 ms, silence included), so a call whose audio stopped for
+// MEDIA_STALL_MS asks the server about its seat: gone (404) ends the call now; no answer
+// for SERVER_GONE_MS ends it too (a network blip answers again sooner); still there, the
+// call waits (the media path may come back, or ICE fails).
+const WATCH_INTERVAL_MS = 1000;
+const MEDIA_STALL_MS = 2000;
+const SEAT_CHECK_TIMEOUT_MS = 2000;
+const SERVER_GONE_MS = 4000;
+const watch = { pc: null, packets: -1, heardAt: 0, unreachableSince: null, checking: false };
+
+async function watchCall() {
+  const pc = call.pc;
+  if (!pc || joining || leaving || !call.sessionId || watch.checking) return;
+  if (watch.pc !== pc) {
+    Object.assign(watch, { pc, packets: -1, heardAt: performance.now(), unreachableSince: null });
+  }
+  let packets = 0;
+  try {
+    (await pc.getStats()).forEach((r) => {
+      if (r.type === "inbound-rtp" && r.kind === "audio") packets += r.packetsReceived || 0;
+    });
+  } catch {
+    return; // closed meanwhile
+  }
+  const now = performance.now();
+  if (pc !== call.pc) return;
+  if (packets !== watch.packets) {
+    Object.assign(watch, { packets, heardAt: now, unreachableSince: null });
+    return;
+  }
+  if (now - watch.heardAt < MEDIA_STALL_MS) return;
+  watch.checking = true;
+  try {
+    await checkSeat(pc, call.sessionId, now);
+  } finally {
+    watch.checking = false;
+  }
+}
+
+async function checkSeat(pc, sessionId, now) {
+  let status = null;
+  try {
+    const res = await fetch(`/sessions/${encodeURIComponent(sessionId)}`, {
+      headers: headers(), cache: "no-store", signal: AbortSignal.timeout(SEAT_CHECK_TIMEOUT_MS),
+    });
+    status = res.status;
+  } catch {
+    // no answer: the server is gone, or the network is
+  }
+  if (pc !== call.pc) return;
+  if (status === 404) {
+    ended(pc, "closed", "Your seat in the room is gone (the server closed it or restarted).");
+  } else if (status !== null) {
+    watch.unreachableSince = null;
+  } else {
+    watch.unreachableSince ??= now;
+    if (performance.now() - watch.unreachableSince >= SERVER_GONE_MS) {
+      ended(pc, "failed", "The server stopped answering: the call ended.");
+    }
+  }
+}
+setInterval(watchCall, WATCH_INTERVAL_MS);
+
 // The call ended without Leave (the server went away, the connection failed, the server
 // closed our session): say so and go back to the not-joined state, so that the page does
 // not look joined with nothing behind it.

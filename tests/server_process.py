@@ -26,10 +26,15 @@ def free_port() -> int:
 
 class ServerProcess:
     def __init__(
-        self, command: list[str], args: list[str], log: IO[bytes] | int | None = None
+        self,
+        command: list[str],
+        args: list[str],
+        log: IO[bytes] | int | None = None,
+        port: int | None = None,
     ) -> None:
-        """``command``: e.g. ``["signaling", "serve"]`` or ``["tests.serve_tone"]``."""
-        self.port = free_port()
+        """``command``: e.g. ``["signaling", "serve"]`` or ``["tests.serve_tone"]``;
+        ``port``: a free one unless given (e.g. a server restarted on its predecessor's)."""
+        self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         env = {**os.environ, "VOICE_AGENT_LOG_LEVEL": os.environ.get("SERVER_LOG_LEVEL", "WARNING")}
         self.proc = subprocess.Popen(

@@ -23,6 +23,7 @@ import pytest
 from signaling.keys import SESSIONS
 from tests.conftest import LiveServer
 from tests.doubles import tone_frequency
+from tests.server_process import ServerProcess
 from tests.test_browser import CHROMIUM, CHROMIUM_ARGS, HAVE_CHROMIUM, REQUIRE_BROWSER
 from tests.test_browser import browser as one_browser  # noqa: F401 - its one-browser fixture
 
@@ -309,3 +310,85 @@ async def test_join_once_leave_cleanly_and_see_the_call_end(
     assert errors == [] and await main.is_hidden("#alert"), errors
     assert await main.is_disabled("#barge-in")
     assert not [line for line in log if "pageerror" in line], log
+
+
+async def _joined_listener(browser: Browser, url: str, log: list[str]) -> Page:
+    page = await (await browser.new_context()).new_page()
+    page.set_default_timeout(10_000)
+    page.on("console", lambda m: log.append(f"console.{m.type}: {m.text}"))
+    page.on("pageerror", lambda e: log.append(f"pageerror: {e}"))
+    await page.add_init_script(KEEP_PCS_JS)
+    await page.goto(f"{url}/room.html?room=gone")
+    await page.set_checked("#speak", False)
+    await page.click("#join")
+    await page.wait_for_selector('#state[data-state="connected"]')
+    return page
+
+
+async def test_a_server_that_vanishes_ends_the_call_in_seconds(
+    one_browser: Browser,  # noqa: F811 - the fixture imported above
+) -> None:
+    """A server killed with SIGKILL says nothing: no data-channel close, and Chromium calls
+    the connection failed only ~18 s later, the page looking joined all that time. Now the
+    page notices that its audio stopped and asks the server about its seat: a new server
+    on the address, which has no such seat (404), ends the call at once; no server at all
+    (no answer for 4 s) ends it in about 7 s."""
+    log: list[str] = []
+    first = ServerProcess(["tests.serve_tone"], ["--no-listen"])
+    second = None
+    try:
+        await first.ready()
+        page = await _joined_listener(one_browser, first.url, log)
+        # Killed, and at once a new server on the same address (a restart).
+        first.proc.kill()
+        first.proc.wait()
+        second = ServerProcess(["tests.serve_tone"], ["--no-listen"], port=first.port)
+        await second.ready()
+        await page.wait_for_selector("#alert:not([hidden])")
+        assert "seat in the room is gone" in (await page.text_content("#alert") or ""), log
+        assert await page.get_attribute("#state", "data-state") == "closed"
+        assert await page.evaluate(ROOM_UI_JS) == {**NOT_JOINED, "state": "closed"}
+
+        # Joined on the new one, which is killed for good.
+        await page.click("#join")
+        await page.wait_for_selector('#state[data-state="connected"]')
+        start = time.monotonic()
+        second.proc.kill()
+        second.proc.wait()
+        await page.wait_for_selector("#alert:not([hidden])", timeout=14_000)
+        took = time.monotonic() - start
+        assert "stopped answering" in (await page.text_content("#alert") or ""), log
+        assert await page.evaluate(ROOM_UI_JS) == {**NOT_JOINED, "state": "failed"}
+        assert took < 12, took  # ~7 s: 2 s of no audio, then 4 s of no answer
+    finally:
+        for server in (first, second):
+            if server is not None and server.proc.poll() is None:
+                server.proc.kill()
+                server.proc.wait()
+
+
+async def test_audio_that_stops_while_the_seat_is_there_does_not_end_the_call(
+    one_browser: Browser,  # noqa: F811 - the fixture imported above
+    live_server: LiveServer,
+) -> None:
+    """The other side of the check above: the server still has the seat (200) while the
+    audio stopped (a media path broken, HTTP fine): the call goes on; ICE decides."""
+    log: list[str] = []
+    page = await _joined_listener(one_browser, live_server.url, log)
+    checks: list[int] = []
+    page.on(
+        "response",
+        lambda r: r.request.method == "GET" and "/sessions/" in r.url and checks.append(r.status),
+    )
+    (peer,) = live_server.app[SESSIONS].peers()
+    for sender in peer.pc.getSenders():
+        if sender.track is not None:
+            sender.track.stop()  # the server's audio to this page stops; the seat stays
+    deadline = time.monotonic() + 10
+    while not checks:
+        assert time.monotonic() < deadline, log
+        await page.wait_for_timeout(200)
+    await page.wait_for_timeout(1500)  # the next checks (one a second) say the same
+    assert set(checks) == {200}, checks
+    assert await page.get_attribute("#state", "data-state") == "connected"
+    assert await page.is_hidden("#alert"), await page.text_content("#alert")
