@@ -105,7 +105,7 @@ async def test_llm_stream_yields_tokens_and_reports_errors() -> None:
         assert info.value.code == "llm_failed" and "429" in info.value.message
         llm.status = 200
         llm.replies.append(["slow", "er"])
-        llm.token_delay_s = 2
+        llm.token_delay_s = 0.8  # past the 0.5 s timeout (the fake server waits it out)
         with pytest.raises(ServiceError) as info:
             [t async for t in client.stream([])]
         assert info.value.code == "llm_timeout"
@@ -154,7 +154,7 @@ async def test_transcriber_uploads_a_wav_and_reads_the_text() -> None:
         assert upload.wav == wav_bytes(audio) and upload.duration_s() == 1.0
         assert upload.fields == {"model": "whisper-1", "response_format": "json", "language": "en"}
         assert upload.authorization is None
-        stt.stall_s = 2
+        stt.stall_s = 0.8  # past the 0.5 s timeout (the fake server waits it out)
         with pytest.raises(ServiceError) as info:
             await client.transcribe(audio)
         assert info.value.code == "stt_timeout"

@@ -179,11 +179,24 @@ async def test_setters_change_the_encoder_and_reset_the_silence_cache() -> None:
     track.stop()
 
 
+def unpaced(track: OpusPacketTrack) -> OpusPacketTrack:
+    """The track without its waits for the next 20 ms tick: for tests of what the packets
+    hold, not of when they go (the pacing has tests of its own), seconds faster."""
+
+    async def no_wait(
+        loop: asyncio.AbstractEventLoop, when: float, *, wake_on_arrival: bool
+    ) -> bool:
+        return False  # as if woken at the tick, no frame having arrived first
+
+    track._sleep_until = no_wait  # type: ignore[method-assign]
+    return track
+
+
 @RATES
 @pytest.mark.parametrize("dtx", [False, True])
 async def test_idle_silence_is_cached_and_tiny_with_dtx(dtx: bool, rate: int) -> None:
     buffer = PlayoutBuffer(10, rate)
-    track = OpusPacketTrack(buffer, OpusSettings(dtx=dtx))
+    track = unpaced(OpusPacketTrack(buffer, OpusSettings(dtx=dtx)))
     packets = [bytes(await track.recv()) for _ in range(30)]
     calls = track.stats.encode_calls
     packets += [bytes(await track.recv()) for _ in range(10)]
@@ -203,7 +216,9 @@ async def test_silence_after_speech_stops_costing_encodes(complexity: int, rate:
     """libopus's silence after speech keeps changing (at complexity 5 it cycles): the track
     resets the encoder once the speech tail is out, then replays the silence cycle."""
     buffer = PlayoutBuffer(100, rate)
-    track = OpusPacketTrack(buffer, OpusSettings(complexity=complexity), rephase_on_onset=False)
+    track = unpaced(
+        OpusPacketTrack(buffer, OpusSettings(complexity=complexity), rephase_on_onset=False)
+    )
     for round_ in range(2):
         for i in range(25):
             await buffer.put(tone_frame(i, rate))
@@ -224,7 +239,9 @@ async def test_encoding_ahead_in_a_worker_gives_the_same_packets() -> None:
         streams = []
         for executor in (None, pool):
             buffer = PlayoutBuffer(100)
-            track = OpusPacketTrack(buffer, rephase_on_onset=False, encode_executor=executor)
+            track = unpaced(
+                OpusPacketTrack(buffer, rephase_on_onset=False, encode_executor=executor)
+            )
             for i in range(30):
                 await buffer.put(tone_frame(i))
             streams.append([bytes(await track.recv()) for _ in range(35)])
