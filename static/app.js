@@ -12,6 +12,12 @@ const STATS_INTERVAL_MS = 1000;
 // speech kept); "disconnected" for this long counts as lost.
 const RESUME_ATTEMPTS = 3;
 const RESUME_AFTER_DISCONNECTED_MS = 4000;
+// The media path can break while the server and HTTP are fine (a network switch, a NAT
+// rebinding), and a server can vanish without a word: ICE says "disconnected" only after
+// ~7 s and "failed" after ~18 s. The audio stops at once (the server sends a packet every
+// 20 ms, silence included): stopped this long, the page asks the server about the session.
+const MEDIA_STALL_MS = 2000;
+const SESSION_CHECK_TIMEOUT_MS = 2000;
 const PLOT_POINTS = 60; // one per second: the last minute
 const MAX_STATS_SAMPLES = 3600; // what window.voiceAgent.stats keeps (an hour)
 // A long call must not grow the page without bound: the transcript keeps its newest items
@@ -61,6 +67,8 @@ const session = {
   statsTimer: null,
   statsBusy: false,
   prevInbound: null,
+  // The audio packets received, and since when that count stands (see MEDIA_STALL_MS).
+  media: { pc: null, packets: null, since: 0, checking: false },
   seq: 0,
   captionFor: null,
   hangingUp: false,
@@ -869,6 +877,7 @@ async function sampleStats() {
     const sample = makeSample(picked, session.prevInbound);
     addServerSide(sample);
     if (picked.inbound) session.prevInbound = picked.inbound;
+    watchMedia(pc, picked.inbound);
     stats.push(sample);
     if (stats.length > MAX_STATS_SAMPLES) stats.splice(0, stats.length - MAX_STATS_SAMPLES);
     drawPlots();
@@ -877,6 +886,56 @@ async function sampleStats() {
   } finally {
     session.statsBusy = false;
   }
+}
+
+// Audio stopped for MEDIA_STALL_MS on a connected call: ask the server. The session gone
+// (404: it was closed, or the server restarted) ends the call; the session still there means
+// the media path broke: resume it on a new connection now, unless the audio came back
+// meanwhile (a stall on the server's side). No answer (a network blip, or the server gone)
+// leaves it to ICE: "disconnected", then the resume tries, which say so.
+function watchMedia(pc, inbound) {
+  const media = session.media;
+  const packets = (inbound && num(inbound.packetsReceived)) ?? 0;
+  const now = performance.now();
+  if (media.pc !== pc || packets !== media.packets) {
+    Object.assign(media, { pc, packets, since: now });
+    return;
+  }
+  const state = pc.connectionState ?? pc.iceConnectionState;
+  const up = state === "connected" || state === "completed" || state === "disconnected";
+  if (!up || media.checking || !session.id || now - media.since < MEDIA_STALL_MS) return;
+  media.checking = true;
+  checkSession(pc, session.id).finally(() => { media.checking = false; });
+}
+
+async function checkSession(pc, id) {
+  let status;
+  try {
+    const res = await fetch(SESSION_URL(id), {
+      headers: apiHeaders(),
+      cache: "no-store",
+      signal: AbortSignal.timeout(SESSION_CHECK_TIMEOUT_MS),
+    });
+    status = res.status;
+  } catch {
+    return;
+  }
+  if (pc !== session.pc) return;
+  if (status === 404) {
+    teardown("closed");
+    showAlert("The session is gone on the server (it was closed, or the server restarted).");
+    return;
+  }
+  if (status !== 200) return;
+  let packets = null;
+  try {
+    packets = num(pickStats(await pc.getStats()).inbound?.packetsReceived) ?? 0;
+  } catch {
+    return; // closed meanwhile
+  }
+  if (pc !== session.pc || packets !== session.media.packets) return;
+  console.info("no audio for 2 s while the server has the session: resuming it");
+  lostConnection();
 }
 
 function startStats() {

@@ -980,3 +980,77 @@ async def test_captions_end_with_their_speech_and_a_long_call_stays_bounded(
     assert await ap.page.text_content("#caption") == "", "a caption after Hang up"
     assert (await ap.page.evaluate(BOUNDS_JS))["li"] == 500  # kept after Hang up, bounded
     assert not ap.page_errors(), ap.context()
+
+
+async def test_audio_that_stops_while_the_server_has_the_session_resumes_it_at_once(
+    agent_page: AgentPage, live_server: Any
+) -> None:
+    """The media path breaks while the server and HTTP are fine (a network switch, a NAT
+    rebinding; here the server's sending simply stops): ICE said "disconnected" only ~7 s
+    later, and with ICE still up (as here) never, so the call stayed silent for good. The
+    page now notices that its audio stopped, asks the server (the session is there) and
+    resumes it on a new connection at once; speech plays again."""
+    import asyncio
+
+    from signaling.keys import SESSIONS
+
+    ap = agent_page
+    await connect(ap)
+    session_id = await ap.page.evaluate("() => window.voiceAgent.sessionId")
+    peer = live_server.app[SESSIONS].get(session_id)
+    old_pc = peer.pc
+    for sender in old_pc.getSenders():
+        if sender.track is not None:
+            sender.track.stop()  # no more audio to the page; ICE and the session stay up
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    while not (peer.pc is not old_pc and peer.pc.connectionState == "connected"):
+        assert loop.time() - start < 8, f"the page did not resume{ap.context()}"
+        await asyncio.sleep(0.1)
+    await ap.page.wait_for_selector('#state[data-state="connected"]')
+    assert await ap.page.evaluate("() => window.voiceAgent.sessionId") == session_id
+    assert "resuming it" in ap.context()
+    before = await say_in_ui(ap, "Back on a new connection.")
+    probe = await probe_speech(ap, before, timeout_s=10)
+    assert probe["endedAt"] is not None, probe
+    assert not ap.page_errors(), ap.context()
+
+
+async def test_a_session_gone_with_its_server_ends_the_call_in_seconds(browser: Browser) -> None:
+    """The server was killed (no data-channel close) and a new one took its address, with
+    no such session: the page waited for ICE ("disconnected" after ~7 s, then 4 s, then a
+    resume that got 404), ~12 s of a call that looked alive. Now its audio stopping has the
+    page ask, and the 404 ends the call within a few seconds, saying why."""
+    import time
+
+    from tests.server_process import ServerProcess
+
+    first = ServerProcess(["tests.serve_tone"], ["--no-listen"])
+    second = None
+    context = await browser.new_context()
+    try:
+        await first.ready()
+        page = await context.new_page()
+        page.set_default_timeout(15_000)
+        ap = AgentPage(page)
+        page.on("console", lambda m: ap.log.append(f"console.{m.type}: {m.text}"))
+        page.on("pageerror", lambda e: ap.log.append(f"pageerror: {e}"))
+        await page.goto(first.url + "/")
+        await connect(ap)
+        first.proc.kill()
+        first.proc.wait()
+        start = time.monotonic()
+        second = ServerProcess(["tests.serve_tone"], ["--no-listen"], port=first.port)
+        await second.ready()
+        await page.wait_for_selector("#alert:not([hidden])", timeout=10_000)
+        took = time.monotonic() - start
+        assert "gone on the server" in (await page.text_content("#alert") or ""), ap.context()
+        assert await page.get_attribute("#state", "data-state") == "closed"
+        assert not await page.is_disabled("#connect")
+        assert took < 6, took  # ~3 s: 2 s of no audio, the stats tick, one request
+    finally:
+        await context.close()
+        for server in (first, second):
+            if server is not None and server.proc.poll() is None:
+                server.proc.kill()
+                server.proc.wait()
