@@ -28,6 +28,8 @@ _CLOSERS: Final = "\"')]}»”’」』）】"
 # A closer left at the start of the buffer belongs to a sentence already emitted (a CJK
 # terminator is emitted at once, before its closing quote arrives): drop it.
 _ORPHAN_CLOSERS: Final = "”」』）】》"
+_CLOSER_SET: Final = frozenset(_CLOSERS)
+_RUN_CHARS: Final = frozenset(_ASCII_TERMINATORS + _CJK_TERMINATORS + _CLOSERS)
 _TERMINATOR: Final = re.compile(r"[.!?;…。！？；\n]")
 # A clause may end after these when whitespace follows ("3:30" and "1,000" stay whole).
 _ASCII_CLAUSE: Final = ",:;"
@@ -45,6 +47,12 @@ _EMAIL: Final = re.compile(
     r"(?<![A-Za-z0-9._%+-])[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)+", re.ASCII
 )
 _WHITESPACE: Final = re.compile(r"\s")
+_VISIBLE: Final = re.compile(r"\S")
+# Longer than any abbreviation: how far back from a "." the word before it is looked for.
+_LONGEST_WORD: Final = 32
+# A streamed URL or address is held whole until it is complete, up to this many times
+# ``max_chars``: beyond, it is no one's speech (a hostile stream), and is cut like a word.
+_HELD_ADDRESS_FACTOR: Final = 5
 # Words before a "." that do not end a sentence ("Dr. Who", "e.g. this"), lower case.
 _ABBREVIATIONS: Final = frozenset(
     {
@@ -84,50 +92,58 @@ def _dot_ends_sentence(buf: str, dot: int, start: int, after: str) -> bool:
     """Decide whether the "." at ``dot`` ends a sentence, given the next visible char."""
     if after.islower() or after.isdigit():
         return False  # "e.g. this", "No. 5", "Fig. 3", "a.m. tomorrow"
-    word = buf[start:dot].rsplit(None, 1)[-1] if buf[start:dot].strip() else ""
+    # The word before the dot, read from a window (not from the sentence's start: every dot
+    # of a long run of "Dr. Dr. ..." would copy the whole sentence so far).
+    head = buf[max(start, dot - _LONGEST_WORD) : dot]
+    word = head.rsplit(None, 1)[-1] if head.strip() else ""
     word = word.lstrip(_CLOSERS + "\"'([{“‘")
     if word.lower() in _ABBREVIATIONS:
         return False  # "Dr. Who", "the U.S. Army"
     if len(word) == 1 and word.isupper():
         return False  # an initial: "J. K. Rowling"
     # A number opening the sentence is a list item ("1. First"), not a sentence.
-    return not (word.isdigit() and not buf[start : dot - len(word)].strip())
+    return not (word.isdigit() and _VISIBLE.search(buf, start, dot - len(word)) is None)
 
 
-def _find_boundary(buf: str, start: int, final: bool) -> int | None:
-    """End (exclusive) of the first complete sentence in ``buf[start:]``, or None.
+def _find_boundary(buf: str, start: int, final: bool, scan_from: int = 0) -> tuple[int | None, int]:
+    """End (exclusive) of the first complete sentence in ``buf[start:]``, or None; and where
+    a later scan of ``buf`` grown at its end may start (``scan_from`` then): every terminator
+    before that point is settled, the text after it ruling it out ("3.50", "e.g. this").
 
     None also means "not decidable yet": more text may turn a "." into "3.5".
     ``final`` says no more text will come, so an open terminator at the end counts.
     """
-    pos = start
+    pos = max(start, scan_from)
     while (m := _TERMINATOR.search(buf, pos)) is not None:
         at = m.start()
         ch = buf[at]
         if ch == "\n":
-            return at + 1
+            return at + 1, at + 1
         end = at + 1
-        while end < len(buf) and (buf[end] in _ASCII_TERMINATORS + _CJK_TERMINATORS + _CLOSERS):
+        while end < len(buf) and buf[end] in _RUN_CHARS:
             end += 1
         if ch in _CJK_TERMINATORS:
-            return end
+            return end, end
         if end == len(buf):
-            return end if final else None
+            return (end, end) if final else (None, at)
         nxt = buf[end]
         if not nxt.isspace() and not _is_cjk(nxt):
             pos = end  # "3.50", "example.com", "?!" inside a URL
             continue
-        if not set(buf[at:end]) - set(_CLOSERS) <= _DOTS:
-            return end  # ! ? ; end a sentence regardless of what follows
-        rest = buf[end:].lstrip()
-        if "\n" in buf[end : len(buf) - len(rest)]:
-            return end  # a line break ends the sentence whatever follows
-        if not rest:
-            return end if final else None
-        if _dot_ends_sentence(buf, at, start, rest[0]):
-            return end
+        if ch not in _DOTS if end == at + 1 else not set(buf[at:end]) - _CLOSER_SET <= _DOTS:
+            return end, end  # ! ? ; end a sentence regardless of what follows
+        # The next visible character (found, not by copying the rest of the buffer, which
+        # made a text of many dots quadratic).
+        visible = _VISIBLE.search(buf, end)
+        rest = visible.start() if visible is not None else len(buf)
+        if "\n" in buf[end:rest]:
+            return end, end  # a line break ends the sentence whatever follows
+        if visible is None:
+            return (end, end) if final else (None, at)
+        if _dot_ends_sentence(buf, at, start, buf[rest]):
+            return end, end
         pos = end
-    return None
+    return None, len(buf)
 
 
 def _unbreakable(text: str) -> list[tuple[int, int]]:
@@ -202,6 +218,10 @@ class Segmenter:
         self._max = max_chars
         self._min = min_chars
         self._buf = ""
+        # Where the last scan of the buffer stopped: (the sentence's start, where to go on
+        # scanning). A stream sent a character at a time would otherwise have the whole
+        # buffer rescanned for every character: quadratic, on the event loop.
+        self._scan = (0, 0)
 
     def push(self, delta: str) -> list[str]:
         """Add text; return the segments it completed (often none)."""
@@ -212,33 +232,47 @@ class Segmenter:
         while len(self._buf) > self._max:
             cut = _cut_position(self._buf, self._max)
             if cut >= len(self._buf):
-                break  # a long URL or address still arriving: cut after it once complete
+                if len(self._buf) <= self._max * _HELD_ADDRESS_FACTOR:
+                    break  # a long URL or address still arriving: cut after it once complete
+                cut = self._max  # no one's speech: cut it like a long word
             out.extend(_split_long(self._buf[:cut], self._max))
-            self._buf = self._buf[cut:].lstrip()
+            self._set_buffer(self._buf[cut:].lstrip())
         return out
 
     def flush(self) -> list[str]:
         """End of stream: return whatever is left, as sentences and pieces."""
         out = self._take_sentences(final=True)
         out.extend(_split_long(self._buf, self._max))
-        self._buf = ""
+        self._set_buffer("")
         return out
+
+    def _set_buffer(self, text: str) -> None:
+        """Replace the buffer by ``text`` (the rest of it): the next scan starts over."""
+        self._buf = text
+        self._scan = (0, 0)
 
     def _take_sentences(self, final: bool) -> list[str]:
         out: list[str] = []
-        self._buf = self._buf.lstrip().lstrip(_ORPHAN_CLOSERS).lstrip()
-        start = 0
-        while (end := _find_boundary(self._buf, start, final)) is not None:
+        stripped = self._buf.lstrip().lstrip(_ORPHAN_CLOSERS).lstrip()
+        if len(stripped) != len(self._buf):
+            self._set_buffer(stripped)
+        start, scan_from = self._scan
+        while True:
+            end, scan_from = _find_boundary(self._buf, start, final, scan_from)
+            if end is None:
+                break
             if len(self._buf[:end].strip()) < self._min:
                 if end < len(self._buf):
                     start = end  # too short: join it to the next sentence
                     continue
                 if not final:
-                    break  # too short and nothing after it yet: wait
+                    scan_from = start  # too short and nothing after it yet: wait
+                    break
 
             out.extend(_split_long(self._buf[:end], self._max))
-            self._buf = self._buf[end:].lstrip().lstrip(_ORPHAN_CLOSERS).lstrip()
-            start = 0
+            self._set_buffer(self._buf[end:].lstrip().lstrip(_ORPHAN_CLOSERS).lstrip())
+            start, scan_from = self._scan
+        self._scan = (start, scan_from)
         return out
 
 
