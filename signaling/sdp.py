@@ -14,15 +14,24 @@ MAX_SDP_BYTES = 64 * 1024
 _DIGITS = re.compile(r"[0-9]{1,10}")  # a candidate priority: up to 2**31 - 1
 
 
-def check_offer_sdp(sdp: object) -> str:
+def check_offer_sdp(sdp: object, max_sections: int) -> str:
     """Return the SDP if it is an offer we can answer with agent audio, else raise ApiError:
-    its first audio section must receive (the agent's audio goes there) and offer Opus."""
+    at most ``max_sections`` media sections; its first audio section must receive (the
+    agent's audio goes there) and offer Opus."""
     if not isinstance(sdp, str) or not sdp.strip():
         raise ApiError(400, "bad_sdp", "'sdp' must be a non-empty string")
     if len(sdp.encode("utf-8", "replace")) > MAX_SDP_BYTES:
         raise ApiError(413, "sdp_too_large", f"SDP is limited to {MAX_SDP_BYTES} bytes")
     if not sdp.lstrip().startswith("v=0"):
         raise ApiError(400, "bad_sdp", "SDP must start with 'v=0'")
+    sections = sum(1 for line in sdp.splitlines() if line.startswith("m="))
+    if sections > max_sections:
+        raise ApiError(
+            400,
+            "bad_sdp",
+            f"the offer has {sections} media sections, at most {max_sections} are answered "
+            "(the agent's audio, a room's speaker slots, the data channel)",
+        )
     audio = _audio_sections(sdp)
     if not audio:
         raise ApiError(400, "no_audio", "the offer has no audio m-line: the agent sends audio")

@@ -161,7 +161,7 @@ class SessionRegistry:
         ``peer_ip`` is the address the HTTP request came from (for mDNS candidates).
         """
         self.check_capacity()
-        offer_sdp, opus_offer = _read_offer(sdp, peer_ip)
+        offer_sdp, opus_offer = _read_offer(sdp, peer_ip, self.config)
         if not self.engine.ready:
             raise ApiError(
                 503, "not_ready", "the speech engine is still loading", {"Retry-After": "5"}
@@ -290,7 +290,7 @@ class SessionRegistry:
     async def resume(self, peer: Peer, sdp: object, peer_ip: str | None) -> str:
         """Give ``peer``'s session a new peer connection from a fresh offer: same session,
         queue and voice; playout resumes where it paused. Returns the answer SDP."""
-        offer_sdp, opus_offer = _read_offer(sdp, peer_ip)
+        offer_sdp, opus_offer = _read_offer(sdp, peer_ip, self.config)
         if peer.resuming:
             raise ApiError(409, "resume_in_progress", "this session is already being resumed")
         peer.resuming = True
@@ -501,10 +501,14 @@ class SessionRegistry:
         self.vad_pool.close()
 
 
-def _read_offer(sdp: object, peer_ip: str | None) -> tuple[str, OpusOffer]:
+def _read_offer(sdp: object, peer_ip: str | None, config: Config) -> tuple[str, OpusOffer]:
     """The offer's SDP checked and prepared for aiortc, and what it says about Opus."""
+    # The agent's audio, a room's speaker slots and the data channel, plus a few a client
+    # may add and get refused in the answer (video): aiortc's parse and answer cost the
+    # event loop ~0.2 ms a section, 15 ms for the 80 that fit in the size limit.
+    max_sections = config.rooms.max_speakers + 4
     offer_sdp = add_mdns_fallback(
-        explicit_directions(opus_first(check_offer_sdp(sdp))),
+        explicit_directions(opus_first(check_offer_sdp(sdp, max_sections))),
         peer_ip,
         lambda: get_host_addresses(use_ipv4=True, use_ipv6=False),
     )

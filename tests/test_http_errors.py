@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import aiohttp
 import pytest
 from aiortc import RTCPeerConnection
@@ -101,6 +103,44 @@ async def test_an_offer_without_a_dtls_fingerprint_is_refused(
             assert resp.status == 400, await resp.text()
             error = await _error(resp)
     assert error["code"] == "bad_sdp" and "fingerprint" in error["message"], error
+
+
+async def test_an_offer_with_more_sections_than_a_call_uses_is_refused(
+    live_server: LiveServer,
+) -> None:
+    """aiortc's parse and answer cost the event loop ~0.2 ms a media section: 80 sections,
+    which fit in the 64 KiB limit, held every session's audio for 15 ms. An offer may have
+    the agent's audio, a room's speaker slots (--room-max-speakers, 4) and the data channel,
+    plus a few a client adds; more is refused. A room page's offer (1 + 4 + 1) passes."""
+
+    async def offer(audio_sections: int) -> tuple[int, dict[str, Any]]:
+        pc = RTCPeerConnection()
+        try:
+            for _ in range(audio_sections):
+                pc.addTransceiver("audio", direction="recvonly")
+            pc.createDataChannel("agent")
+            await pc.setLocalDescription(await pc.createOffer())
+            sdp = pc.localDescription.sdp
+        finally:
+            await pc.close()
+        body = {"type": "offer", "sdp": sdp, "room": "r"}
+        async with (
+            aiohttp.ClientSession() as http,
+            http.post(live_server.url + "/offer", json=body) as resp,
+        ):
+            answer = await resp.json()
+            if resp.status == 200:
+                async with http.delete(live_server.url + f"/sessions/{answer['session_id']}"):
+                    pass
+            return resp.status, answer
+
+    status, answer = await offer(30)
+    assert status == 400, answer
+    assert (
+        answer["error"]["code"] == "bad_sdp" and "31 media sections" in answer["error"]["message"]
+    )
+    status, answer = await offer(1 + 4)  # the room page's offer
+    assert status == 200, answer
 
 
 NUL_CHARSET_JSON = "application/json; charset*=utf-8''utf%008"

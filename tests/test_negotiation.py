@@ -220,6 +220,6 @@ def test_the_first_audio_section_decides(second: str, code: str) -> None:
     would do: the agent's audio goes on the first."""
     good = "m=audio 9 UDP/TLS/RTP/SAVPF 111\r\na=rtpmap:111 opus/48000/2\r\n"
     with pytest.raises(ApiError) as refused:
-        check_offer_sdp("v=0\r\n" + second + good)
+        check_offer_sdp("v=0\r\n" + second + good, 8)
     assert (refused.value.status, refused.value.code) == (400, code)
-    assert check_offer_sdp("v=0\r\n" + good + second)  # a later one may be anything
+    assert check_offer_sdp("v=0\r\n" + good + second, 8)  # a later one may be anything
