@@ -97,18 +97,23 @@ class AgentPage:
         return "\nbrowser log:\n" + "\n".join(self.log[-40:])
 
 
-@pytest_asyncio.fixture
-async def agent_page(browser: Browser, live_server: Any) -> AsyncIterator[AgentPage]:
-    context = await browser.new_context()
+async def open_agent_page(context: Any, url: str) -> AgentPage:
+    """The main page of the server at ``url`` in a new page of ``context``, its console kept."""
     page = await context.new_page()
     page.set_default_timeout(15_000)
     result = AgentPage(page)
     page.on("console", lambda m: result.log.append(f"console.{m.type}: {m.text}"))
     page.on("pageerror", lambda e: result.log.append(f"pageerror: {e}"))
-    await page.goto(live_server.url + "/")
+    await page.goto(url + "/")
     await page.wait_for_function("() => window.voiceAgent !== undefined")
+    return result
+
+
+@pytest_asyncio.fixture
+async def agent_page(browser: Browser, live_server: Any) -> AsyncIterator[AgentPage]:
+    context = await browser.new_context()
     try:
-        yield result
+        yield await open_agent_page(context, live_server.url)
     finally:
         await context.close()
 
@@ -1030,12 +1035,8 @@ async def test_a_session_gone_with_its_server_ends_the_call_in_seconds(browser: 
     context = await browser.new_context()
     try:
         await first.ready()
-        page = await context.new_page()
-        page.set_default_timeout(15_000)
-        ap = AgentPage(page)
-        page.on("console", lambda m: ap.log.append(f"console.{m.type}: {m.text}"))
-        page.on("pageerror", lambda e: ap.log.append(f"pageerror: {e}"))
-        await page.goto(first.url + "/")
+        ap = await open_agent_page(context, first.url)
+        page = ap.page
         await connect(ap)
         first.proc.kill()
         first.proc.wait()

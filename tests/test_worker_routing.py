@@ -277,19 +277,24 @@ async def test_the_fronts_readyz_waits_for_the_workers_voice_activity_model() ->
             assert resp.status == 200
 
 
-@contextlib.asynccontextmanager
-async def front_with_a_broken_worker(
-    workers: int, **config: Any
-) -> AsyncIterator[tuple[str, aiohttp.ClientSession, WorkerPool]]:
-    """A front and ``workers`` workers, the first one's circuit breaker open (as its engine's
-    failures open it), every worker's status polled by the front since."""
-    cfg = Config(
+def breaker_config(**config: Any) -> Config:
+    """Workers without listening, whose circuit breaker stays open once opened."""
+    return Config(
         host="127.0.0.1",
         port=0,
         listen=ListenSettings(enabled=False),
         breaker=BreakerSettings(cooldown_s=600),
         **config,
     )
+
+
+@contextlib.asynccontextmanager
+async def front_with_a_broken_worker(
+    workers: int, **config: Any
+) -> AsyncIterator[tuple[str, aiohttp.ClientSession, WorkerPool]]:
+    """A front and ``workers`` workers, the first one's circuit breaker open (as its engine's
+    failures open it), every worker's status polled by the front since."""
+    cfg = breaker_config(**config)
     pools: list[WorkerPool] = []
     apps: list[web.Application] = []
     async with (
@@ -416,12 +421,7 @@ async def test_the_front_says_why_the_workers_refuse_new_sessions() -> None:
     what to do about it, stayed in the workers' logs. The front now answers with the
     workers' own refusal, as one process does; while any worker may still take sessions
     (loading, restarting) it is still ``not_ready``."""
-    config = Config(
-        host="127.0.0.1",
-        port=0,
-        listen=ListenSettings(enabled=False),
-        breaker=BreakerSettings(cooldown_s=600),
-    )
+    config = breaker_config()
     pools: list[WorkerPool] = []
     apps: list[web.Application] = []
     async with (
