@@ -179,6 +179,17 @@ class Conversation:
         # before it; an empty or failed one (a cough) still lets an earlier unanswered message
         # be answered, one whose reply this very turn's barge-in cancelled unheard included.
         if self._unanswered and not self.user_speaking and not self._transcribing():
+            if self._queue_full():
+                # Bounded like chat: replies blocked behind a stream that does not end (the
+                # client's own, barge-in off) or a slow brain must not pile up a task per
+                # turn. The turn stays unanswered: the next reply answers it too.
+                limit = self.pipeline.settings.max_queued_utterances
+                self._error(
+                    "queue_full",
+                    f"{limit} utterances are already waiting: the next reply answers this turn",
+                    turn_id,
+                )
+                return
             self._start_reply()
 
     def _transcribing(self) -> bool:
@@ -224,15 +235,18 @@ class Conversation:
             raise SpeechError("text_too_long", f"'text' is limited to {limit} characters")
         if self._closed:
             raise SpeechError("closed", "the session is closed")
-        # Each chat waits for the replies before it (and costs an LLM call when its turn
-        # comes): bounded like the utterances queued for ``say``.
-        # A reply streaming already is one of the pipeline's utterances: counted once.
-        waiting = self.pipeline.queued + len(self._unopened)
-        limit = self.pipeline.settings.max_queued_utterances
-        if waiting >= limit:
+        if self._queue_full():
+            limit = self.pipeline.settings.max_queued_utterances
             raise SpeechError("queue_full", f"{limit} utterances are already waiting")
         self._add_user(text)
         return self._start_reply()
+
+    def _queue_full(self) -> bool:
+        """Each reply waits for the ones before it (and costs an LLM call when its turn
+        comes): bounded like the utterances queued for ``say``. A reply streaming already is
+        one of the pipeline's utterances: counted once."""
+        waiting = self.pipeline.queued + len(self._unopened)
+        return waiting >= self.pipeline.settings.max_queued_utterances
 
     # --- barge-in ------------------------------------------------------------------------
     def interrupt(self) -> None:

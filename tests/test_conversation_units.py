@@ -675,3 +675,49 @@ def test_a_turn_s_audio_starts_with_its_preroll_before_the_onset_windows() -> No
     [(audio, _)] = listener.ended
     assert [int(v) for v in audio[::512]] == [2, 3, 4, 5, 6, 7, 8]
     assert inbound.stats.last_onset_frame_at == 4.0  # the first speech window's arrival
+
+
+class EveryTurnSaysHello:
+    """Speech-to-text that hears "hello" in every turn."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def transcribe(self, audio: np.ndarray) -> str:
+        self.calls += 1
+        return "hello"
+
+
+async def test_voice_turns_whose_replies_cannot_start_are_bounded_like_chat() -> None:
+    """Barge-in off and a text.delta stream the client never ends: every voice turn's
+    transcript started a reply that waited behind the one before, never refused (chat is,
+    at max_queued_utterances): a task and an id per turn, for as long as the session lived
+    (found by review: 2000 turns, 2000 tasks). Now a turn past the limit starts no reply,
+    says queue_full, and stays unanswered: the next reply answers it too."""
+    session = AgentSession("s", ToneEngine(seconds_per_word=0.05), Config())
+    events: list[dict[str, Any]] = []
+    session.outbox.send = events.append  # type: ignore[method-assign, assignment]
+    stt = EveryTurnSaysHello()
+    conversation = session.conversation
+    conversation._transcriber = stt  # type: ignore[assignment]
+    session.pipeline.start()
+    drain = Drain(session.pipeline)
+    limit = session.config.speech.max_queued_utterances
+    turns = limit + 40
+    try:
+        session.handle_message('{"type": "config", "barge_in": false}')
+        session.handle_message('{"type": "text.delta", "delta": "Let me think"}')  # never ended
+        audio = np.zeros(160, np.float32)
+        for _ in range(turns):
+            conversation.user_started(ActivityEvent(Activity.STARTED, 0))
+            conversation.user_ended(audio, ActivityEvent(Activity.ENDED, 0))
+            await asyncio.sleep(0)  # the turn's transcript comes back, its reply starts
+        await wait_for(lambda: stt.calls == turns and not conversation._turn_tasks, timeout=30)
+        assert len(conversation._unopened) <= limit
+        assert sum(not t.done() for t in conversation._reply_tasks) <= limit
+        refused = [e for e in events if e.get("code") == "queue_full"]
+        assert len(refused) == turns - limit, len(refused)
+        assert conversation._unanswered  # the refused turns wait for the next reply
+    finally:
+        drain.stop()
+        await session.close()
