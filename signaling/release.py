@@ -31,18 +31,32 @@ six small objects per peer connection, the SSL context is not in the cycle).
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from typing import Any
 
 from aiortc import RTCPeerConnection
+
+log = logging.getLogger(__name__)
+
+CLOSE_TIMEOUT_S = 10.0
 
 # Instance attributes that wrap an aiortc method (the taps above); class methods remain.
 _TAPPED_SENDER = ("_handle_rtcp_packet", "_send_rtcp")
 _TAPPED_DTLS = "_handle_rtcp_data"
 
 
-async def close_peer_connection(pc: RTCPeerConnection) -> None:
-    """``pc.close()``, then break the reference cycles it leaves (see the module doc)."""
-    await pc.close()
+async def close_peer_connection(pc: RTCPeerConnection, timeout_s: float = CLOSE_TIMEOUT_S) -> None:
+    """``pc.close()``, then break the reference cycles it leaves (see the module doc).
+
+    At most ``timeout_s``: aiortc 1.16's receiver waits for its RTCP task to say it exited,
+    and one that died of an exception never says so (signaling/ssrcguard.py closes the way
+    known to kill it). A close that hangs would hang the session's close with it, and the
+    drain at shutdown; it is given up instead, and said."""
+    try:
+        await asyncio.wait_for(pc.close(), timeout_s)
+    except TimeoutError:
+        log.error("closing a peer connection did not finish in %.0f s: given up", timeout_s)
     release_closed(pc)
 
 

@@ -46,6 +46,7 @@ from signaling.sdp import (
     opus_first,
 )
 from signaling.shutdown import shutting_down
+from signaling.ssrcguard import limit_inbound_ssrcs
 
 log = logging.getLogger(__name__)
 
@@ -255,6 +256,8 @@ class SessionRegistry:
             except Exception as exc:  # noqa: BLE001 - aiortc raises many types on SDP it can't use
                 raise ApiError(400, "bad_sdp", f"could not apply the offer: {exc}") from None
             check_dtls_fingerprints(offer_sdp)
+            if not limit_inbound_ssrcs(pc):
+                log.warning("aiortc's RTP router is not the one known: inbound SSRCs unbounded")
             tune_answer(pc, opus_offer)
             transceiver = None
             if isinstance(session, RoomMember):

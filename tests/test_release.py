@@ -24,7 +24,7 @@ from agent.config import Config, LifecycleSettings
 from agent.room import RoomMember
 from agent.session import AgentSession
 from signaling.keys import SESSIONS
-from signaling.release import release_closed
+from signaling.release import close_peer_connection, release_closed
 from signaling.sessions import SessionRegistry
 from tests.conftest import LiveServer
 from tests.doubles import ToneMicrophone
@@ -198,3 +198,19 @@ async def test_a_room_participant_and_then_the_room_are_freed_without_the_cyclic
             await session_closed(registry)
             assert alive(watched_second) == []
             assert alive(watched_room) == []
+
+
+async def test_a_close_that_hangs_is_given_up(caplog: pytest.LogCaptureFixture) -> None:
+    """aiortc's close waits for its receivers' RTCP tasks to say they exited; one that died
+    of an exception never says so, and the session's close (and the drain at shutdown)
+    waited forever with it. It is given up after a deadline now, and said."""
+    pc = RTCPeerConnection()
+
+    async def hangs() -> None:
+        await asyncio.Event().wait()
+
+    pc.close = hangs  # type: ignore[method-assign]
+    async with asyncio.timeout(5):
+        await close_peer_connection(pc, timeout_s=0.2)
+    assert "did not finish in 0 s: given up" in caplog.text
+    await RTCPeerConnection.close(pc)

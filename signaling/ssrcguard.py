@@ -1,0 +1,60 @@
+"""Inbound RTP: at most a few sources (SSRCs) per connection.
+
+aiortc 1.16 keeps state per remote SSRC for a connection's whole life (the transport's
+router table, the receiver's statistics and last-seen times) and writes one report block
+per SSRC into every receiver report: past 31 the report is malformed, past 255 packing it
+raises and the receiver's RTCP task dies, after which closing the connection waits for it
+forever (a session nobody can close, a shutdown that hangs). A client sending each packet
+under a new SSRC did all of that. A microphone is one SSRC; a client may restart its sender
+once or twice. Packets under further new SSRCs are dropped before aiortc sees them.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from aiortc import RTCPeerConnection
+from aiortc.rtcdtlstransport import RtpReceiver, RtpRouter
+from aiortc.rtp import RtpPacket
+
+log = logging.getLogger(__name__)
+
+MAX_INBOUND_SSRCS = 4
+
+
+class _GuardedRouter(RtpRouter):
+    """aiortc's router with a cap on the SSRCs it learns. Set as the class of an existing
+    router (no wrapper object, no closure: nothing for the cyclic collector, see
+    signaling/release.py)."""
+
+    ssrc_limit = MAX_INBOUND_SSRCS
+    dropped = 0  # packets refused for a new SSRC past the limit (per router once set)
+
+    def route_rtp(self, packet: RtpPacket) -> RtpReceiver | None:
+        if packet.ssrc not in self.ssrc_table and len(self.ssrc_table) >= self.ssrc_limit:
+            self.dropped += 1
+            if self.dropped == 1:
+                log.warning(
+                    "RTP under more than %d sources (SSRCs) on one connection: packets of "
+                    "further new sources are dropped",
+                    self.ssrc_limit,
+                )
+            return None
+        return super().route_rtp(packet)
+
+
+def limit_inbound_ssrcs(pc: RTCPeerConnection) -> bool:
+    """Cap the remote SSRCs of each of ``pc``'s transports; call after setRemoteDescription.
+    Returns False (and changes nothing) if aiortc's internals are not what this was written
+    against."""
+    routers = []
+    for transceiver in pc.getTransceivers():
+        router = getattr(transceiver.receiver.transport, "_rtp_router", None)
+        if type(router) is _GuardedRouter:
+            continue
+        if type(router) is not RtpRouter:
+            return False
+        routers.append(router)
+    for router in routers:
+        router.__class__ = _GuardedRouter
+    return True

@@ -1,0 +1,73 @@
+"""A client that sends RTP under ever new SSRCs (signaling/ssrcguard.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from typing import Any
+
+import aiohttp
+from aiortc.rtp import HeaderExtensionsMap, RtpPacket
+
+from signaling.keys import SESSIONS
+from signaling.ssrcguard import MAX_INBOUND_SSRCS
+from tests.conftest import LiveServer
+from tests.mic import ClipMic
+from tests.rtc_client import RtcClient
+
+
+async def _flood_ssrcs(client: RtcClient, receiver: Any, packets: int) -> None:
+    """Send ``packets`` Opus packets from ``client``, each under a new SSRC, over the
+    client's own SRTP context (as any WebRTC stack could)."""
+    sender = next(t.sender for t in client.pc.getTransceivers() if t.kind == "audio")
+    codecs = receiver._RTCRtpReceiver__codecs
+    pt = next(p for p, c in codecs.items() if c.mimeType.lower() == "audio/opus")
+    extensions = HeaderExtensionsMap()
+    base = random.getrandbits(31)
+    for i in range(packets):
+        packet = RtpPacket(
+            payload_type=pt,
+            sequence_number=i & 0xFFFF,
+            timestamp=i * 960,
+            ssrc=(base + i) & 0xFFFFFFFF,
+            payload=b"\xf8\xff\xfe",  # an Opus frame of silence
+        )
+        await sender.transport._send_rtp(packet.serialize(extensions))
+        if i % 50 == 0:
+            await asyncio.sleep(0.001)  # let the server read its socket
+
+
+async def test_rtp_under_ever_new_ssrcs_is_bounded_and_the_session_still_closes(
+    live_server: LiveServer,
+) -> None:
+    """aiortc keeps state per remote SSRC for the connection's life and writes a report
+    block per SSRC into each receiver report: past 255 packing it raised, the receiver's
+    RTCP task died, and closing the session then waited forever (DELETE, the watchdog, the
+    drain at shutdown). Found by review: 2000 packets under 2000 SSRCs did it. The router
+    now learns at most MAX_INBOUND_SSRCS sources and drops the rest."""
+    async with aiohttp.ClientSession() as http:
+        client = RtcClient(live_server.url, http)
+        client.mic = ClipMic()
+        await client.connect()
+        try:
+            async with asyncio.timeout(20):
+                while client.pc.connectionState != "connected":
+                    await asyncio.sleep(0.05)
+            assert client.session_id is not None
+            registry = live_server.app[SESSIONS]
+            peer = registry.get(client.session_id)
+            [transceiver] = [t for t in peer.pc.getTransceivers() if t.kind == "audio"]
+            receiver = transceiver.receiver
+            await _flood_ssrcs(client, receiver, 1_000)
+            await asyncio.sleep(2.0)  # at least one RTCP interval (0.5-1.5 s)
+            router = receiver.transport._rtp_router
+            assert len(router.ssrc_table) <= MAX_INBOUND_SSRCS, len(router.ssrc_table)
+            assert len(receiver._RTCRtpReceiver__remote_streams) <= MAX_INBOUND_SSRCS
+            assert len(receiver._RTCRtpReceiver__active_ssrc) <= MAX_INBOUND_SSRCS
+            assert router.dropped > 500, router.dropped  # most of the 1000 (UDP may drop some)
+            rtcp_task = receiver._RTCRtpReceiver__rtcp_task
+            assert not rtcp_task.done(), rtcp_task.exception()
+            async with asyncio.timeout(10):
+                await registry.close(client.session_id)
+        finally:
+            await client.close()
