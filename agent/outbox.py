@@ -21,6 +21,13 @@ from agent.speech import Event
 log = logging.getLogger(__name__)
 
 MAX_PENDING_EVENTS = 128  # events raised before the data channel opened
+# Events sent but not yet handed to SCTP (the channel's bufferedAmount) beyond which
+# further events are dropped: aiortc queues what its SCTP cannot send yet without a bound,
+# and for a client that stops acknowledging (while its RTCP keeps the session alive) every
+# event (a stats event a second, an error per refused message) was queued for the whole
+# session. 64 KiB is minutes of events for a client that reads nothing; a slow network's
+# backlog is a few KiB.
+MAX_UNACKED_EVENT_BYTES = 64 * 1024
 
 
 def error_event(code: str, message: str, request_id: str | None = None) -> Event:
@@ -40,6 +47,7 @@ class EventOutbox:
         self._expects_channel = expects_channel
         self._pending: deque[Event] = deque(maxlen=MAX_PENDING_EVENTS)
         self._owner = owner  # for the log
+        self.dropped = 0  # events dropped for a client that does not read its channel
 
     @property
     def open(self) -> bool:
@@ -54,6 +62,16 @@ class EventOutbox:
         if channel is None or channel.readyState != "open":
             if self._expects_channel:
                 self._pending.append(event)
+            return
+        if channel.bufferedAmount > MAX_UNACKED_EVENT_BYTES:
+            self.dropped += 1
+            if self.dropped == 1:
+                log.warning(
+                    "%s: the client acknowledges nothing on its data channel (%d bytes "
+                    "waiting): events are dropped until it does",
+                    self._owner,
+                    channel.bufferedAmount,
+                )
             return
         try:
             channel.send(json.dumps(event))

@@ -3,12 +3,17 @@ wait for it, bounded and in order; a failing channel never breaks the sender."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import cast
 
+import aiohttp
 from aiortc import RTCDataChannel
 
-from agent.outbox import MAX_PENDING_EVENTS, EventOutbox
+from agent.outbox import MAX_PENDING_EVENTS, MAX_UNACKED_EVENT_BYTES, EventOutbox
+from signaling.keys import SESSIONS
+from tests.conftest import LiveServer
+from tests.rtc_client import RtcClient
 
 
 class FakeChannel:
@@ -19,6 +24,7 @@ class FakeChannel:
         self.fail = fail
         self.sent: list[dict[str, object]] = []
         self.state_reads = 0
+        self.bufferedAmount = 0  # aiortc's name: bytes sent but not yet handed to SCTP
 
     @property
     def readyState(self) -> str:  # aiortc's name
@@ -83,3 +89,49 @@ def test_a_failing_channel_drops_the_event_without_raising() -> None:
     channel.fail = False
     outbox.send({"type": "next"})
     assert [e["type"] for e in channel.sent] == ["next"]
+
+
+def test_events_to_a_client_that_reads_nothing_are_dropped_past_a_bound() -> None:
+    channel = FakeChannel("open")
+    outbox = EventOutbox(expects_channel=True, owner="s")
+    with_channel(outbox, channel)
+    outbox.send({"type": "stats"})
+    channel.bufferedAmount = MAX_UNACKED_EVENT_BYTES + 1
+    outbox.send({"type": "stats"})
+    assert (len(channel.sent), outbox.dropped) == (1, 1)
+    channel.bufferedAmount = 0  # it reads again: events go out again
+    outbox.send({"type": "speech.started", "id": "a"})
+    assert channel.sent[-1] == {"type": "speech.started", "id": "a"}
+
+
+async def test_a_client_that_stops_acknowledging_its_channel_does_not_grow_the_server(
+    live_server: LiveServer,
+) -> None:
+    """A client stops acknowledging (SCTP SACK) what the server sends on its data channel
+    but keeps sending: each refused message got an error event and a stats event went out
+    every second, all queued by aiortc without a bound for as long as the client's RTCP
+    kept the session alive (found by review: 3000 junk messages, 2000+ events queued). The
+    outbox now drops events past 64 KiB waiting."""
+    async with aiohttp.ClientSession() as http:
+        client = RtcClient(live_server.url, http)
+        await client.connect()
+        try:
+            assert client.session_id is not None
+            peer = live_server.app[SESSIONS].get(client.session_id)
+
+            async def no_sack() -> None:
+                return None
+
+            client.pc.sctp._send_sack = no_sack  # type: ignore[method-assign]
+            for i in range(3_000):
+                client.send("x" * 10)  # bad_json: one error event each
+                if i % 100 == 0:
+                    await asyncio.sleep(0.01)
+            await asyncio.sleep(1)
+            outbox = peer.session.outbox
+            assert outbox.dropped > 0
+            assert outbox.channel is not None
+            assert outbox.channel.bufferedAmount <= MAX_UNACKED_EVENT_BYTES + 1024
+            assert len(peer.pc.sctp._data_channel_queue) <= 1_000
+        finally:
+            await client.close()
