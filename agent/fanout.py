@@ -203,6 +203,11 @@ class SubscriberWish:
     def __init__(self, control: SharedEncoderControl, initial: EncoderTarget) -> None:
         self._control = control
         self.target = initial
+        # Withdrawn (an empty slot: no encoder to steer yet) its controller still runs, and
+        # a wish it sent then would join the control it last named (the agent's) for good;
+        # closed (the member left) it never comes back, whatever RTCP still arrives.
+        self._active = True
+        self._closed = False
 
     def set_bitrate(self, bits_per_second: int) -> None:
         self._set(bitrate=bits_per_second)
@@ -220,17 +225,27 @@ class SubscriberWish:
             fec=changes.get("fec", t.fec),
             expected_loss_pct=changes.get("expected_loss_pct", t.expected_loss_pct),
         )
-        self._control.wish(self, self.target)
+        if self._active:
+            self._control.wish(self, self.target)
 
     def move_to(self, control: SharedEncoderControl) -> None:
         """The subscriber's track now carries another source (a slot changed speaker)."""
-        if control is not self._control:
-            self._control.forget(self)
-            self._control = control
-            control.wish(self, self.target)
+        if self._closed or (control is self._control and self._active):
+            return
+        self._control.forget(self)
+        self._control = control
+        self._active = True
+        control.wish(self, self.target)
 
     def withdraw(self) -> None:
+        """No source to steer for now (an empty slot); ``move_to`` gives it one."""
+        self._active = False
         self._control.forget(self)
+
+    def close(self) -> None:
+        """The subscriber is gone: its wish never counts again."""
+        self._closed = True
+        self.withdraw()
 
 
 class FanoutSource:

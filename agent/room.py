@@ -589,7 +589,7 @@ class RoomMember:
     def release_media(self) -> None:
         for sub in self._subs:
             if sub.wish is not None:
-                sub.wish.withdraw()
+                sub.wish.close()
             sub.track.stop()
 
     # --- data channel --------------------------------------------------------------------

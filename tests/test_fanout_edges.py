@@ -92,3 +92,28 @@ async def test_one_subscribers_failing_send_does_not_reach_the_others() -> None:
     assert [payload for _, payload, _ in fine.sent] == [b"one", b"two"]
     assert [payload for _, payload, _ in broken.sent] == [b"two"]
     assert (first.dropped, second.dropped) == (1, 0)
+
+
+def test_a_withdrawn_or_closed_wish_stays_out_of_the_encoders_policy() -> None:
+    """An empty slot's wish is withdrawn (no encoder to steer), but its controller kept
+    running, and its next change re-entered the wish into the control it last named, the
+    room agent's; a departed member's wish did the same when RTCP arrived between leaving
+    and the connection's close, pinning the agent's bitrate to a listener long gone (found
+    by review). Withdrawn, a wish counts again only once it moves to a source; closed,
+    never."""
+    applied: list[EncoderTarget] = []
+    agent = SharedEncoderControl(applied.append)
+    speaker = SharedEncoderControl(lambda target: None)
+    listener = SubscriberWish(agent, EncoderTarget(32_000, False, 0))
+    listener.set_bitrate(24_000)
+    empty_slot = SubscriberWish(agent, EncoderTarget(32_000, False, 0))
+    empty_slot.withdraw()
+    empty_slot.set_bitrate(8_000)  # its controller's next change
+    assert agent.current == EncoderTarget(24_000, False, 0), agent.current
+    empty_slot.move_to(speaker)  # a speaker takes the slot: the wish steers that encoder
+    assert speaker.current == EncoderTarget(8_000, False, 0)
+    listener.close()  # the member left ...
+    listener.set_bitrate(6_000)  # ... and RTCP still came in before its connection closed
+    listener.move_to(speaker)
+    assert agent._wishes == {} and list(speaker._wishes) == [empty_slot]
+    assert agent.current == EncoderTarget(24_000, False, 0)  # kept for the next subscriber
