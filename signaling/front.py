@@ -139,7 +139,8 @@ async def post_offer(request: web.Request) -> web.StreamResponse:
 
 
 async def post_whep(request: web.Request) -> web.StreamResponse:
-    request.app[LIMITS].check_offer(request.remote)
+    if request.content_type == "application/sdp":  # else the worker's 415, as in one process
+        request.app[LIMITS].check_offer(request.remote)
     resume = request.headers.get(SESSION_TOKEN_HEADER)
     if resume is not None:
         return await _forward(request, _session_worker(request, resume))

@@ -504,12 +504,17 @@ class SessionRegistry:
         self.vad_pool.close()
 
 
+MIN_OFFER_SECTIONS = 16
+
+
 def _read_offer(sdp: object, peer_ip: str | None, config: Config) -> tuple[str, OpusOffer]:
     """The offer's SDP checked and prepared for aiortc, and what it says about Opus."""
     # The agent's audio, a room's speaker slots and the data channel, plus a few a client
     # may add and get refused in the answer (video): aiortc's parse and answer cost the
-    # event loop ~0.2 ms a section, 15 ms for the 80 that fit in the size limit.
-    max_sections = config.rooms.max_speakers + 4
+    # event loop ~0.2 ms a section, 15 ms for the 80 that fit in the size limit. At least
+    # MIN_OFFER_SECTIONS: a room page offers its slots whatever the server's setting
+    # (static/room.js: 4 unless ?slots=N), and the extra ones are answered unused.
+    max_sections = max(MIN_OFFER_SECTIONS, config.rooms.max_speakers + 4)
     offer_sdp = add_mdns_fallback(
         explicit_directions(opus_first(check_offer_sdp(sdp, max_sections))),
         peer_ip,

@@ -230,7 +230,10 @@ class WorkerPool:
             ) as resp:
                 status = await resp.json()
         except (aiohttp.ClientError, TimeoutError, ValueError):
-            worker.ready = False  # starting up (no socket yet) or stuck
+            # Starting up (no socket yet) or stuck: what it said before is stale (a refusal
+            # the front would pass on, say).
+            worker.ready = False
+            worker.status = {}
             return
         worker.status = status
         worker.ready = bool(status.get("ready"))

@@ -934,6 +934,8 @@ async function checkSession(pc, id) {
     return; // closed meanwhile
   }
   if (pc !== session.pc || packets !== session.media.packets) return;
+  // A room seat is not resumed (the server would close it): wait, as the room page does.
+  if (session.inRoom) return;
   console.info("no audio for 2 s while the server has the session: resuming it");
   lostConnection();
 }

@@ -1055,3 +1055,37 @@ async def test_a_session_gone_with_its_server_ends_the_call_in_seconds(browser: 
             if server is not None and server.proc.poll() is None:
                 server.proc.kill()
                 server.proc.wait()
+
+
+async def test_the_main_page_in_a_room_waits_out_a_short_audio_gap(
+    browser: Browser, live_server: Any
+) -> None:
+    """The main page joins a room with ?room=. Its seat cannot be resumed, so a gap in the
+    audio while the server has the seat must not start a resume (found by review: the page
+    tore down a working call after a 3 s gap and ended "failed"); it waits, as the room page
+    does, and the call goes on on the same connection."""
+    import asyncio
+
+    from signaling.keys import SESSIONS
+
+    context = await browser.new_context()
+    try:
+        ap = AgentPage(await context.new_page())
+        ap.page.on("console", lambda m: ap.log.append(f"console.{m.type}: {m.text}"))
+        await ap.page.goto(live_server.url + "/?room=r")
+        await ap.page.wait_for_function("() => window.voiceAgent !== undefined")
+        await connect(ap)
+        session_id = await ap.page.evaluate("() => window.voiceAgent.sessionId")
+        peer = live_server.app[SESSIONS].get(session_id)
+        pc = peer.pc
+        source = peer.session.room.agent  # the agent's audio, published to every seat
+        publish = source.publish
+        source.publish = lambda payload: None  # a 3.5 s gap: no packet reaches the page
+        await asyncio.sleep(3.5)
+        source.publish = publish
+        await asyncio.sleep(1)
+        state = await ap.page.get_attribute("#state", "data-state")
+        assert peer.pc is pc and state == "connected", f"state={state}{ap.context()}"
+        assert not any("resuming it" in line for line in ap.log), ap.context()
+    finally:
+        await context.close()

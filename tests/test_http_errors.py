@@ -8,7 +8,9 @@ import aiohttp
 import pytest
 from aiortc import RTCPeerConnection
 
-from tests.conftest import LiveServer
+from agent.config import Config, RoomSettings
+from tests.conftest import LiveServer, serve
+from tests.doubles import ToneEngine
 
 AUDIO_OFFER_HEAD = "v=0\r\no=- 1 1 IN IP4 0.0.0.0\r\ns=-\r\nt=0 0\r\n"
 
@@ -105,6 +107,28 @@ async def test_an_offer_without_a_dtls_fingerprint_is_refused(
     assert error["code"] == "bad_sdp" and "fingerprint" in error["message"], error
 
 
+async def _sections_offer(audio_sections: int) -> str:
+    pc = RTCPeerConnection()
+    try:
+        for _ in range(audio_sections):
+            pc.addTransceiver("audio", direction="recvonly")
+        pc.createDataChannel("agent")
+        await pc.setLocalDescription(await pc.createOffer())
+        return str(pc.localDescription.sdp)
+    finally:
+        await pc.close()
+
+
+async def _join_room(url: str, sdp: str) -> tuple[int, dict[str, Any]]:
+    body = {"type": "offer", "sdp": sdp, "room": "r"}
+    async with aiohttp.ClientSession() as http, http.post(url + "/offer", json=body) as resp:
+        answer = await resp.json()
+        if resp.status == 200:
+            async with http.delete(url + f"/sessions/{answer['session_id']}"):
+                pass
+        return resp.status, answer
+
+
 async def test_an_offer_with_more_sections_than_a_call_uses_is_refused(
     live_server: LiveServer,
 ) -> None:
@@ -114,25 +138,7 @@ async def test_an_offer_with_more_sections_than_a_call_uses_is_refused(
     plus a few a client adds; more is refused. A room page's offer (1 + 4 + 1) passes."""
 
     async def offer(audio_sections: int) -> tuple[int, dict[str, Any]]:
-        pc = RTCPeerConnection()
-        try:
-            for _ in range(audio_sections):
-                pc.addTransceiver("audio", direction="recvonly")
-            pc.createDataChannel("agent")
-            await pc.setLocalDescription(await pc.createOffer())
-            sdp = pc.localDescription.sdp
-        finally:
-            await pc.close()
-        body = {"type": "offer", "sdp": sdp, "room": "r"}
-        async with (
-            aiohttp.ClientSession() as http,
-            http.post(live_server.url + "/offer", json=body) as resp,
-        ):
-            answer = await resp.json()
-            if resp.status == 200:
-                async with http.delete(live_server.url + f"/sessions/{answer['session_id']}"):
-                    pass
-            return resp.status, answer
+        return await _join_room(live_server.url, await _sections_offer(audio_sections))
 
     status, answer = await offer(30)
     assert status == 400, answer
@@ -140,6 +146,19 @@ async def test_an_offer_with_more_sections_than_a_call_uses_is_refused(
         answer["error"]["code"] == "bad_sdp" and "31 media sections" in answer["error"]["message"]
     )
     status, answer = await offer(1 + 4)  # the room page's offer
+    assert status == 200, answer
+
+
+@pytest.mark.parametrize("max_speakers", [0, 1])
+async def test_the_room_pages_offer_joins_a_room_with_few_speaker_slots(
+    max_speakers: int,
+) -> None:
+    """The room page offers 4 slots whatever the server's setting (found by review: a cap
+    of --room-max-speakers + 4 refused its every join with 0 or 1); the extra slots are
+    answered unused."""
+    config = Config(host="127.0.0.1", port=0, rooms=RoomSettings(max_speakers=max_speakers))
+    async with serve(config, ToneEngine()) as server:
+        status, answer = await _join_room(server.url, await _sections_offer(1 + 4))
     assert status == 200, answer
 
 

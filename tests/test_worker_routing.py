@@ -21,7 +21,7 @@ from yarl import URL
 from agent.config import BreakerSettings, Config, LimitSettings, SecuritySettings
 from agent.conversation_config import ListenSettings
 from signaling.app import build_app, runner_options
-from signaling.front import build_front_app
+from signaling.front import build_front_app, workers_refusal
 from signaling.keys import BREAKER, DRAIN, ENGINE, ENGINE_ERROR
 from signaling.workers import WorkerPool
 from tests.conftest import raw_http, raw_status
@@ -501,3 +501,23 @@ async def test_the_offer_rate_limit_is_the_whole_servers() -> None:
                 if resp.status == 429:
                     assert int(resp.headers["Retry-After"]) >= 1
     assert codes == [(400, "no_audio")] * 3 + [(429, "rate_limited")] * 2, codes
+
+
+async def test_a_worker_that_stops_answering_its_status_gives_no_stale_reason(
+    tmp_path: Path,
+) -> None:
+    """A worker whose status poll fails (stuck, or restarting) keeps no status from before:
+    its last refusal would be passed on as if current (found by review)."""
+    p = pool(tmp_path, workers=1)
+    worker = p.workers[0]
+    worker.process = _Running()  # type: ignore[assignment]
+    worker.status = {"ready": False, "refusal": {"code": "engine_failed", "message": "old"}}
+    worker.http = aiohttp.ClientSession(
+        connector=aiohttp.UnixConnector(path=str(tmp_path / "nobody-listens.sock"))
+    )
+    try:
+        await p._poll(worker)
+    finally:
+        await worker.http.close()
+    assert worker.status == {} and not worker.ready
+    assert workers_refusal(p.workers) is None  # not_ready, then
