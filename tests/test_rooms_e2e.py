@@ -476,3 +476,30 @@ async def test_chat_in_a_room_is_answered_by_the_brain_for_everyone() -> None:
             finally:
                 await asker.close()
                 await other.close()
+
+
+async def test_one_who_joins_while_the_agent_speaks_gets_the_utterances_start() -> None:
+    """A participant who joined while the room's agent spoke got that utterance's segments
+    and its end, never its start (room.state says only agent_speaking: true); found by a
+    chaos run. The joiner now gets its speech.started right after room.state."""
+    config = Config(host="127.0.0.1", port=0, rooms=RoomSettings())
+    text = "One two three. Four five six. Seven eight nine."
+    async with serve(config, ToneEngine()) as server, aiohttp.ClientSession() as http:
+        first = RtcClient(server.url, http)
+        second = RtcClient(server.url, http)
+        try:
+            await first.connect(room="r", slots=4, name="A")
+            first.send({"type": "say", "text": text, "id": "long"})
+            await first.wait_event(lambda e: e["type"] == "speech.started", 10)
+            await asyncio.sleep(0.3)  # inside the first sentence
+            await second.connect(room="r", slots=4, name="B")
+            await second.wait_event(lambda e: e["type"] == "speech.ended", 15)
+        finally:
+            await first.close()
+            await second.close()
+    kinds = [e["type"] for e in second.events if e.get("id") == "long"]
+    assert "speech.segment" in kinds, kinds
+    assert kinds[0] == "speech.started" and kinds.count("speech.started") == 1, kinds
+    assert kinds[-1] == "speech.ended", kinds
+    order = [e["type"] for e in second.events if e["type"] in ("room.state", "speech.started")]
+    assert order[:2] == ["room.state", "speech.started"], order
