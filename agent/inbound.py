@@ -44,6 +44,8 @@ log = logging.getLogger(__name__)
 
 _JITTER_BUFFER_ATTR = "_RTCRtpReceiver__jitter_buffer"  # aiortc 1.16's private attribute
 _JITTER_BUFFER_CAPACITY = 16  # aiortc's own for audio
+# How long a turn the microphone's end cut short waits before it ends (see _read).
+TRACK_END_SETTLE_S = 0.5
 
 
 def install_receive_buffer(receiver: RTCRtpReceiver, reorder_wait: int) -> bool:
@@ -197,6 +199,13 @@ class InboundAudio:
         for task in scorers:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        if self.detector.speaking:
+            # The track ends on the client's RTCP BYE, which a closing connection sends
+            # before its SCTP ABORT: ended at once, the turn's user.speech.ended went out on
+            # a data channel about to close and was lost to the resumed connection (found by
+            # a chaos run). A moment lets the server see the connection go first: the event
+            # then waits for the resume. (A resume's stop_listening ends the turn sooner.)
+            await asyncio.sleep(TRACK_END_SETTLE_S)
         self._end_turn()
 
     def _windows(self, frame: Any) -> list[Window]:

@@ -721,3 +721,28 @@ async def test_voice_turns_whose_replies_cannot_start_are_bounded_like_chat() ->
     finally:
         drain.stop()
         await session.close()
+
+
+async def test_a_turn_the_microphone_s_end_cuts_short_ends_a_moment_later() -> None:
+    """The microphone's track ends (the client's RTCP BYE) mid-turn: the turn ends after
+    TRACK_END_SETTLE_S, not at once, so that a connection closing with it is seen first and
+    user.speech.ended waits for the resume instead of going out on a dying channel."""
+    from aiortc.mediastreams import MediaStreamError
+
+    from agent.inbound import TRACK_END_SETTLE_S, InboundAudio
+
+    class EndedTrack:
+        async def recv(self) -> None:
+            raise MediaStreamError
+
+    settings = ListenSettings(min_speech_ms=64, preroll_ms=64, end_of_turn_silence_ms=64)
+    listener = TurnRecorder()
+    inbound = InboundAudio(EndedTrack(), None, settings, listener)  # type: ignore[arg-type]
+    for i in range(4):
+        inbound._on_window(np.zeros(512, np.float32), float(i), 0.9)
+    assert listener.started and inbound.detector.speaking
+    reader = asyncio.get_running_loop().create_task(inbound._read())
+    await asyncio.sleep(TRACK_END_SETTLE_S / 2)
+    assert listener.ended == []
+    await asyncio.wait_for(reader, TRACK_END_SETTLE_S * 2)
+    assert len(listener.ended) == 1
