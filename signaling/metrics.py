@@ -163,6 +163,11 @@ class _LiveCollector:
             "voice_agent_sessions_max", "Most concurrent sessions admitted", metrics._max_sessions
         )
         yield GaugeMetricFamily(
+            "voice_agent_rooms_active",
+            "Open voice rooms (a room closes with its last participant)",
+            len({peer.room for peer in peers if peer.room is not None}),
+        )
+        yield GaugeMetricFamily(
             "voice_agent_engine_ready", "1 once the speech model is loaded", int(engine.ready)
         )
         yield GaugeMetricFamily(

@@ -409,6 +409,7 @@ async def test_metrics_count_a_rooms_shared_agent_once() -> None:
     assert float(line.split()[1]) == queued  # once for the room, not once per participant
     sessions = [x for x in text.splitlines() if x.startswith("voice_agent_sessions_active{")]
     assert any('kind="offer"' in x and x.endswith(" 3.0") for x in sessions), sessions
+    assert "\nvoice_agent_rooms_active 1.0\n" in text  # three seats, one room
 
 
 async def test_config_in_a_room_sets_the_voice_and_refuses_barge_in() -> None:
