@@ -40,7 +40,9 @@ def _both_ready(server: Served) -> Served:
 def two_workers(tiny_model_dir: Path) -> Iterator[Served]:
     """One fleet for the module (a start costs ~20 s of the suite); the test that kills a
     worker runs last and waits for the earlier tests' sessions to be gone first."""
-    with serve_subprocess(tiny_model_dir, "--workers", "2") as server:
+    # Every test's clients come from one address: more new sessions than the default burst
+    # of 10, which the front now counts for the whole server (not 10 per worker).
+    with serve_subprocess(tiny_model_dir, "--workers", "2", "--offer-burst", "100") as server:
         yield _both_ready(server)
 
 
