@@ -114,9 +114,6 @@ class Room:
         self._last_speech = -math.inf
         self._on_closed = on_closed
         self._tasks: list[asyncio.Task[None]] = []
-        # The agent's utterance being heard now (its speech.started): one who joins during
-        # it gets it too, or its segments and end would come with no start.
-        self._audible: Event | None = None
 
     # --- lifecycle -----------------------------------------------------------------------
     def start(self) -> None:
@@ -233,8 +230,11 @@ class Room:
         )
         self.members[member.participant_id] = member
         member.send_event({"type": "room.state", **self.describe(member)})
-        if self._audible is not None:
-            member.send_event(self._audible)
+        # One who joins while the agent speaks gets that utterance's start too, or its
+        # segments and end would come with no start.
+        audible = self.pipeline.audible
+        if audible is not None:
+            member.send_event({"type": "speech.started", "id": audible})
         self.broadcast({"type": "participant.joined", **member.describe()}, skip=member)
         log.info(
             "room %s: %s joined (%d present)", self.name, member.participant_id, len(self.members)
@@ -313,15 +313,6 @@ class Room:
     # --- events --------------------------------------------------------------------------
     def _agent_event(self, event: Event) -> None:
         self.conversation.observe(event)  # what was played becomes the history
-        kind = event.get("type")
-        if kind == "speech.started":
-            self._audible = event
-        elif (
-            kind == "speech.ended"
-            and self._audible is not None
-            and self._audible.get("id") == event.get("id")
-        ):
-            self._audible = None
         self.broadcast(event)
 
     def broadcast(self, event: Event, skip: RoomMember | None = None) -> None:

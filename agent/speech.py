@@ -282,6 +282,11 @@ class SpeechPipeline:
     def busy(self) -> bool:
         return bool(self._active) or bool(self._queue)
 
+    @property
+    def audible(self) -> str | None:
+        """The id of the utterance being heard now (its speech.started sent, its end not)."""
+        return next((u.id for u in self._active if u.started and not u.ended), None)
+
     # --- helpers -------------------------------------------------------------------------
     def _check_text(self, text: object) -> str:
         if not isinstance(text, str):

@@ -220,10 +220,14 @@ def workers_refusal(workers: Iterable[Worker]) -> ApiError | None:
         return None
     unavailable = [r for r in refusals if r["code"] == "tts_unavailable"]
     if unavailable:
-        soonest = min(unavailable, key=lambda r: int(r.get("headers", {}).get("Retry-After", 1)))
-        headers = {"Retry-After": str(soonest.get("headers", {}).get("Retry-After", 1))}
+        soonest = min(unavailable, key=_retry_after)
+        headers = {"Retry-After": str(_retry_after(soonest))}
         return ApiError(503, "tts_unavailable", str(soonest.get("message")), headers)
     return ApiError(503, "engine_failed", str(refusals[0].get("message")))
+
+
+def _retry_after(refusal: dict[str, Any]) -> int:
+    return int(refusal.get("headers", {}).get("Retry-After", 1))
 
 
 def _session_worker(request: web.Request, session_id_or_token: str) -> Worker:

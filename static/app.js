@@ -2,6 +2,8 @@
 // events, and live getStats() plots. Plain ES module, no build step, no external resources.
 // Wire contract: shared DESIGN.md ("Wire contract, version 1").
 
+import { MEDIA_STALL_MS, audioPackets, sessionStatus } from "./audiowatch.js";
+
 const OFFER_URL = "/offer";
 const SESSION_URL = (id) => `/sessions/${encodeURIComponent(id)}`;
 const ICE_GATHER_TIMEOUT_MS = 2000; // non-trickle: send the offer after gathering or this long
@@ -12,12 +14,6 @@ const STATS_INTERVAL_MS = 1000;
 // speech kept); "disconnected" for this long counts as lost.
 const RESUME_ATTEMPTS = 3;
 const RESUME_AFTER_DISCONNECTED_MS = 4000;
-// The media path can break while the server and HTTP are fine (a network switch, a NAT
-// rebinding), and a server can vanish without a word: ICE says "disconnected" only after
-// ~7 s and "failed" after ~18 s. The audio stops at once (the server sends a packet every
-// 20 ms, silence included): stopped this long, the page asks the server about the session.
-const MEDIA_STALL_MS = 2000;
-const SESSION_CHECK_TIMEOUT_MS = 2000;
 const PLOT_POINTS = 60; // one per second: the last minute
 const MAX_STATS_SAMPLES = 3600; // what window.voiceAgent.stats keeps (an hour)
 // A long call must not grow the page without bound: the transcript keeps its newest items
@@ -872,12 +868,13 @@ async function sampleStats() {
   if (!pc || session.statsBusy) return;
   session.statsBusy = true;
   try {
-    const picked = pickStats(await pc.getStats());
+    const report = await pc.getStats();
+    const picked = pickStats(report);
     if (pc !== session.pc) return;
     const sample = makeSample(picked, session.prevInbound);
     addServerSide(sample);
     if (picked.inbound) session.prevInbound = picked.inbound;
-    watchMedia(pc, picked.inbound);
+    watchMedia(pc, audioPackets(report));
     stats.push(sample);
     if (stats.length > MAX_STATS_SAMPLES) stats.splice(0, stats.length - MAX_STATS_SAMPLES);
     drawPlots();
@@ -888,14 +885,15 @@ async function sampleStats() {
   }
 }
 
-// Audio stopped for MEDIA_STALL_MS on a connected call: ask the server. The session gone
-// (404: it was closed, or the server restarted) ends the call; the session still there means
-// the media path broke: resume it on a new connection now, unless the audio came back
-// meanwhile (a stall on the server's side). No answer (a network blip, or the server gone)
-// leaves it to ICE: "disconnected", then the resume tries, which say so.
-function watchMedia(pc, inbound) {
+// Audio stopped for MEDIA_STALL_MS on a connected call (ICE says "disconnected" only after
+// ~7 s, "failed" after ~18 s, and never if only the media path broke): ask the server. The
+// session gone (404: it was closed, or the server restarted) ends the call; the session
+// still there means the media path broke (a network switch, a NAT rebinding): resume it on a
+// new connection now, unless the audio came back meanwhile (a stall on the server's side).
+// No answer (a network blip, or the server gone) leaves it to ICE: "disconnected", then the
+// resume tries, which say so.
+function watchMedia(pc, packets) {
   const media = session.media;
-  const packets = (inbound && num(inbound.packetsReceived)) ?? 0;
   const now = performance.now();
   if (media.pc !== pc || packets !== media.packets) {
     Object.assign(media, { pc, packets, since: now });
@@ -909,18 +907,8 @@ function watchMedia(pc, inbound) {
 }
 
 async function checkSession(pc, id) {
-  let status;
-  try {
-    const res = await fetch(SESSION_URL(id), {
-      headers: apiHeaders(),
-      cache: "no-store",
-      signal: AbortSignal.timeout(SESSION_CHECK_TIMEOUT_MS),
-    });
-    status = res.status;
-  } catch {
-    return;
-  }
-  if (pc !== session.pc) return;
+  const status = await sessionStatus(id, apiHeaders());
+  if (status === null || pc !== session.pc) return;
   if (status === 404) {
     teardown("closed");
     showAlert("The session is gone on the server (it was closed, or the server restarted).");
@@ -929,7 +917,7 @@ async function checkSession(pc, id) {
   if (status !== 200) return;
   let packets = null;
   try {
-    packets = num(pickStats(await pc.getStats()).inbound?.packetsReceived) ?? 0;
+    packets = audioPackets(await pc.getStats());
   } catch {
     return; // closed meanwhile
   }

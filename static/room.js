@@ -7,6 +7,8 @@
 // person who holds speaker slot s. They are offered up front, so later speakers need no
 // renegotiation.
 
+import { MEDIA_STALL_MS, audioPackets, sessionStatus } from "./audiowatch.js";
+
 const TOKEN = new URLSearchParams(location.search).get("token");
 const SLOTS = Number(new URLSearchParams(location.search).get("slots") || 4);
 // ?processing=off: no echo cancellation / noise suppression / gain control on the microphone
@@ -269,13 +271,11 @@ function onConnectionState(pc) {
 
 // The server can vanish without a word (killed, its machine gone): no channel close, and
 // Chromium calls the connection failed only ~18 s later. Its audio stops at once, though
-// (it sends a packet every 20 ms, silence included), so a call whose audio stopped for
-// MEDIA_STALL_MS asks the server about its seat: gone (404) ends the call now; no answer
-// for SERVER_GONE_MS ends it too (a network blip answers again sooner); still there, the
-// call waits (the media path may come back, or ICE fails).
+// (audiowatch.js), so a call whose audio stopped for MEDIA_STALL_MS asks the server about
+// its seat: gone (404) ends the call now; no answer for SERVER_GONE_MS ends it too (a
+// network blip answers again sooner); still there, the call waits (the media path may come
+// back, or ICE fails). A seat is not resumed, unlike the main page's session.
 const WATCH_INTERVAL_MS = 1000;
-const MEDIA_STALL_MS = 2000;
-const SEAT_CHECK_TIMEOUT_MS = 2000;
 const SERVER_GONE_MS = 4000;
 const watch = { pc: null, packets: -1, heardAt: 0, unreachableSince: null, checking: false };
 
@@ -285,11 +285,9 @@ async function watchCall() {
   if (watch.pc !== pc) {
     Object.assign(watch, { pc, packets: -1, heardAt: performance.now(), unreachableSince: null });
   }
-  let packets = 0;
+  let packets;
   try {
-    (await pc.getStats()).forEach((r) => {
-      if (r.type === "inbound-rtp" && r.kind === "audio") packets += r.packetsReceived || 0;
-    });
+    packets = audioPackets(await pc.getStats());
   } catch {
     return; // closed meanwhile
   }
@@ -309,15 +307,7 @@ async function watchCall() {
 }
 
 async function checkSeat(pc, sessionId, now) {
-  let status = null;
-  try {
-    const res = await fetch(`/sessions/${encodeURIComponent(sessionId)}`, {
-      headers: headers(), cache: "no-store", signal: AbortSignal.timeout(SEAT_CHECK_TIMEOUT_MS),
-    });
-    status = res.status;
-  } catch {
-    // no answer: the server is gone, or the network is
-  }
+  const status = await sessionStatus(sessionId, headers());
   if (pc !== call.pc) return;
   if (status === 404) {
     ended(pc, "closed", "Your seat in the room is gone (the server closed it or restarted).");

@@ -150,18 +150,18 @@ async def test_the_watchdogs_lines_name_the_session_they_are_about(
         assert all(r["session_id"] == sid for r in about), about
 
 
+def unheard_config(breaker: BreakerSettings) -> Config:
+    """A server that listens to no microphone, with ``breaker``: for a FailingEngine."""
+    return Config(host="127.0.0.1", port=0, listen=ListenSettings(enabled=False), breaker=breaker)
+
+
 async def test_a_rooms_and_the_breakers_own_lines_name_no_session(
     json_log: io.StringIO,
 ) -> None:
     """A room's tasks (its agent's speech) were started in its first participant's context
     and the breaker's probe in that of the session whose failure opened it: their lines
     carried that session's id for good. They belong to no session."""
-    config = Config(
-        host="127.0.0.1",
-        port=0,
-        listen=ListenSettings(enabled=False),
-        breaker=BreakerSettings(failures=2, window_s=30, cooldown_s=0.2),
-    )
+    config = unheard_config(BreakerSettings(failures=2, window_s=30, cooldown_s=0.2))
     engine = FailingEngine()
     async with serve(config, engine) as server, aiohttp.ClientSession() as http:
         await offer(http, server.url, room="r")  # the first participant starts the room
@@ -258,12 +258,7 @@ async def test_a_rooms_speech_worker_names_no_session_after_a_participants_inter
     ``create_task`` in the context of whoever interrupted: after one participant's
     ``interrupt`` the room agent's worker, and every line it writes (engine failures
     included), names that participant, for good, even after it left."""
-    config = Config(
-        host="127.0.0.1",
-        port=0,
-        listen=ListenSettings(enabled=False),
-        breaker=BreakerSettings(failures=100, window_s=30, cooldown_s=1),
-    )
+    config = unheard_config(BreakerSettings(failures=100, window_s=30, cooldown_s=1))
     engine = FailingEngine()
     async with serve(config, engine) as server, aiohttp.ClientSession() as http:
         other = await offer(http, server.url, room="r")  # the room exists before the client

@@ -271,7 +271,7 @@ class Segmenter:
 
             out.extend(_split_long(self._buf[:end], self._max))
             self._set_buffer(self._buf[end:].lstrip().lstrip(_ORPHAN_CLOSERS).lstrip())
-            start, scan_from = self._scan
+            start = scan_from = 0
         self._scan = (start, scan_from)
         return out
 
