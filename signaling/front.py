@@ -10,10 +10,12 @@ What it routes where:
 
 The worker does every check (auth, limits, SDP) itself; the front checks the offer rate
 per client address as well (spread over N workers, the workers' own buckets would let a
-client open N times the rate). The front forwards the request as it came (path and query
-not decoded), plus ``X-Forwarded-For``; only a session path that would resolve to another
-route (encoded ``..``, ``/``, ``?``) it refuses, 404. It checks
-``--metrics-token`` on its own ``/metrics`` as the workers do. It never touches media.
+client open N times the rate), and so, before it, a new session's token, as one process
+does: an offer refused 401 or 403 must not use up the client's offers. The front forwards
+the request as it came (path and query not decoded), plus ``X-Forwarded-For``; only a
+session path that would resolve to another route (encoded ``..``, ``/``, ``?``) it
+refuses, 404. It checks ``--metrics-token`` on its own ``/metrics`` as the workers do. It
+never touches media.
 CORS (signaling/cors.py, the same allow-list as the workers') is the front's own: it
 answers preflights and puts the headers on its own answers (errors such as
 ``unknown_session`` or ``worker_unavailable`` too); a worker's answer, which carries them
@@ -32,7 +34,6 @@ from typing import Any
 from urllib.parse import unquote
 
 import aiohttp
-import jwt
 from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import Metric
@@ -44,6 +45,7 @@ from agent.config import Config
 from agent.logcontext import SESSION_ID
 from signaling import routes
 from signaling.app import FORWARDED_FOR_HEADER, MAX_REQUEST_BYTES, runner_options
+from signaling.auth import CLAIMS, claims, request_token, require_speaker, verify_token
 from signaling.cors import make_cors_middleware
 from signaling.errors import ApiError, error_middleware
 from signaling.keys import CONFIG, DRAIN, LIMITS
@@ -118,6 +120,8 @@ def build_front_app(config: Config, pool: WorkerPool) -> web.Application:
 
 # --- routing -------------------------------------------------------------------------------
 async def post_offer(request: web.Request) -> web.StreamResponse:
+    await _check_token(request)
+    require_speaker(request)  # as a worker refuses it: before the rate
     request.app[LIMITS].check_offer(request.remote)
     body = await request.read()
     try:
@@ -134,34 +138,29 @@ async def post_offer(request: web.Request) -> web.StreamResponse:
     if resume is not None:
         # A session token names its worker like a session id does.
         return await _forward(request, _session_worker(request, resume), body)
-    room = text("room") or _token_room(request, text("token"))
+    room = text("room") or claims(request).room
     return await _forward(request, _new_session_worker(request, room), body)
 
 
 async def post_whep(request: web.Request) -> web.StreamResponse:
+    await _check_token(request)
     if request.content_type == "application/sdp":  # else the worker's 415, as in one process
         request.app[LIMITS].check_offer(request.remote)
     resume = request.headers.get(SESSION_TOKEN_HEADER)
     if resume is not None:
         return await _forward(request, _session_worker(request, resume))
-    room = request.query.get("room") or _token_room(request, None)
+    room = request.query.get("room") or claims(request).room
     return await _forward(request, _new_session_worker(request, room))
 
 
-def _token_room(request: web.Request, body_token: str | None) -> str | None:
-    """The room a token binds its holder to, for routing only: the worker verifies the
-    token; here an invalid one just routes like any other offer (and is refused there)."""
-    scheme, _, bearer = request.headers.get("Authorization", "").partition(" ")
-    token = bearer.strip() if scheme.lower() == "bearer" else None
-    token = token or request.query.get("token") or body_token
-    if not token:
-        return None
-    try:
-        claims = jwt.decode(token, options={"verify_signature": False})
-    except (jwt.PyJWTError, UnicodeError):  # UnicodeError: see signaling/auth.py
-        return None
-    room = claims.get("room") if isinstance(claims, dict) else None
-    return room if isinstance(room, str) and room else None
+async def _check_token(request: web.Request) -> None:
+    """Verifies a new session's token as the worker will (401 ``unauthorized``), so that
+    the offer rate counts only offers a worker may answer; stores the claims, whose room
+    routes the offer. Without ``--auth-secret`` tokens are not read: the workers ignore
+    them too."""
+    secret = request.app[CONFIG].security.auth_secret
+    if secret is not None:
+        request[CLAIMS] = verify_token(await request_token(request), secret)
 
 
 def _new_session_worker(request: web.Request, room: str | None) -> Worker:

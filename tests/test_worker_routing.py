@@ -21,6 +21,7 @@ from yarl import URL
 from agent.config import BreakerSettings, Config, LimitSettings, SecuritySettings
 from agent.conversation_config import ListenSettings
 from signaling.app import build_app, runner_options
+from signaling.auth import mint_token
 from signaling.front import build_front_app, workers_refusal
 from signaling.keys import BREAKER, DRAIN, ENGINE, ENGINE_ERROR
 from signaling.workers import WorkerPool
@@ -521,3 +522,56 @@ async def test_a_worker_that_stops_answering_its_status_gives_no_stale_reason(
         await worker.http.close()
     assert worker.status == {} and not worker.ready
     assert workers_refusal(p.workers) is None  # not_ready, then
+
+
+async def test_offers_refused_for_their_token_use_up_none_of_the_offer_rate() -> None:
+    """The front counted an offer against its client's rate before a worker checked the
+    token: offers refused 401 (no token, an expired or forged one) or 403 (a listener's
+    /offer) used up the client's offers, which one process does not do (found by review).
+    The front now verifies a new session's token first, and routes by its verified room."""
+    secret = "s" * 32
+    config = Config(
+        host="127.0.0.1",
+        port=0,
+        listen=ListenSettings(enabled=False),
+        limits=LimitSettings(offer_rate=0.01, offer_burst=2),
+        security=SecuritySettings(auth_secret=secret),
+    )
+    pools: list[WorkerPool] = []
+    room = "blue"
+    async with (
+        front_and_worker(config, workers=2, pools=pools) as url,
+        aiohttp.ClientSession() as http,
+    ):
+        forged = mint_token("f" * 32, ttl_s=60)
+        listener = mint_token(secret, ttl_s=60, role="listener")
+        refused = []
+        for headers, path in [
+            ({}, "/offer"),
+            ({"Authorization": f"Bearer {forged}"}, "/offer"),
+            ({"Authorization": f"Bearer {listener}"}, "/offer"),
+            ({}, "/whep"),
+        ] * 2:
+            async with http.post(url + path, headers=headers, json={"type": "offer"}) as resp:
+                refused.append((resp.status, (await resp.json())["error"]["code"]))
+        expected = [(401, "unauthorized")] * 2 + [(403, "forbidden"), (401, "unauthorized")]
+        assert refused == expected * 2, refused
+        roomed = mint_token(secret, ttl_s=60, room=room)
+        offer = await an_offer()
+        answered = []
+        for _ in range(3):
+            async with http.post(
+                url + "/offer", json={"type": "offer", "sdp": offer, "token": roomed}
+            ) as resp:
+                body = await resp.json()
+                answered.append(resp.status)
+                if resp.status == 200:
+                    # The token's room is held by one worker: the offer went there.
+                    pinned = pools[0].for_room(room).index
+                    assert body["session_id"].startswith(f"w{pinned}-"), body
+                    async with http.delete(
+                        url + f"/sessions/{body['session_id']}",
+                        headers={"Authorization": f"Bearer {roomed}"},
+                    ) as gone:
+                        assert gone.status in (200, 204), await gone.text()
+        assert answered == [200, 200, 429], answered
