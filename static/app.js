@@ -955,6 +955,9 @@ function buildPlots() {
     const value = document.createElement("output");
     value.className = "value";
     value.id = `stat-${metric.key}`;
+    // An <output> is a polite live region (role status): each figure, updated once a
+    // second, would be read out every second. Screen readers read them when asked.
+    value.setAttribute("aria-live", "off");
     value.textContent = "—";
     head.append(label, value);
     const canvas = document.createElement("canvas");

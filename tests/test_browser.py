@@ -1089,3 +1089,34 @@ async def test_the_main_page_in_a_room_waits_out_a_short_audio_gap(
         assert not any("resuming it" in line for line in ap.log), ap.context()
     finally:
         await context.close()
+
+
+async def live_settings(page: Page, selector: str) -> list[str | None]:
+    """The `live` setting Chromium's accessibility tree gives each element matching
+    `selector` (what a screen reader goes by: "polite" is announced on every change)."""
+    cdp = await page.context.new_cdp_session(page)
+    count = await page.evaluate(
+        "(sel) => (window.__liveProbe = [...document.querySelectorAll(sel)]).length", selector
+    )
+    settings: list[str | None] = []
+    for i in range(count):
+        element = await cdp.send("Runtime.evaluate", {"expression": f"window.__liveProbe[{i}]"})
+        tree = await cdp.send(
+            "Accessibility.getPartialAXTree",
+            {"objectId": element["result"]["objectId"], "fetchRelatives": False},
+        )
+        props = tree["nodes"][0].get("properties", [])
+        settings.append(next((p["value"]["value"] for p in props if p["name"] == "live"), None))
+    await cdp.detach()
+    return settings
+
+
+async def test_the_stats_figures_are_not_read_out_every_second(agent_page: AgentPage) -> None:
+    """The twelve figures under Connection change once a second while a call is up. Each was
+    an `<output>`, which browsers expose as a polite live region (role status): a screen
+    reader read every figure out every second, drowning the transcript and the state."""
+    values = await live_settings(agent_page.page, "#stats .value")
+    assert len(values) == 12, values
+    assert all(v in (None, "off") for v in values), values
+    # The page's real live regions stay: the call's state and the transcript.
+    assert await live_settings(agent_page.page, "#state, #transcript") == ["polite", "polite"]
