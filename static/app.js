@@ -200,7 +200,14 @@ async function openMic(stale) {
       return null;
     }
     session.micStream = stream;
-    return stream.getAudioTracks()[0] ?? null;
+    const track = stream.getAudioTracks()[0] ?? null;
+    // The device unplugged or its permission withdrawn mid-call: the call goes on without
+    // it, which the user must know (else they talk to no one).
+    track?.addEventListener("ended", () => {
+      if (session.micStream !== stream) return; // Hang up's own stop, or an earlier call's
+      showAlert("The microphone stopped (unplugged, or its permission withdrawn): listening only; type to talk.", "info");
+    });
+    return track;
   } catch (err) {
     if (!stale()) {
       showAlert(`Microphone unavailable (${err.name || err}): listening only; type to talk.`, "info");

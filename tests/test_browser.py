@@ -1120,3 +1120,27 @@ async def test_the_stats_figures_are_not_read_out_every_second(agent_page: Agent
     assert all(v in (None, "off") for v in values), values
     # The page's real live regions stay: the call's state and the transcript.
     assert await live_settings(agent_page.page, "#state, #transcript") == ["polite", "polite"]
+
+
+async def test_a_microphone_that_stops_mid_call_is_shown(agent_page: AgentPage) -> None:
+    """A microphone unplugged (or its permission withdrawn) mid-call ends its track: the
+    call goes on listen-only, and the page said nothing, so the user talked to no one."""
+    ap = agent_page
+    await connect(ap, mic=True)
+    assert await ap.page.is_hidden("#alert")
+    # What the browser does when the device goes: the track ends and fires `ended`.
+    await ap.page.evaluate(
+        "() => { const t = window.voiceAgent.micTrack; t.stop(); t.dispatchEvent(new Event('ended')); }"
+    )
+    await ap.page.wait_for_selector("#alert:not([hidden])", timeout=2_000)
+    assert "microphone" in (await ap.page.text_content("#alert") or "").lower()
+    assert await ap.page.get_attribute("#state", "data-state") == "connected"
+    assert await ap.page.is_enabled("#say")
+    # A microphone stopped by Hang up itself is no news.
+    await ap.page.click("#hangup")
+    await ap.page.wait_for_selector('#state[data-state="closed"]')
+    await connect(ap, mic=True)
+    await ap.page.click("#hangup")
+    await ap.page.wait_for_selector('#state[data-state="closed"]')
+    assert await ap.page.is_hidden("#alert")
+    assert not ap.page_errors(), ap.context()
