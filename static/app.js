@@ -650,12 +650,22 @@ function handleEvent(msg) {
       break;
     }
     case "error": {
-      const turn = msg.id && items.get(String(msg.id));
+      const id = msg.id === undefined || msg.id === null ? null : String(msg.id);
+      const turn = id !== null && items.get(id);
       if (turn && turn.dataset.role === "user") setItemStatus(turn, "error", msg.code ?? "error");
       const code = msg.code ?? "error";
       const text = `${code}: ${msg.message ?? ""}`;
       showAlert(`The agent reported an error. ${text}`);
-      appendErrorItem(code, msg.message ?? "");
+      if (id !== null && !turn && texts.has(id)) {
+        // A say of ours refused (rate_limited, empty_text, queue_full...): the box emptied
+        // as it went out, so its item shows what was typed, marked with the refusal.
+        const li = ensureItem(id);
+        setItemStatus(li, "error", code);
+        li.dataset.code = code;
+        li.title = msg.message ?? "";
+      } else {
+        appendErrorItem(code, msg.message ?? "");
+      }
       break;
     }
     case "session.closed":

@@ -1144,3 +1144,33 @@ async def test_a_microphone_that_stops_mid_call_is_shown(agent_page: AgentPage) 
     await ap.page.wait_for_selector('#state[data-state="closed"]')
     assert await ap.page.is_hidden("#alert")
     assert not ap.page_errors(), ap.context()
+
+
+def one_speech_request_config() -> Any:
+    from agent.config import Config, LimitSettings
+
+    return Config(host="127.0.0.1", port=0, limits=LimitSettings(speech_burst=1, speech_rate=0.01))
+
+
+@pytest.mark.parametrize("server_config", [one_speech_request_config()], ids=["speech_burst_1"])
+async def test_a_say_the_server_refuses_keeps_its_text_in_the_transcript(
+    agent_page: AgentPage,
+) -> None:
+    """A say the server refuses (here rate_limited; also empty_text, queue_full...) gets an
+    `error` with the say's id. The box had emptied as the say went out, and the transcript
+    showed only the error: what the user had typed was gone."""
+    ap = agent_page
+    await connect(ap)
+    await say_in_ui(ap, "first one")
+    await say_in_ui(ap, "second one")
+    await ap.page.wait_for_function(
+        "() => window.voiceAgent.events.some((e) => e.type === 'error')", timeout=5_000
+    )
+    refused = [e for e in await events(ap) if e.get("type") == "error"]
+    assert refused[0]["code"] == "rate_limited" and refused[0].get("id"), refused
+    item = await transcript_item(ap, refused[0]["id"])
+    assert item == {"text": "second one", "status": "error"}, item
+    badge = f'#transcript li[data-id="{refused[0]["id"]}"] .badge'
+    assert await ap.page.text_content(badge) == "rate_limited"
+    assert "rate_limited" in (await ap.page.text_content("#alert") or "")
+    assert not ap.page_errors(), ap.context()
