@@ -38,6 +38,10 @@ const people = new Map(); // participant id -> participant (from room.state / ev
 const events = []; // the data-channel events, in order: the newest MAX_EVENTS
 const tracks = []; // index (0 = agent, 1.. = slots) -> { analyser, freq, level }
 let audioContext = null;
+// Whether the room's agent takes our instructions (room.state): in a room where only hosts
+// may instruct it (--room-instruct hosts), everyone else's would all be refused.
+let mayInstruct = true;
+const TEXT_HINT = ui.text.placeholder;
 
 function headers(extra = {}) {
   return TOKEN ? { ...extra, Authorization: `Bearer ${TOKEN}` } : extra;
@@ -58,17 +62,23 @@ function setJoined(joined) {
   ui.leave.disabled = !joined;
   ui.room.disabled = joined;
   ui.speak.disabled = joined;
-  setChannelOpen(joined && call.channel !== null && call.channel.readyState === "open");
+  setChannelOpen(joined && channelOpen());
 }
 
 // Say, Ask, Interrupt and Mute go over the data channel: usable once it is open, which is
 // a moment after the answer is applied (DTLS, then SCTP). Before, what they sent was lost.
 function setChannelOpen(open) {
   ui.mute.disabled = !open || !call.mic;
-  ui.text.disabled = !open;
-  ui.say.disabled = !open;
-  ui.ask.disabled = !open;
-  ui.interrupt.disabled = !open;
+  const instruct = open && mayInstruct;
+  ui.text.disabled = !instruct;
+  ui.say.disabled = !instruct;
+  ui.ask.disabled = !instruct;
+  ui.interrupt.disabled = !instruct;
+  ui.text.placeholder = mayInstruct ? TEXT_HINT : "Only the room's hosts may instruct its agent";
+}
+
+function channelOpen() {
+  return call.channel !== null && call.channel.readyState === "open";
 }
 
 // --- who is here ---------------------------------------------------------------------
@@ -103,6 +113,8 @@ function handleEvent(msg) {
       people.set("agent", { participant_id: "agent", role: "agent", name: "Agent",
                             speaking: Boolean(msg.agent_speaking) });
       for (const p of msg.participants) people.set(p.participant_id, p);
+      mayInstruct = msg.instruct !== "hosts" || Boolean(people.get(call.me)?.host);
+      if (!joining) setChannelOpen(channelOpen()); // else join() does it
       break;
     case "participant.joined":
     case "participant.updated":
@@ -357,6 +369,7 @@ function teardown(state) {
   leaving = false;
   const { pc, mic } = call;
   Object.assign(call, { pc: null, channel: null, mic: null, sessionId: null, me: null, muted: false });
+  mayInstruct = true;
   if (pc) pc.close(); // call.pc is already null: its channel's close is not news
   if (mic) mic.stop();
   tracks.length = 0;

@@ -392,3 +392,62 @@ async def test_audio_that_stops_while_the_seat_is_there_does_not_end_the_call(
     assert set(checks) == {200}, checks
     assert await page.get_attribute("#state", "data-state") == "connected"
     assert await page.is_hidden("#alert"), await page.text_content("#alert")
+
+
+ROOM_SECRET = "browser-test-secret-0123456789abcdef"
+
+
+def hosts_only_config() -> Any:
+    from agent.config import Config, RoomSettings, SecuritySettings
+
+    return Config(
+        host="127.0.0.1",
+        port=0,
+        security=SecuritySettings(auth_secret=ROOM_SECRET),
+        rooms=RoomSettings(instruct="hosts"),
+    )
+
+
+INSTRUCT_UI_JS = """
+() => ({
+  enabled: ['text', 'say', 'ask', 'interrupt'].filter((id) => !document.getElementById(id).disabled),
+  hint: document.getElementById('text').placeholder,
+})
+"""
+
+
+@pytest.mark.parametrize("server_config", [hosts_only_config()], ids=["hosts_only"])
+async def test_a_hosts_only_room_offers_its_agent_only_to_hosts(
+    one_browser: Browser,  # noqa: F811 - the fixture imported above
+    live_server: LiveServer,
+) -> None:
+    """`--room-instruct hosts`: the agent takes Say, Ask and Interrupt from hosts only.
+    Everyone else had the box and the three buttons enabled, and every use ended in a
+    `forbidden` error; room.state says the policy and who is a host."""
+    from signaling.auth import mint_token
+
+    log: list[str] = []
+    context = await one_browser.new_context()
+    try:
+        pages = {}
+        for role in ("speaker", "host"):
+            token = mint_token(ROOM_SECRET, ttl_s=600, room="lobby", role=role)
+            page = await context.new_page()
+            page.set_default_timeout(10_000)
+            page.on("pageerror", lambda e: log.append(f"pageerror: {e}"))
+            await page.goto(f"{live_server.url}/room.html?token={token}")
+            await page.set_checked("#speak", False)
+            await page.click("#join")
+            await page.wait_for_function(
+                "() => window.voiceRoom.events.some((e) => e.type === 'room.state')"
+            )
+            await page.wait_for_timeout(100)
+            pages[role] = page
+        guest = await pages["speaker"].evaluate(INSTRUCT_UI_JS)
+        assert guest["enabled"] == [] and "host" in guest["hint"], guest
+        host = await pages["host"].evaluate(INSTRUCT_UI_JS)
+        assert host["enabled"] == ["text", "say", "ask", "interrupt"], host
+        assert "host" not in host["hint"], host
+        assert not log, log
+    finally:
+        await context.close()
