@@ -82,24 +82,33 @@ function channelOpen() {
 }
 
 // --- who is here ---------------------------------------------------------------------
+// The list is a live region: a screen reader reads out each row added and each text
+// changed. So rows are kept and changed in place, only where something changed (a list
+// rebuilt on every event was read out whole with every caption).
 function renderPeople() {
-  ui.people.replaceChildren();
   const agent = people.get("agent");
-  const rows = [agent, ...[...people.values()].filter((p) => p.participant_id !== "agent")];
-  for (const p of rows) {
-    if (!p) continue;
-    const li = document.createElement("li");
-    li.dataset.id = p.participant_id;
+  const rows = [agent, ...[...people.values()].filter((p) => p.participant_id !== "agent")]
+    .filter(Boolean);
+  const old = new Map([...ui.people.children].map((li) => [li.dataset.id, li]));
+  rows.forEach((p, i) => {
+    let li = old.get(p.participant_id);
+    old.delete(p.participant_id);
+    if (!li) {
+      li = document.createElement("li");
+      li.dataset.id = p.participant_id;
+    }
     li.dataset.speaking = p.speaking ? "true" : "false";
     li.dataset.muted = p.muted ? "true" : "false";
     const you = p.participant_id === call.me ? " (you)" : "";
     const label = p.name || (p.participant_id === "agent" ? "Agent" : p.participant_id);
     const role = p.role === "speaker" ? "🎤" : p.role === "agent" ? "🤖" : "🎧";
     const state = p.muted ? " · muted" : p.speaking ? " · talking" : "";
-    li.textContent = `${role} ${label}${you}${state}`;
+    const text = `${role} ${label}${you}${state}`;
+    if (li.textContent !== text) li.textContent = text;
     li.style.fontWeight = p.speaking ? "bold" : "normal";
-    ui.people.append(li);
-  }
+    if (ui.people.children[i] !== li) ui.people.insertBefore(li, ui.people.children[i] ?? null);
+  });
+  for (const li of old.values()) li.remove();
 }
 
 function handleEvent(msg) {

@@ -451,3 +451,55 @@ async def test_a_hosts_only_room_offers_its_agent_only_to_hosts(
         assert not log, log
     finally:
         await context.close()
+
+
+# Rows of the people list added or removed while `msgs` arrive on the data channel.
+PEOPLE_CHURN_JS = """
+async (msgs) => {
+  const list = document.getElementById('people');
+  const before = [...list.children];
+  let churn = 0;
+  const observer = new MutationObserver((records) => {
+    for (const r of records) if (r.target === list) churn += r.addedNodes.length + r.removedNodes.length;
+  });
+  observer.observe(list, {childList: true});
+  const channel = window.voiceRoom.call.channel;
+  for (const m of msgs) channel.dispatchEvent(new MessageEvent('message', {data: JSON.stringify(m)}));
+  await new Promise((r) => setTimeout(r, 0));
+  observer.disconnect();
+  return {churn, same: before.every((li, i) => list.children[i] === li),
+          rows: [...list.children].map((li) => li.textContent)};
+}
+"""
+
+
+async def test_the_people_list_is_not_rebuilt_by_every_event(
+    one_browser: Browser,  # noqa: F811 - the fixture imported above
+    live_server: LiveServer,
+) -> None:
+    """The people list is a live region: a screen reader reads out the rows added to it.
+    It was rebuilt on every data-channel event (each caption, each `speaker.active`), so
+    the whole room was read out again with every sentence the agent spoke."""
+    log: list[str] = []
+    page = await _joined_listener(one_browser, live_server.url, log)
+    await page.wait_for_function("() => document.querySelectorAll('#people li').length === 2")
+    speech = [
+        {"type": "speech.started", "id": "u1"},
+        {"type": "speech.segment", "id": "u1", "text": "Hello room.", "start_ms": 0},
+        {"type": "speech.ended", "id": "u1", "interrupted": False},
+    ]
+    quiet = await page.evaluate(PEOPLE_CHURN_JS, speech)
+    assert quiet["churn"] == 0 and quiet["same"], quiet
+    # The agent starts talking: its row says so, in place.
+    talking = {"type": "speaker.active", "participant_id": "agent", "active": True}
+    active = await page.evaluate(PEOPLE_CHURN_JS, [talking])
+    assert active["churn"] == 0 and active["same"], active
+    assert active["rows"][0] == "🤖 Agent · talking", active
+    # Someone joins and leaves: one row each way.
+    guest = {"participant_id": "p2", "name": "zoe", "role": "listener", "slot": None}
+    joined = await page.evaluate(PEOPLE_CHURN_JS, [{"type": "participant.joined", **guest}])
+    assert joined["churn"] == 1 and joined["same"], joined
+    assert joined["rows"][2] == "🎧 zoe", joined
+    left = await page.evaluate(PEOPLE_CHURN_JS, [{"type": "participant.left", "participant_id": "p2"}])
+    assert left["churn"] == 1 and len(left["rows"]) == 2, left
+    assert not [line for line in log if "pageerror" in line], log
