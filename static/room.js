@@ -68,7 +68,7 @@ function setJoined(joined) {
 // Say, Ask, Interrupt and Mute go over the data channel: usable once it is open, which is
 // a moment after the answer is applied (DTLS, then SCTP). Before, what they sent was lost.
 function setChannelOpen(open) {
-  ui.mute.disabled = !open || !call.mic;
+  ui.mute.disabled = !open || !call.mic || call.mic.readyState === "ended";
   const instruct = open && mayInstruct;
   ui.text.disabled = !instruct;
   ui.say.disabled = !instruct;
@@ -232,12 +232,24 @@ async function connectTo(room, name, speak, stale) {
     const audio = RAW_MIC
       ? { echoCancellation: false, noiseSuppression: false, autoGainControl: false }
       : true;
-    const stream = await navigator.mediaDevices.getUserMedia({ audio });
+    let stream;
+    try {
+      stream = await navigator.mediaDevices.getUserMedia({ audio });
+    } catch (err) {
+      throw new Error(`Microphone unavailable (${err.name || err}): untick "speak" to join as a listener.`);
+    }
     if (stale()) {
       for (const track of stream.getTracks()) track.stop(); // else the microphone stays on
       return;
     }
-    call.mic = stream.getAudioTracks()[0];
+    const mic = stream.getAudioTracks()[0];
+    call.mic = mic;
+    // Unplugged or its permission withdrawn mid-call: the room no longer hears us.
+    mic.addEventListener("ended", () => {
+      if (call.mic !== mic) return; // Leave's own stop, or an earlier call's
+      ui.mute.disabled = true;
+      showAlert("Your microphone stopped (unplugged, or its permission withdrawn): the room no longer hears you.");
+    });
   }
   const pc = new RTCPeerConnection({ iceServers: servers });
   call.pc = pc;

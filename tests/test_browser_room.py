@@ -503,3 +503,48 @@ async def test_the_people_list_is_not_rebuilt_by_every_event(
     left = await page.evaluate(PEOPLE_CHURN_JS, [{"type": "participant.left", "participant_id": "p2"}])
     assert left["churn"] == 1 and len(left["rows"]) == 2, left
     assert not [line for line in log if "pageerror" in line], log
+
+
+DENY_MIC_JS = """
+window.__denyMic = true;
+const getUserMediaBefore = navigator.mediaDevices.getUserMedia.bind(navigator.mediaDevices);
+navigator.mediaDevices.getUserMedia = async (constraints) => {
+  if (window.__denyMic) throw new DOMException('Permission denied', 'NotAllowedError');
+  return getUserMediaBefore(constraints);
+};
+"""
+
+
+async def test_the_room_page_says_what_happened_to_the_microphone(
+    one_browser: Browser,  # noqa: F811 - the fixture imported above
+    live_server: LiveServer,
+) -> None:
+    """Joining to speak with the microphone refused showed only "Permission denied" (which
+    permission, and what now?); a microphone that stopped mid-call (unplugged, permission
+    withdrawn) was not shown at all, the room no longer hearing its speaker."""
+    log: list[str] = []
+    page = await (await one_browser.new_context()).new_page()
+    page.set_default_timeout(10_000)
+    page.on("pageerror", lambda e: log.append(f"pageerror: {e}"))
+    await page.add_init_script(DENY_MIC_JS)
+    await page.goto(f"{live_server.url}/room.html?room=mic")
+    await page.click("#join")
+    await page.wait_for_selector("#alert:not([hidden])")
+    alert = await page.text_content("#alert") or ""
+    assert "icrophone" in alert and "listener" in alert, alert
+    assert await page.get_attribute("#state", "data-state") == "idle"
+    assert await page.is_enabled("#join")
+
+    await page.evaluate("() => { window.__denyMic = false; }")
+    await page.click("#join")
+    await page.wait_for_selector('#state[data-state="connected"]')
+    await page.wait_for_selector("#mute:not([disabled])")
+    assert await page.is_hidden("#alert")
+    await page.evaluate(
+        "() => { const t = window.voiceRoom.call.mic; t.stop(); t.dispatchEvent(new Event('ended')); }"
+    )
+    await page.wait_for_selector("#alert:not([hidden])", timeout=2_000)
+    assert "icrophone" in (await page.text_content("#alert") or "")
+    assert await page.is_disabled("#mute")
+    assert await page.get_attribute("#state", "data-state") == "connected"
+    assert not log, log
