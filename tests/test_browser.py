@@ -1122,6 +1122,11 @@ async def test_the_stats_figures_are_not_read_out_every_second(agent_page: Agent
     assert await live_settings(agent_page.page, "#state, #transcript") == ["polite", "polite"]
 
 
+# Ends a track the way an unplugged device does: stopped, and `ended` fired (stop() alone
+# fires nothing). The argument is an expression for the track.
+END_TRACK_JS = "(expr) => { const t = eval(expr); t.stop(); t.dispatchEvent(new Event('ended')); }"
+
+
 async def test_a_microphone_that_stops_mid_call_is_shown(agent_page: AgentPage) -> None:
     """A microphone unplugged (or its permission withdrawn) mid-call ends its track: the
     call goes on listen-only, and the page said nothing, so the user talked to no one."""
@@ -1129,9 +1134,7 @@ async def test_a_microphone_that_stops_mid_call_is_shown(agent_page: AgentPage) 
     await connect(ap, mic=True)
     assert await ap.page.is_hidden("#alert")
     # What the browser does when the device goes: the track ends and fires `ended`.
-    await ap.page.evaluate(
-        "() => { const t = window.voiceAgent.micTrack; t.stop(); t.dispatchEvent(new Event('ended')); }"
-    )
+    await ap.page.evaluate(END_TRACK_JS, "window.voiceAgent.micTrack")
     await ap.page.wait_for_selector("#alert:not([hidden])", timeout=2_000)
     assert "microphone" in (await ap.page.text_content("#alert") or "").lower()
     assert await ap.page.get_attribute("#state", "data-state") == "connected"

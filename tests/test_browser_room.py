@@ -24,7 +24,13 @@ from signaling.keys import SESSIONS
 from tests.conftest import LiveServer
 from tests.doubles import tone_frequency
 from tests.server_process import ServerProcess
-from tests.test_browser import CHROMIUM, CHROMIUM_ARGS, HAVE_CHROMIUM, REQUIRE_BROWSER
+from tests.test_browser import (
+    CHROMIUM,
+    CHROMIUM_ARGS,
+    END_TRACK_JS,
+    HAVE_CHROMIUM,
+    REQUIRE_BROWSER,
+)
 from tests.test_browser import browser as one_browser  # noqa: F401 - its one-browser fixture
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(150)]
@@ -410,7 +416,8 @@ def hosts_only_config() -> Any:
 
 INSTRUCT_UI_JS = """
 () => ({
-  enabled: ['text', 'say', 'ask', 'interrupt'].filter((id) => !document.getElementById(id).disabled),
+  enabled: ['text', 'say', 'ask', 'interrupt']
+    .filter((id) => !document.getElementById(id).disabled),
   hint: document.getElementById('text').placeholder,
 })
 """
@@ -460,11 +467,15 @@ async (msgs) => {
   const before = [...list.children];
   let churn = 0;
   const observer = new MutationObserver((records) => {
-    for (const r of records) if (r.target === list) churn += r.addedNodes.length + r.removedNodes.length;
+    for (const r of records) {
+      if (r.target === list) churn += r.addedNodes.length + r.removedNodes.length;
+    }
   });
   observer.observe(list, {childList: true});
   const channel = window.voiceRoom.call.channel;
-  for (const m of msgs) channel.dispatchEvent(new MessageEvent('message', {data: JSON.stringify(m)}));
+  for (const m of msgs) {
+    channel.dispatchEvent(new MessageEvent('message', {data: JSON.stringify(m)}));
+  }
   await new Promise((r) => setTimeout(r, 0));
   observer.disconnect();
   return {churn, same: before.every((li, i) => list.children[i] === li),
@@ -500,7 +511,8 @@ async def test_the_people_list_is_not_rebuilt_by_every_event(
     joined = await page.evaluate(PEOPLE_CHURN_JS, [{"type": "participant.joined", **guest}])
     assert joined["churn"] == 1 and joined["same"], joined
     assert joined["rows"][2] == "🎧 zoe", joined
-    left = await page.evaluate(PEOPLE_CHURN_JS, [{"type": "participant.left", "participant_id": "p2"}])
+    gone = {"type": "participant.left", "participant_id": "p2"}
+    left = await page.evaluate(PEOPLE_CHURN_JS, [gone])
     assert left["churn"] == 1 and len(left["rows"]) == 2, left
     assert not [line for line in log if "pageerror" in line], log
 
@@ -540,9 +552,7 @@ async def test_the_room_page_says_what_happened_to_the_microphone(
     await page.wait_for_selector('#state[data-state="connected"]')
     await page.wait_for_selector("#mute:not([disabled])")
     assert await page.is_hidden("#alert")
-    await page.evaluate(
-        "() => { const t = window.voiceRoom.call.mic; t.stop(); t.dispatchEvent(new Event('ended')); }"
-    )
+    await page.evaluate(END_TRACK_JS, "window.voiceRoom.call.mic")
     await page.wait_for_selector("#alert:not([hidden])", timeout=2_000)
     assert "icrophone" in (await page.text_content("#alert") or "")
     assert await page.is_disabled("#mute")
