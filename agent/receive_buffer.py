@@ -15,6 +15,10 @@ packets have arrived; a packet that arrives after it was given up is dropped (th
 has moved on). With ``reorder_wait`` 0 (the default) the delay is never more than the
 network's, and reordered packets count as lost. With ``reorder_wait`` W, up to W frames
 may queue behind a late packet and stay queued; the added delay is bounded by W frames.
+
+A packet with no payload (an RTP header alone: padding, or a hostile client) takes its
+place in the sequence but releases no frame: handed to libavcodec, an empty packet means
+the end of the stream, and the decoder then refuses every later packet of the call.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ class PromptAudioBuffer(JitterBuffer):
         self.reorder_wait = reorder_wait
         self.given_up = 0  # missing packets skipped over
         self.dropped_late = 0  # packets that came after they were given up, or twice
+        self.empty = 0  # packets with no payload, released as nothing (see the docstring)
         self._held: dict[int, RtpPacket] = {}
         self._next: int | None = None  # the sequence number released next
 
@@ -64,14 +69,19 @@ class PromptAudioBuffer(JitterBuffer):
 
     def _release(self) -> JitterFrame | None:
         assert self._next is not None
-        head = self._held.pop(self._next, None)
-        if head is None:
-            offsets = [(seq - self._next) % SEQUENCE_SPACE for seq in self._held]
-            if max(offsets) <= self.reorder_wait:
-                return None  # the missing one may still come
-            skip = min(offsets)  # give up what is missing before the oldest held packet
-            self.given_up += skip
-            self._next = (self._next + skip) % SEQUENCE_SPACE
-            head = self._held.pop(self._next)
-        self._next = (self._next + 1) % SEQUENCE_SPACE
-        return JitterFrame(data=head._data, timestamp=head.timestamp)  # type: ignore[attr-defined]
+        while self._held:
+            head = self._held.pop(self._next, None)
+            if head is None:
+                offsets = [(seq - self._next) % SEQUENCE_SPACE for seq in self._held]
+                if max(offsets) <= self.reorder_wait:
+                    return None  # the missing one may still come
+                skip = min(offsets)  # give up what is missing before the oldest held packet
+                self.given_up += skip
+                self._next = (self._next + skip) % SEQUENCE_SPACE
+                head = self._held.pop(self._next)
+            self._next = (self._next + 1) % SEQUENCE_SPACE
+            data: bytes = head._data  # type: ignore[attr-defined]
+            if data:
+                return JitterFrame(data=data, timestamp=head.timestamp)
+            self.empty += 1  # nothing to decode: the next held packet, if any, is due
+        return None
