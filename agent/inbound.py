@@ -46,6 +46,9 @@ _JITTER_BUFFER_ATTR = "_RTCRtpReceiver__jitter_buffer"  # aiortc 1.16's private 
 _JITTER_BUFFER_CAPACITY = 16  # aiortc's own for audio
 # How long a turn the microphone's end cut short waits before it ends (see _read).
 TRACK_END_SETTLE_S = 0.5
+# No frame at all for this long (or the end-of-turn silence, if longer) ends a turn (see
+# _next_frame): shorter gaps are the network's jitter or a stalled loop, not the user.
+QUIET_ENDS_TURN_MIN_S = 1.0
 
 
 def install_receive_buffer(receiver: RTCRtpReceiver, reorder_wait: int) -> bool:
@@ -181,7 +184,7 @@ class InboundAudio:
     async def _read(self) -> None:
         try:
             while True:
-                frame = await self.track.recv()
+                frame = await self._next_frame()
                 arrived = self._clock()
                 self.stats.frames += 1
                 for window in self._windows(frame):
@@ -207,6 +210,27 @@ class InboundAudio:
             # then waits for the resume. (A resume's stop_listening ends the turn sooner.)
             await asyncio.sleep(TRACK_END_SETTLE_S)
         self._end_turn()
+
+    async def _next_frame(self) -> Any:
+        """The microphone's next frame; a turn it goes quiet in the middle of ends.
+
+        Quiet on the wire, not in the audio: a client that stops sending mid-turn (it stops
+        its track or replaces it with none: no RTCP BYE, so the track does not end) sends no
+        windows, and the detector counts silence in windows. The turn stayed open for good:
+        no reply started, and the user "talking" kept the session from its idle timeout.
+        No audio for as long as the silence that ends a turn (at least
+        QUIET_ENDS_TURN_MIN_S) is that silence: the turn ends with what was heard of it,
+        as when the track ends.
+        """
+        quiet_s = max(QUIET_ENDS_TURN_MIN_S, self.settings.end_of_turn_silence_ms / 1000)
+        while True:
+            try:
+                return await asyncio.wait_for(self.track.recv(), quiet_s)
+            except TimeoutError:
+                # Checked after the wait: the scorer may have confirmed an onset meanwhile
+                # (the wait started before), which the next wait then times.
+                if self.detector.speaking and self._queue.empty():
+                    self._end_turn()
 
     def _windows(self, frame: Any) -> list[Window]:
         rate = int(frame.sample_rate)

@@ -746,3 +746,46 @@ async def test_a_turn_the_microphone_s_end_cuts_short_ends_a_moment_later() -> N
     assert listener.ended == []
     await asyncio.wait_for(reader, TRACK_END_SETTLE_S * 2)
     assert len(listener.ended) == 1
+
+
+async def test_a_turn_the_microphone_goes_quiet_in_the_middle_of_ends() -> None:
+    """Bug: a client that stopped sending mid-turn without ending its track (a stopped or
+    replaced track sends no RTCP BYE) left the turn open for good: the detector counts
+    silence in windows, and no window came. No reply ever started, and the user "talking"
+    kept the session from its idle timeout. Found by review. No audio for the end-of-turn
+    silence now ends the turn with what was heard of it."""
+    from types import SimpleNamespace
+
+    from agent.inbound import QUIET_ENDS_TURN_MIN_S
+    from tests.doubles import ToneMicrophone
+
+    class GoesQuiet(ToneMicrophone):
+        """Loud for ``frames`` frames, then nothing at all (the track stays live)."""
+
+        def __init__(self, frames: int) -> None:
+            super().__init__(440)
+            self.frames = frames
+
+        async def recv(self) -> Any:
+            if self.frames == 0:
+                await asyncio.Event().wait()
+            self.frames -= 1
+            return await super().recv()
+
+    stt = ScriptedSTT(("What time is it?", 0.0))
+    brain = RecordingBrain()
+    session, events, drain = talking_session(stt, brain)
+    conversation = session.conversation
+    try:
+        session.listen(GoesQuiet(25), SimpleNamespace(), LoudVadPool())  # type: ignore[arg-type]
+        await wait_for(lambda: conversation.user_speaking, timeout=2)
+        started = time.monotonic()
+        await wait_for(lambda: not conversation.user_speaking, timeout=3)
+        # Not at a mere gap: the network's jitter is not the user falling silent.
+        assert time.monotonic() - started >= QUIET_ENDS_TURN_MIN_S - 0.5
+        await wait_for(lambda: brain.asked, timeout=2)
+    finally:
+        drain.stop()
+        await session.close()
+    (ended,) = [e for e in events if e["type"] == "user.speech.ended"]
+    assert ended["duration_ms"] >= 300
