@@ -188,6 +188,8 @@ class FeedbackTap:
         self._twcc_window: list[int] = [0, 0]  # packets, lost since the last loss report
         self._twcc_window_start: float | None = None
         self._rr_highest: int | None = None  # extended highest sequence of the last RR
+        # Transport-cc feedback about our packets arrived since the last RR (see there).
+        self._twcc_since_rr = False
 
     # --- installation --------------------------------------------------------------------
     def install(self, transport_cc: bool) -> None:
@@ -261,8 +263,11 @@ class FeedbackTap:
         now = self._clock()
         # Where transport-cc feedback flows it already reported this loss, per packet and
         # sooner: counting the receiver report's summary of the same packets again would
-        # make one loss episode lower the bitrate twice.
-        loss = None if self.transport_feedbacks else report.fraction_lost / 256
+        # make one loss episode lower the bitrate twice. Only where it flows, since the
+        # last report and about our packets: a peer whose feedback stopped (or never named
+        # a packet of ours) still has its loss heard, from its receiver reports.
+        loss = None if self._twcc_since_rr else report.fraction_lost / 256
+        self._twcc_since_rr = False
         # The fraction is of the packets expected since the previous report (RFC 3550 6.4.1):
         # the controller weighs it by that count.
         previous, self._rr_highest = self._rr_highest, report.highest_sequence
@@ -306,6 +311,7 @@ class FeedbackTap:
             summary = self._estimator.on_feedback(feedback, self._history, _now_us())
             if summary is None:
                 continue
+            self._twcc_since_rr = True
             if summary.queuing_delay_ms is not None:
                 self._apply(
                     self.controller.on_delay_report(

@@ -291,7 +291,7 @@ def test_receiver_report_loss_is_not_counted_again_once_transport_cc_reports_it(
     summary of the same packets must not lower the bitrate a second time (its RTT and
     jitter still count)."""
     tap, controller, _ = make_tap()
-    tap.transport_feedbacks = 1
+    tap._twcc_since_rr = True  # a feedback about our packets came since the last report
     tap._on_rtcp_packet(report(fraction_lost=128))
     assert tap.receiver_reports == 1 and controller.last_loss is None
     assert controller.jitter_s == 0.01
@@ -380,3 +380,27 @@ def test_fixed_settings_still_obey_what_the_receiver_can_decode() -> None:
             assert track.encoder.bitrate == 24_000 and network.tap is None
         finally:
             track.stop()
+
+
+def test_receiver_report_loss_counts_again_once_transport_cc_feedback_stops() -> None:
+    """Bug: one transport feedback, even one naming none of our packets, silenced every
+    later receiver report's loss for the session: a peer whose transport-cc stopped (or
+    never named our packets) lowered no bitrate and turned no FEC on, however lossy its
+    path. Found by review. Only feedback about our packets since the last report does."""
+    tap, controller, _ = make_tap()
+    tap._clock = lambda: 1.0
+    start = _now_us()
+    for seq in range(5):
+        tap._history.record(seq, start + seq * 20_000, 80)
+    # Feedback about 5 other packets (another stream on the transport, or a confused peer).
+    tap._on_rtcp_data(build_transport_feedback(100, 0, 0, [64_000] * 5))
+    assert tap.transport_feedbacks == 1
+    tap._on_rtcp_packet(report(fraction_lost=128))
+    assert controller.last_loss == 0.5 and controller.target.fec
+    # Feedback about ours, then a report: transport-cc told the loss, the report does not.
+    tap._on_rtcp_data(build_transport_feedback(0, 0, 1, [64_000 + 20_000 * i for i in range(5)]))
+    tap._on_rtcp_packet(report(fraction_lost=0))
+    assert controller.last_loss == 0.5
+    # The feedback stopped: the next report's loss counts again.
+    tap._on_rtcp_packet(report(fraction_lost=0))
+    assert controller.last_loss == 0.0
