@@ -134,6 +134,7 @@ class InboundAudio:
         self._turn: list[Window] = []
         self._max_turn_windows = self.detector.max_turn_windows + preroll
         self._tasks: list[asyncio.Task[None]] = []
+        self._last_frame_at = 0.0  # time.monotonic() of the microphone's last frame (_watch_quiet)
 
     def snapshot(self) -> dict[str, Any]:
         st = self.stats
@@ -152,7 +153,12 @@ class InboundAudio:
 
     def start(self) -> None:
         loop = asyncio.get_running_loop()
-        self._tasks = [loop.create_task(self._read()), loop.create_task(self._score())]
+        self._last_frame_at = time.monotonic()
+        self._tasks = [
+            loop.create_task(self._read()),
+            loop.create_task(self._score()),
+            loop.create_task(self._watch_quiet()),
+        ]
 
     async def close(self) -> None:
         for task in self._tasks:
@@ -184,7 +190,8 @@ class InboundAudio:
     async def _read(self) -> None:
         try:
             while True:
-                frame = await self._next_frame()
+                frame = await self.track.recv()
+                self._last_frame_at = time.monotonic()
                 arrived = self._clock()
                 self.stats.frames += 1
                 for window in self._windows(frame):
@@ -196,10 +203,10 @@ class InboundAudio:
             log.debug("inbound audio ended")
         # No window will come any more: stop the scorer (it keeps up, so at most a window or
         # two are left unscored) and end a turn the track ended in the middle of.
-        scorers = [task for task in self._tasks if task is not asyncio.current_task()]
-        for task in scorers:
+        others = [task for task in self._tasks if task is not asyncio.current_task()]
+        for task in others:
             task.cancel()
-        for task in scorers:
+        for task in others:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         if self.detector.speaking:
@@ -211,26 +218,29 @@ class InboundAudio:
             await asyncio.sleep(TRACK_END_SETTLE_S)
         self._end_turn()
 
-    async def _next_frame(self) -> Any:
-        """The microphone's next frame; a turn it goes quiet in the middle of ends.
+    async def _watch_quiet(self) -> None:
+        """Ends a turn the microphone goes quiet in the middle of.
 
         Quiet on the wire, not in the audio: a client that stops sending mid-turn (it stops
         its track or replaces it with none: no RTCP BYE, so the track does not end) sends no
         windows, and the detector counts silence in windows. The turn stayed open for good:
         no reply started, and the user "talking" kept the session from its idle timeout.
-        No audio for as long as the silence that ends a turn (at least
+        No frame for as long as the silence that ends a turn (at least
         QUIET_ENDS_TURN_MIN_S) is that silence: the turn ends with what was heard of it,
-        as when the track ends.
+        as when the track ends. A timer of its own, not a timeout on each frame's wait:
+        that would cost a task and a timer handle per frame, 50 a second per session.
         """
         quiet_s = max(QUIET_ENDS_TURN_MIN_S, self.settings.end_of_turn_silence_ms / 1000)
         while True:
-            try:
-                return await asyncio.wait_for(self.track.recv(), quiet_s)
-            except TimeoutError:
-                # Checked after the wait: the scorer may have confirmed an onset meanwhile
-                # (the wait started before), which the next wait then times.
-                if self.detector.speaking and self._queue.empty():
-                    self._end_turn()
+            remaining = self._last_frame_at + quiet_s - time.monotonic()
+            if remaining > 0:
+                await asyncio.sleep(remaining)
+                continue
+            # The queue empty: windows still to score may hold the turn's own end (or, with
+            # the scorer behind, its onset), which the detector then sees first.
+            if self.detector.speaking and self._queue.empty():
+                self._end_turn()
+            await asyncio.sleep(quiet_s)
 
     def _windows(self, frame: Any) -> list[Window]:
         rate = int(frame.sample_rate)

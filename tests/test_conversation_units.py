@@ -185,11 +185,11 @@ async def test_a_resumed_connection_s_microphone_is_listened_to() -> None:
         session.listen(second, receiver, pool)  # type: ignore[arg-type]
         old = session.inbound
         assert old.track is first  # a second live track is only drained
-        readers = [*old._tasks, *session._drain_tasks]
+        readers = [*old._tasks, *session._drain_tasks]  # reader, scorer, quiet watch; drain
         await session.stop_listening()  # a resume: the old peer connection closed
         # Both tracks still live (as a never-connected receiver's stays): nothing reads them.
         assert first.readyState == second.readyState == "live"
-        assert len(readers) == 3 and all(task.done() for task in readers)
+        assert len(readers) == 4 and all(task.done() for task in readers)
         assert session.inbound is None and not session._drain_tasks
         third = ToneMicrophone(660)
         session.listen(third, receiver, pool)  # type: ignore[arg-type]
