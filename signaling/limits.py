@@ -2,11 +2,36 @@
 
 from __future__ import annotations
 
+import ipaddress
 import math
 
 from agent.config import LimitSettings
 from agent.ratelimit import RateLimiter
 from signaling.errors import ApiError
+
+# An IPv6 client is its /64: one host (SLAAC, privacy extensions) or one home network has a
+# whole /64 to pick addresses from, so one bucket per address would hold nobody back.
+IPV6_CLIENT_PREFIX = 64
+
+
+def client_key(address: str | None) -> str:
+    """The bucket key of a client address: an IPv4 address as it is (also one an IPv6
+    socket shows mapped, ``::ffff:a.b.c.d``), an IPv6 address by its /64 prefix. Anything
+    else (no address: a Unix socket) as it is; those without one share a bucket."""
+    if not address:
+        return ""
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return address
+    if isinstance(ip, ipaddress.IPv4Address):
+        return address
+    if ip.ipv4_mapped is not None:
+        return str(ip.ipv4_mapped)
+    host_bits = 128 - IPV6_CLIENT_PREFIX
+    # Through the integer: that drops a scope (fe80::1%eth0), which IPv6Network refuses.
+    prefix = ipaddress.IPv6Address(int(ip) >> host_bits << host_bits)
+    return f"{prefix}/{IPV6_CLIENT_PREFIX}"
 
 
 class Limits:
@@ -24,10 +49,14 @@ class Limits:
     def check_speech(self, client: str | None) -> None:
         _check(self.speech, client, "too many speech requests from this address")
 
+    def admit_speech(self, client: str | None) -> float:
+        """A data-channel speech request's token: 0.0 if admitted, else seconds to wait."""
+        return self.speech.take(client_key(client))
+
 
 def _check(limiter: RateLimiter, client: str | None, message: str) -> None:
     # A client without an address (a Unix socket) shares one bucket: still limited.
-    wait = limiter.take(client or "")
+    wait = limiter.take(client_key(client))
     if wait > 0:
         retry = max(1, math.ceil(wait))
         raise ApiError(

@@ -125,7 +125,7 @@ def _engine_failure(app: web.Application) -> str | None:
 def _session_hooks(request: web.Request) -> SessionHooks:
     """A new session's speech requests share the rate limit of the address that made it."""
     return SessionHooks(
-        admit_speech=partial(request.app[LIMITS].speech.take, request.remote or ""),
+        admit_speech=partial(request.app[LIMITS].admit_speech, request.remote),
         first_audio=request.app[METRICS].first_audio.observe,
     )
 

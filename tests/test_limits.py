@@ -279,3 +279,28 @@ def test_a_wait_under_a_second_is_still_refused() -> None:
     with pytest.raises(ApiError) as refused:
         limits.check_speech(None)  # next token in 0.25 s
     assert refused.value.headers == {"Retry-After": "1"}
+
+
+def test_an_ipv6_client_is_limited_by_its_64_prefix() -> None:
+    """An IPv6 client holds a whole /64 (SLAAC, privacy addresses): keyed by its full
+    address, every request from a fresh address in it got a fresh burst, so the limits
+    held nobody back, and a few thousand addresses pushed every other client's bucket out
+    of the table. The /64 is the client; IPv4 addresses stay one client each."""
+    from signaling.errors import ApiError
+    from signaling.limits import Limits
+
+    limits = Limits(LimitSettings(offer_rate=SLOW, offer_burst=2, speech_rate=SLOW, speech_burst=2))
+    limits.check_offer("2001:db8:1:2::1")
+    limits.check_offer("2001:db8:1:2:abcd:ef01:2345:6789")
+    with pytest.raises(ApiError) as refused:
+        limits.check_offer("2001:db8:1:2::3")
+    assert refused.value.code == "rate_limited"
+    limits.check_offer("2001:db8:1:3::1")  # another /64: another client
+    limits.check_offer("fe80::1%eth0")  # a scoped address does not break the key
+    for address in ("198.51.100.1", "198.51.100.2", "::ffff:198.51.100.3"):
+        limits.check_offer(address)  # IPv4 (mapped too): each address its own bucket
+        limits.check_offer(address)
+    # Speech requests over the data channel (a session's hook) count the same way.
+    assert limits.admit_speech("2001:db8:9:9::1") == 0.0
+    limits.check_speech("2001:db8:9:9::2")
+    assert limits.admit_speech("2001:db8:9:9::3") > 0
