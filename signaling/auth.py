@@ -19,7 +19,7 @@ import jwt
 from aiohttp import web
 
 from agent.config import ROLES, ROOM_NAME_RULE, is_room_name
-from signaling.errors import ApiError, Handler
+from signaling.errors import ApiError, Handler, read_body
 
 ALGORITHM = "HS256"
 DEFAULT_ROLE = "speaker"
@@ -97,7 +97,7 @@ async def request_token(request: web.Request) -> str | None:
         # The body is cached: the handler reads it again. Bad JSON is the handler's error to
         # report to an authenticated caller; here it only means "no token".
         try:
-            body = json.loads(await request.read())
+            body = json.loads(await read_body(request))
         except (ValueError, UnicodeDecodeError, RecursionError):
             return None
         token = body.get("token") if isinstance(body, dict) else None

@@ -6,6 +6,7 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
+from aiohttp.web_protocol import RequestPayloadError
 
 log = logging.getLogger(__name__)
 
@@ -19,6 +20,23 @@ class ApiError(Exception):
         self.code = code
         self.message = message
         self.headers = headers or {}
+
+
+async def read_body(request: web.Request) -> bytes:
+    """The request body (cached: a second read is free), or 400 ``bad_body`` when it cannot
+    be read: bytes that are not in its Content-Encoding (aiohttp decompresses as it reads:
+    RequestPayloadError), or a client that left before sending all of it
+    (ConnectionResetError). Either was a 500 and an error traceback in the log, for what a
+    client did: every read of a body goes through here. A body over the size limit stays
+    aiohttp's 413."""
+    try:
+        return await request.read()
+    except (RequestPayloadError, ConnectionResetError):
+        raise ApiError(
+            400,
+            "bad_body",
+            "the request body could not be read (not in its Content-Encoding, or cut short)",
+        ) from None
 
 
 def error_response(

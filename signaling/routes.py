@@ -18,7 +18,7 @@ from agent.httpservice import is_text_charset
 from agent.room import RoomMember
 from agent.speech import SpeechError
 from signaling.auth import claims, require_room, require_speaker, room_for
-from signaling.errors import ApiError, Handler
+from signaling.errors import ApiError, Handler, read_body
 from signaling.keys import BREAKER, CONFIG, DRAIN, ENGINE, ENGINE_ERROR, LIMITS, METRICS, SESSIONS
 from signaling.sessions import Peer, SessionRegistry
 from signaling.shutdown import shutting_down
@@ -39,7 +39,7 @@ async def _body_text(request: web.Request) -> str:
         raise ApiError(
             415, "unsupported_media_type", f"unknown charset {charset[:40]!r}: send UTF-8"
         )
-    return (await request.read()).decode(charset)
+    return (await read_body(request)).decode(charset)
 
 
 async def _json_body(request: web.Request) -> dict[str, Any]:

@@ -141,6 +141,21 @@ async def test_a_body_that_is_not_json_is_unauthorized_not_a_crash(live_server: 
         assert (await _error(resp))["code"] == "unauthorized"
 
 
+@pytest.mark.parametrize("path", ["/offer", "/sessions/abc/say"])
+async def test_a_body_that_does_not_decompress_is_a_400_not_a_crash(
+    live_server: LiveServer, path: str
+) -> None:
+    """Without a token in the header or the query, the body is read for one: a body not in
+    its Content-Encoding raised from that read, a 500 before the route was reached."""
+    headers = {"Content-Type": "application/json", "Content-Encoding": "gzip"}
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(live_server.url + path, data=b'{"token": "x"}', headers=headers) as resp,
+    ):
+        assert resp.status == 400, await resp.text()
+        assert (await _error(resp))["code"] == "bad_body"
+
+
 async def test_tokens_that_are_not_utf8_are_invalid_not_a_crash(live_server: LiveServer) -> None:
     """PyJWT encodes a token as UTF-8 first: a lone surrogate (JSON's "\\ud800", a query's
     %ED%A0%80, a header's raw 0xff byte) raised UnicodeEncodeError, a 500."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from typing import Any
 
 import aiohttp
@@ -191,6 +193,54 @@ async def test_a_charset_python_cannot_decode_is_a_4xx(
     ):
         assert r.status == status, await r.text()
         assert (await _error(r))["code"] == code
+
+
+@pytest.mark.parametrize(
+    ("path", "content_type"), [("/offer", "application/json"), ("/whep", "application/sdp")]
+)
+@pytest.mark.parametrize("encoding", ["gzip", "deflate"])
+async def test_a_body_that_does_not_decompress_is_a_400(
+    live_server: LiveServer, path: str, content_type: str, encoding: str
+) -> None:
+    """aiohttp decompresses a body by its Content-Encoding as it is read; bytes that are
+    not in that encoding raised RequestPayloadError from the read: a 500 ``internal`` and
+    an error traceback in the log for what the client sent."""
+    headers = {"Content-Type": content_type, "Content-Encoding": encoding}
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(live_server.url + path, data=b"not compressed", headers=headers) as resp,
+    ):
+        assert resp.status == 400, await resp.text()
+        assert (await _error(resp))["code"] == "bad_body"
+
+
+@pytest.mark.parametrize(
+    ("path", "content_type"), [("/offer", "application/json"), ("/whep", "application/sdp")]
+)
+async def test_a_client_that_leaves_mid_body_is_no_server_error(
+    live_server: LiveServer, path: str, content_type: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The read of a body whose client disconnected raised ConnectionResetError: logged as
+    an unhandled error with its traceback, answered 500 (counted as an internal error)."""
+    caplog.set_level(logging.INFO)
+    host, port = live_server.url.removeprefix("http://").rsplit(":", 1)
+    _, writer = await asyncio.open_connection(host, int(port))
+    writer.write(
+        f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: {content_type}\r\n"
+        "Content-Length: 100\r\n\r\nv=0".encode()
+    )
+    await writer.drain()
+    await asyncio.sleep(0.2)  # the handler is waiting for the rest of the body
+    writer.close()
+
+    def answered() -> list[logging.LogRecord]:
+        return [r for r in caplog.records if getattr(r, "path", None) == path]
+
+    async with asyncio.timeout(10):
+        while not answered():
+            await asyncio.sleep(0.02)
+    assert [r.status for r in answered()] == [400]  # type: ignore[attr-defined]
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
 
 
 async def test_oversize_sdp_is_refused(live_server: LiveServer) -> None:
