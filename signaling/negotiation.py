@@ -54,8 +54,13 @@ def read_opus_offer(sdp: str) -> OpusOffer:
     params: dict[str, str] = {}
     feedback = False
     ext_id: int | None = None
+    # RFC 7587 section 7.1: SDP carries maxptime as this media-level attribute, not in the
+    # fmtp line (read there too: some offers put it there).
+    maxptime_attribute: dict[str, str] = {}
     for line in section:
-        if opus_pt is not None and line.startswith(f"a=fmtp:{opus_pt} "):
+        if line.startswith("a=maxptime:"):
+            maxptime_attribute["maxptime"] = line[len("a=maxptime:") :].strip()
+        elif opus_pt is not None and line.startswith(f"a=fmtp:{opus_pt} "):
             for item in line.split(" ", 1)[1].split(";"):
                 key, _, value = item.strip().partition("=")
                 params[key.strip().lower()] = value.strip()
@@ -73,7 +78,9 @@ def read_opus_offer(sdp: str) -> OpusOffer:
         stereo=params.get("stereo") == "1",
         maxplaybackrate=_positive_int(params, "maxplaybackrate"),
         minptime=_positive_int(params, "minptime"),
-        maxptime=_positive_int(params, "maxptime"),
+        maxptime=_smallest(
+            _positive_int(params, "maxptime"), _positive_int(maxptime_attribute, "maxptime")
+        ),
         transport_cc_ext_id=ext_id,
         transport_cc_feedback=feedback,
     )
@@ -126,6 +133,11 @@ def _first_audio_section(sdp: str) -> list[str]:
             sections[-1].append(line)
     audio = [sec for sec in sections if sec[0].startswith("m=audio")]
     return audio[0] if audio else []
+
+
+def _smallest(*values: int | None) -> int | None:
+    given = [value for value in values if value is not None]
+    return min(given) if given else None
 
 
 def _positive_int(params: dict[str, str], key: str) -> int | None:

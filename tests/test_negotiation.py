@@ -64,6 +64,24 @@ def test_packet_times_the_agent_cannot_send_are_refused(fmtp: str) -> None:
     assert caught.value.status == 400 and caught.value.code == "unsupported_ptime"
 
 
+def test_a_maxptime_attribute_under_20_ms_is_refused() -> None:
+    """RFC 7587 section 7.1: maxptime goes in SDP as the ``a=maxptime`` attribute, not in
+    the fmtp line (which is all that was read): an offer asking for packets of at most
+    10 ms that way was answered, and sent 20 ms packets."""
+    sdp = CHROME_AUDIO.replace("a=rtcp-fb:111", "a=maxptime:10\na=rtcp-fb:111")
+    with pytest.raises(ApiError) as caught:
+        read_opus_offer(sdp)
+    assert caught.value.code == "unsupported_ptime" and "maxptime=10" in caught.value.message
+    for allowed in ("a=maxptime:20", "a=maxptime:120", "a=maxptime:abc"):
+        offer = read_opus_offer(CHROME_AUDIO.replace("a=rtcp-fb:111", f"{allowed}\na=rtcp-fb:111"))
+        assert offer.maxptime in (20, 120, None)
+    # Another section's attribute is not the agent's audio section's.
+    other = CHROME_AUDIO.replace(
+        "m=application", "m=audio 9 UDP/TLS/RTP/SAVPF 0\na=maxptime:10\nm=application"
+    )
+    assert read_opus_offer(other).maxptime is None
+
+
 def _session(live_server: LiveServer, client: RtcClient) -> AgentSession:
     assert client.session_id is not None
     return live_server.app[SESSIONS].get(client.session_id).session
