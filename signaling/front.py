@@ -47,7 +47,7 @@ from signaling import routes
 from signaling.app import FORWARDED_FOR_HEADER, MAX_REQUEST_BYTES, runner_options
 from signaling.auth import CLAIMS, claims, request_token, require_speaker, verify_token
 from signaling.cors import make_cors_middleware
-from signaling.errors import ApiError, error_middleware
+from signaling.errors import ApiError, error_middleware, read_body
 from signaling.keys import CONFIG, DRAIN, LIMITS
 from signaling.limits import Limits
 from signaling.metrics import offer_outcome_middleware, offers_counter
@@ -74,6 +74,9 @@ _HOP_HEADERS = frozenset(
         "Upgrade",
         "Host",
         "Content-Length",
+        # The body forwarded is the one aiohttp decoded as the front read it: announcing
+        # the client's encoding made the worker try to decode it a second time.
+        "Content-Encoding",
     )
 )
 
@@ -123,7 +126,7 @@ async def post_offer(request: web.Request) -> web.StreamResponse:
     await _check_token(request)
     require_speaker(request)  # as a worker refuses it: before the rate
     request.app[LIMITS].check_offer(request.remote)
-    body = await request.read()
+    body = await read_body(request)
     try:
         parsed = json.loads(body)
     except (ValueError, UnicodeDecodeError, RecursionError):
@@ -252,7 +255,7 @@ async def _forward(
 ) -> web.StreamResponse:
     """The worker's answer to ``request``; ``session_id``: the session the path names."""
     if body is None:
-        body = await request.read()
+        body = await read_body(request)
     headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_HEADERS}
     headers[FORWARDED_FOR_HEADER] = request.remote or ""
     assert worker.http is not None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gzip
 import shutil
 import tempfile
 from collections.abc import AsyncIterator
@@ -152,6 +153,30 @@ async def test_tokens_and_rooms_that_are_not_utf8_route_like_any_other() -> None
             ) as resp:
                 assert resp.status == 400, await resp.text()
                 assert (await resp.json())["error"]["code"] == "no_audio"
+
+
+async def test_a_compressed_body_reaches_the_worker_as_the_front_read_it() -> None:
+    """aiohttp decodes a body by its Content-Encoding as the front reads it; the front sent
+    the decoded bytes on with the Content-Encoding header, so the worker failed to decode
+    them again: a gzip offer that one process answers was refused (a 500 before bodies that
+    cannot be read became 400 ``bad_body``). A body not in its encoding was a 500 at the
+    front itself."""
+    async with (
+        front_and_worker(Config(host="127.0.0.1", port=0)) as url,
+        # aiohttp closes a connection whose body it could not read: one per request.
+        aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as http,
+    ):
+        for path, content_type, body in [
+            ("/offer", "application/json", b'{"type": "offer", "sdp": "v=0"}'),
+            ("/whep", "application/sdp", b"v=0\r\n"),
+        ]:
+            headers = {"Content-Type": content_type, "Content-Encoding": "gzip"}
+            async with http.post(url + path, data=gzip.compress(body), headers=headers) as resp:
+                assert resp.status == 400, await resp.text()
+                assert (await resp.json())["error"]["code"] == "no_audio"  # the worker read it
+            async with http.post(url + path, data=b"not gzip", headers=headers) as resp:
+                assert resp.status == 400, await resp.text()
+                assert (await resp.json())["error"]["code"] == "bad_body"
 
 
 # Session paths whose decoded segments resolve to another route: (method, raw target).
