@@ -8,8 +8,8 @@ dropped (counted) rather than letting memory or latency grow.
 
 Where the time goes between the user's first word and a barge-in (bench/bargein.py measures
 it): the uplink, aiortc's receive jitter buffer (which holds 4 frames = 80 ms for audio;
-``install_receive_buffer`` replaces it with one that releases each packet as it arrives,
-agent/receive_buffer.py), waiting for a full 32 ms window, silero-vad's own reaction
+``install_receive_buffer`` in agent/receive_buffer.py replaces it with one that releases
+each packet as it arrives), waiting for a full 32 ms window, silero-vad's own reaction
 (its probability rises over a window or two) and the minimum speech duration.
 """
 
@@ -27,8 +27,6 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 import soxr
-from aiortc import RTCRtpReceiver
-from aiortc.jitterbuffer import JitterBuffer
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
 from agent.conversation_config import (
@@ -37,34 +35,15 @@ from agent.conversation_config import (
     VAD_WINDOW_SAMPLES,
     ListenSettings,
 )
-from agent.receive_buffer import PromptAudioBuffer
 from agent.vad import Activity, ActivityEvent, SileroVad, SpeechDetector, VadPool, Window
 
 log = logging.getLogger(__name__)
 
-_JITTER_BUFFER_ATTR = "_RTCRtpReceiver__jitter_buffer"  # aiortc 1.16's private attribute
-_JITTER_BUFFER_CAPACITY = 16  # aiortc's own for audio
 # How long a turn the microphone's end cut short waits before it ends (see _read).
 TRACK_END_SETTLE_S = 0.5
 # No frame at all for this long (or the end-of-turn silence, if longer) ends a turn (see
 # _next_frame): shorter gaps are the network's jitter or a stalled loop, not the user.
 QUIET_ENDS_TURN_MIN_S = 1.0
-
-
-def install_receive_buffer(receiver: RTCRtpReceiver, reorder_wait: int) -> bool:
-    """Replace an audio receiver's jitter buffer with a ``PromptAudioBuffer``.
-
-    aiortc has no setting for it. The agent only analyses the audio (nothing plays it), so
-    aiortc's playout buffer is pure latency: 80 ms, and ~280 ms for the rest of the call
-    after one lost packet (agent/receive_buffer.py). Returns False (and changes nothing) if
-    aiortc's internals are not what this was written against.
-    """
-    current = getattr(receiver, _JITTER_BUFFER_ATTR, None)
-    if type(current) is not JitterBuffer or current.capacity != _JITTER_BUFFER_CAPACITY:
-        return False
-    buffer = PromptAudioBuffer(_JITTER_BUFFER_CAPACITY, reorder_wait)
-    setattr(receiver, _JITTER_BUFFER_ATTR, buffer)
-    return True
 
 
 class Listener(Protocol):

@@ -23,6 +23,7 @@ the end of the stream, and the decoder then refuses every later packet of the ca
 
 from __future__ import annotations
 
+from aiortc import RTCRtpReceiver
 from aiortc.jitterbuffer import JitterBuffer, JitterFrame
 from aiortc.rtp import RtpPacket
 
@@ -30,6 +31,8 @@ SEQUENCE_SPACE = 1 << 16
 # A packet this far behind the next expected one is not late: the sender restarted its
 # sequence numbers (aiortc's JitterBuffer uses the same bound).
 MAX_MISORDER = 100
+_JITTER_BUFFER_ATTR = "_RTCRtpReceiver__jitter_buffer"  # aiortc 1.16's private attribute
+_JITTER_BUFFER_CAPACITY = 16  # aiortc's own for audio
 
 
 class PromptAudioBuffer(JitterBuffer):
@@ -85,3 +88,21 @@ class PromptAudioBuffer(JitterBuffer):
                 return JitterFrame(data=data, timestamp=head.timestamp)
             self.empty += 1  # nothing to decode: the next held packet, if any, is due
         return None
+
+
+def install_receive_buffer(receiver: RTCRtpReceiver, reorder_wait: int) -> bool:
+    """Replace an audio receiver's jitter buffer with a ``PromptAudioBuffer``.
+
+    aiortc has no setting for it. Nothing on the server plays the audio (the agent analyses
+    a session's microphone; a room re-encodes a speaker's for listeners, whose browsers
+    buffer it for playout), so aiortc's playout buffer is pure latency: 80 ms, and ~280 ms
+    for the rest of the call after one lost packet. Its empty-payload frames also end the
+    decoder (see the module's docstring). Returns False (and changes nothing) if aiortc's
+    internals are not what this was written against.
+    """
+    current = getattr(receiver, _JITTER_BUFFER_ATTR, None)
+    if type(current) is not JitterBuffer or current.capacity != _JITTER_BUFFER_CAPACITY:
+        return False
+    buffer = PromptAudioBuffer(_JITTER_BUFFER_CAPACITY, reorder_wait)
+    setattr(receiver, _JITTER_BUFFER_ATTR, buffer)
+    return True

@@ -57,6 +57,7 @@ from agent.protocol import (
     TextEnd,
     parse_message,
 )
+from agent.receive_buffer import install_receive_buffer
 from agent.speech import Event, SpeechError, SpeechPipeline
 from agent.track import OpusPacketTrack
 from agent.turns import Conversation
@@ -539,6 +540,12 @@ class RoomMember:
                 feed.source.subscribe(sub.track)
         mic = audio[0].receiver.track
         if self.slot is not None and mic is not None:
+            # Released as packets arrive: the listeners' browsers buffer for playout, so
+            # aiortc's own buffer only added 80 ms (280 ms after a loss) to every voice
+            # relayed, and one packet with no payload ended its decoder for the call.
+            reorder_wait = room.config.listen.receive_reorder_wait
+            if not install_receive_buffer(audio[0].receiver, reorder_wait):
+                log.warning("room %s: aiortc's jitter buffer left as is (+80 ms)", room.name)
             room.start_speaker(self, mic)
 
     def _send_on(self, transceiver: Any, sub: _Subscription, source: FanoutSource | None) -> None:

@@ -132,7 +132,8 @@ class AgentSession:
 
     def listen(self, track: MediaStreamTrack, receiver: RTCRtpReceiver, pool: VadPool) -> None:
         """The client's microphone: voice activity, turns and barge-in run on it."""
-        from agent.inbound import InboundAudio, install_receive_buffer
+        from agent.inbound import InboundAudio
+        from agent.receive_buffer import install_receive_buffer
 
         if self.inbound is not None or not self.config.listen.enabled:
             # Not listened to: still read it, or aiortc queues its decoded frames unbounded.

@@ -102,7 +102,7 @@ async def run_variant(prompt_buffer: bool, args: argparse.Namespace) -> dict[str
     with contextlib.ExitStack() as patches:
         if not prompt_buffer:  # the session then leaves aiortc's jitter buffer as it is
             patches.enter_context(
-                mock.patch("agent.inbound.install_receive_buffer", return_value=False)
+                mock.patch("agent.receive_buffer.install_receive_buffer", return_value=False)
             )
         return await _run_variant(args)
 

@@ -17,8 +17,7 @@ from aiortc import RTCRtpReceiver
 from aiortc.jitterbuffer import JitterBuffer
 from aiortc.rtp import RtpPacket
 
-from agent.inbound import install_receive_buffer
-from agent.receive_buffer import PromptAudioBuffer
+from agent.receive_buffer import PromptAudioBuffer, install_receive_buffer
 
 FRAME_TICKS = 960  # 20 ms at Opus's 48 kHz RTP clock
 
