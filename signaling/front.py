@@ -42,6 +42,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from yarl import URL
 
 from agent.config import Config
+from agent.httpservice import is_text_charset
 from agent.logcontext import SESSION_ID
 from signaling import routes
 from signaling.app import FORWARDED_FOR_HEADER, MAX_REQUEST_BYTES, runner_options
@@ -127,10 +128,15 @@ async def post_offer(request: web.Request) -> web.StreamResponse:
     require_speaker(request)  # as a worker refuses it: before the rate
     request.app[LIMITS].check_offer(request.remote)
     body = await read_body(request)
+    # Decoded as the worker decodes it (signaling/routes.py _body_text: the Content-Type's
+    # charset, UTF-8 when none): json.loads(bytes) guesses UTF-8, so a Latin-1 body (a name
+    # "Zoë") was no JSON here, routed as if it named no room, and joined its room on another
+    # worker than the room's other participants.
+    charset = request.charset or "utf-8"
     try:
-        parsed = json.loads(body)
-    except (ValueError, UnicodeDecodeError, RecursionError):
-        parsed = None  # the worker answers it with bad_json
+        parsed = json.loads(body.decode(charset)) if is_text_charset(charset) else None
+    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
+        parsed = None  # the worker answers it with bad_json (or 415)
     fields = parsed if isinstance(parsed, dict) else {}
 
     def text(key: str) -> str | None:

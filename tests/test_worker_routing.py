@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gzip
+import json
 import shutil
 import tempfile
 from collections.abc import AsyncIterator
@@ -600,3 +601,30 @@ async def test_offers_refused_for_their_token_use_up_none_of_the_offer_rate() ->
                     ) as gone:
                         assert gone.status in (200, 204), await gone.text()
         assert answered == [200, 200, 429], answered
+
+
+async def test_an_offer_in_another_charset_joins_its_room_on_the_rooms_worker() -> None:
+    """The front parsed an offer's body as UTF-8 whatever its Content-Type said, the worker
+    with the charset it names: a Latin-1 body (a name "Zoë") was no JSON to the front, so
+    it went to the least-loaded worker, which read the room and opened it there, split from
+    the room's other participants on the room's own worker."""
+    offer = await an_offer()
+    pools: list[WorkerPool] = []
+    async with (
+        front_and_worker(
+            Config(host="127.0.0.1", port=0, listen=ListenSettings(enabled=False)),
+            workers=2,
+            pools=pools,
+        ) as url,
+        aiohttp.ClientSession() as http,
+    ):
+        # A room held by worker 1: the least loaded (a tie) would be worker 0.
+        room = next(r for r in ("a", "b", "c", "d") if pools[0].for_room(r).index == 1)
+        fields = {"type": "offer", "sdp": offer, "room": room, "name": "Zo\u00eb"}
+        async with http.post(
+            url + "/offer",
+            data=json.dumps(fields, ensure_ascii=False).encode("latin-1"),
+            headers={"Content-Type": "application/json; charset=iso-8859-1"},
+        ) as resp:
+            assert resp.status == 200, await resp.text()
+            assert (await resp.json())["session_id"].startswith("w1-")
