@@ -45,12 +45,12 @@ QUICK_DEATH_S = 30.0  # a worker that lived longer than this starts the back-off
 
 def worker_main(config: Config, socket_path: str, factory: AppFactory) -> None:
     """The worker process: the whole server app, on a Unix socket only the front can reach."""
+    _die_with_parent()  # first: the imports below take a while
     from signaling.app import runner_options
     from signaling.keys import DRAIN, SESSIONS
     from signaling.logs import configure_logging
     from signaling.shutdown import serve as serve_app
 
-    _die_with_parent()
     configure_logging(config)
     app = factory(config)
     with contextlib.suppress(FileNotFoundError):
@@ -70,6 +70,12 @@ def _die_with_parent() -> None:
 
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG = 1
+    # The signal comes only for a death after the prctl: a front killed while this process
+    # was still starting (a spawned worker imports its way here for a second or more) left
+    # it running, reparented, with nobody to route to it. Gone already: exit now.
+    front = multiprocessing.parent_process()
+    if front is not None and os.getppid() != front.pid:
+        raise SystemExit(f"the front process (pid {front.pid}) is gone: not starting")
 
 
 @dataclass

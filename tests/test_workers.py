@@ -10,6 +10,7 @@ import asyncio
 import json
 import os
 import signal
+import sys
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -200,3 +201,61 @@ async def test_a_killed_worker_is_restarted_and_the_other_keeps_speaking(
                 await asyncio.gather(*(c.close() for c in fresh))
         finally:
             await asyncio.gather(a.close(), b.close())
+
+
+def _outlive_the_front(pid_file: str, survived_file: str) -> None:
+    """A worker whose front died before it could ask to die with it (spawned workers take a
+    second or more to import their way to ``worker_main``)."""
+    import multiprocessing
+
+    from signaling.workers import _die_with_parent
+
+    Path(pid_file).write_text(str(os.getpid()))
+    front = multiprocessing.parent_process()
+    assert front is not None
+    while os.getppid() == front.pid:
+        time.sleep(0.01)
+    _die_with_parent()
+    Path(survived_file).write_text("the worker ran on without its front")
+
+
+def _spawn_a_worker_and_die(pid_file: str, survived_file: str) -> None:
+    import multiprocessing
+
+    context = multiprocessing.get_context("spawn")
+    context.Process(target=_outlive_the_front, args=(pid_file, survived_file)).start()
+    os._exit(0)  # as a SIGKILLed front: no cleanup, no join
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            return "zombie" not in status.read()
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_worker_whose_front_died_before_it_started_does_not_run_on(tmp_path: Path) -> None:
+    """A worker asks Linux to SIGTERM it when the front dies (PR_SET_PDEATHSIG), but only a
+    death after it asked counts: a front SIGKILLed (or OOM-killed) in the second or two a
+    worker takes to start left that worker running with nobody to route to it, holding the
+    model and its ports (found by killing the front 0.5 s after it spawned its workers).
+    Now a worker whose front is already gone exits."""
+    import multiprocessing
+
+    pid_file, survived = tmp_path / "pid", tmp_path / "survived"
+    front = multiprocessing.get_context("spawn").Process(
+        target=_spawn_a_worker_and_die, args=(str(pid_file), str(survived))
+    )
+    front.start()
+    front.join(60)
+    deadline = time.monotonic() + 60
+    while not pid_file.exists() or not pid_file.read_text():
+        assert time.monotonic() < deadline, "the worker never started"
+        time.sleep(0.05)
+    pid = int(pid_file.read_text())
+    while _running(pid):
+        assert time.monotonic() < deadline, "the worker is still running"
+        time.sleep(0.05)
+    assert not survived.exists(), survived.read_text()
