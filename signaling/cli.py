@@ -449,16 +449,22 @@ def serve(config: Config) -> None:
         from signaling.front import run_front
         from signaling.workers import WorkerPool
 
-        if config.engine == "chattts":
-            from agent.chattts.loader import ModelLoadError, ensure_downloaded
-
-            try:
-                ensure_downloaded(config.chattts)
-            except ModelLoadError as exc:
-                # The workers try themselves and report it on /readyz (engine_failed).
-                logging.getLogger(__name__).error("%s", exc)
         with tempfile.TemporaryDirectory(prefix="voice-agent-") as sockets:
-            run_front(config, WorkerPool(config, product_app, Path(sockets)))
+            try:
+                pool = WorkerPool(config, product_app, Path(sockets))
+            except ValueError as exc:
+                # Socket paths too long under $TMPDIR: the message says what to do, which a
+                # traceback buried (after the weights' download, which now waits for it).
+                _usage_error(str(exc))
+            if config.engine == "chattts":
+                from agent.chattts.loader import ModelLoadError, ensure_downloaded
+
+                try:
+                    ensure_downloaded(config.chattts)
+                except ModelLoadError as exc:
+                    # The workers try themselves and report it on /readyz (engine_failed).
+                    logging.getLogger(__name__).error("%s", exc)
+            run_front(config, pool)
         return
     app = product_app(config)
     # Until SIGTERM/SIGINT; then drain (signaling/shutdown.py) and return: exit status 0.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -425,3 +426,24 @@ def test_an_error_while_configuring_logging_is_a_usage_error(
     with pytest.raises(SystemExit) as exit_info:
         main(["serve"], {})
     assert exit_info.value.code == 2 and "Unknown level" in capsys.readouterr().err
+
+
+def test_a_tmpdir_too_deep_for_the_workers_sockets_is_a_usage_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``serve --workers N`` under a $TMPDIR too deep for Unix socket paths said what to do
+    ("set TMPDIR to a shorter directory") in a ValueError traceback, after the weights'
+    download; it is a usage error, before anything is loaded, now."""
+    deep = tmp_path / ("d" * 120)
+    deep.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(deep))
+    monkeypatch.setattr("signaling.cli.configure_logging", lambda config: None)
+    monkeypatch.setattr(
+        "agent.chattts.loader.ensure_downloaded", lambda settings: pytest.fail("downloading")
+    )
+    monkeypatch.setattr("signaling.front.run_front", lambda config, pool: pytest.fail("served"))
+    with pytest.raises(SystemExit) as exit_info:
+        main(["serve", "--workers", "2"], {})
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "Traceback" not in err
+    assert "voice-agent: error: socket paths under" in err and "set TMPDIR" in err
