@@ -5,10 +5,10 @@ processes that each own their peer connections, tracks and speech pipelines, and
 process (signaling/front.py) that owns the public address and routes HTTP to them. Media
 never passes through the front: each worker's ICE candidates are its own UDP ports.
 
-A worker that dies is started again at once (with a back-off if it keeps dying); its
-sessions died with it, and requests for them get 404 from the new process. Workers are
-started with the ``spawn`` method: forking a process that has threads (torch, aioice) is
-unsafe.
+A worker that dies is started again at once (with a back-off if it keeps dying), and one
+that stops answering (wedged) is killed first; its sessions died with it, and requests for
+them get 404 from the new process. Workers are started with the ``spawn`` method: forking
+a process that has threads (torch, aioice) is unsafe.
 """
 
 from __future__ import annotations
@@ -41,6 +41,10 @@ STATUS_INTERVAL_S = 1.0
 RESTART_BACKOFF_S = (0.0, 1.0, 2.0, 5.0, 10.0)  # after 1, 2, 3... quick deaths in a row
 MAX_SOCKET_PATH = 100  # sun_path is 108 bytes on Linux, 104 on macOS
 QUICK_DEATH_S = 30.0  # a worker that lived longer than this starts the back-off over
+# A worker that was up (ready once) and has answered no status poll for this long is
+# wedged (its event loop, which also paces its media, is stuck; or it was SIGSTOPped):
+# it is killed and started again.
+WEDGED_S = 30.0
 
 
 def worker_main(config: Config, socket_path: str, factory: AppFactory) -> None:
@@ -90,6 +94,9 @@ class Worker:
     ready: bool = False  # takes new sessions, as its last status said (signaling/app.py)
     sessions: int = 0  # from the last status poll, plus offers routed since
     status: dict[str, Any] = field(default_factory=dict)
+    # The last status poll it answered, once it has been ready since it started (monotonic
+    # time; 0: not yet): a worker still loading its engine is never taken for a wedged one.
+    answered_at: float = 0.0
 
     @property
     def alive(self) -> bool:
@@ -120,6 +127,7 @@ class WorkerPool:
                 f"socket paths under {socket_dir} are {longest} bytes, over the {MAX_SOCKET_PATH} "
                 "a Unix socket allows: set TMPDIR to a shorter directory"
             )
+        self.wedged_s = WEDGED_S
         self._watches: list[asyncio.Task[None]] = []
         self._closing = False
         self._closed = False
@@ -183,6 +191,7 @@ class WorkerPool:
         worker.ready = False
         worker.sessions = 0
         worker.status = {}
+        worker.answered_at = 0.0
         if worker.http is None:
             worker.http = aiohttp.ClientSession(
                 connector=aiohttp.UnixConnector(path=worker.socket_path),
@@ -240,10 +249,28 @@ class WorkerPool:
             # the front would pass on, say).
             worker.ready = False
             worker.status = {}
+            self._kill_if_wedged(worker)
             return
         worker.status = status
         worker.ready = bool(status.get("ready"))
         worker.sessions = int(status.get("sessions", 0))
+        if worker.ready or worker.answered_at:
+            worker.answered_at = time.monotonic()
+
+    def _kill_if_wedged(self, worker: Worker) -> None:
+        """A live process that stopped answering would otherwise stay for good: never
+        restarted, its room refused, each request for its sessions held until the forward
+        times out. Killed, it is restarted by the watch like any dead worker."""
+        silent = time.monotonic() - worker.answered_at
+        if not worker.answered_at or silent < self.wedged_s or worker.process is None:
+            return
+        log.error(
+            "worker %d (pid %s) has not answered for %.0f s: killing it",
+            worker.index,
+            worker.pid,
+            silent,
+        )
+        worker.process.kill()
 
     # --- routing -------------------------------------------------------------------------
     def for_new_session(self, room: str | None) -> Worker | None:

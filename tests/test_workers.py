@@ -7,6 +7,7 @@ processes killed with SIGKILL. Session ids name their worker (``w<index>-...``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -20,6 +21,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from agent.config import Config
 from tests.rtc_client import RtcClient
 from tests.served import Served, serve_subprocess
 
@@ -259,3 +261,36 @@ def test_a_worker_whose_front_died_before_it_started_does_not_run_on(tmp_path: P
         assert time.monotonic() < deadline, "the worker is still running"
         time.sleep(0.05)
     assert not survived.exists(), survived.read_text()
+
+
+async def test_a_worker_that_stops_answering_is_killed_and_started_again(tmp_path: Path) -> None:
+    """A worker whose event loop is wedged (SIGSTOPped here) stayed "alive" for good: never
+    restarted, its room refused (503 not_ready) for good, and every request for its
+    sessions held for the front's 60 s timeout, over and over. The front now kills a worker
+    that was up and has not answered its status for ``wedged_s``, and starts it again."""
+    from agent.conversation_config import ListenSettings
+    from signaling.workers import WorkerPool
+    from tests.tone_worker import tone_app
+
+    config = Config(workers=1, listen=ListenSettings(enabled=False))
+    pool = WorkerPool(config, tone_app, tmp_path)
+    pool.wedged_s = 1.0
+    await pool.start()
+    try:
+        worker = pool.workers[0]
+        async with asyncio.timeout(60):
+            while not worker.ready:
+                await asyncio.sleep(0.05)
+        stopped = worker.pid
+        assert stopped is not None
+        os.kill(stopped, signal.SIGSTOP)
+        try:
+            async with asyncio.timeout(15):
+                while worker.pid == stopped:
+                    await asyncio.sleep(0.05)
+        finally:
+            with contextlib.suppress(ProcessLookupError):  # gone once killed and reaped
+                os.kill(stopped, signal.SIGCONT)
+        assert worker.restarts == 1
+    finally:
+        await pool.close(timeout_s=5)
