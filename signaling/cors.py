@@ -15,7 +15,10 @@ from aiohttp import web
 
 from signaling.errors import Handler, error_response
 
-ALLOW_METHODS = "GET, POST, DELETE, OPTIONS"
+# PATCH: no route takes it, but WHEP's ETag invites a player to PATCH (trickle ICE, ICE
+# restart); allowed here, its request reaches the server, whose 405 (with Allow) the player
+# can read. Refused by the preflight, it was a network error the player may take as fatal.
+ALLOW_METHODS = "GET, POST, DELETE, PATCH, OPTIONS"
 # X-Session-Token (signaling/routes.py SESSION_TOKEN_HEADER): a WHEP resume sends it.
 ALLOW_HEADERS = "Authorization, Content-Type, X-Session-Token"
 # Headers a cross-origin page may read: WHEP's Location, ETag and session token (for a

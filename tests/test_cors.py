@@ -70,6 +70,31 @@ class TestAllowList:
                     assert "Access-Control-Allow-Origin" not in resp.headers
 
 
+    async def test_a_whep_players_patch_gets_a_405_it_can_read(
+        self, live_server: LiveServer
+    ) -> None:
+        """WHEP's 201 carries an ETag, which tells a player it may PATCH the resource
+        (trickle ICE, ICE restart). The server does neither and answers 405 with Allow; but
+        PATCH was not among the preflight's methods, so a cross-origin player's PATCH failed
+        as a network error before it could see the 405 (found by review)."""
+        patch = {**PREFLIGHT, "Access-Control-Request-Method": "PATCH"}
+        async with aiohttp.ClientSession() as http:
+            async with http.options(
+                live_server.url + "/whep/abc", headers={"Origin": ALLOWED, **patch}
+            ) as resp:
+                assert resp.status == 204
+                methods = resp.headers["Access-Control-Allow-Methods"].split(", ")
+                assert "PATCH" in methods
+            async with http.patch(
+                live_server.url + "/whep/abc",
+                data="a=end-of-candidates\r\n",
+                headers={"Origin": ALLOWED, "Content-Type": "application/trickle-ice-sdpfrag"},
+            ) as resp:
+                assert resp.status == 405
+                assert resp.headers["Access-Control-Allow-Origin"] == ALLOWED
+                assert "PATCH" not in resp.headers["Allow"]
+
+
 async def test_no_allow_list_means_same_origin_only(live_server: LiveServer) -> None:
     async with aiohttp.ClientSession() as http:
         async with http.get(live_server.url + "/healthz", headers={"Origin": ALLOWED}) as resp:
