@@ -69,7 +69,6 @@ class TestAllowList:
                     assert resp.status == 200
                     assert "Access-Control-Allow-Origin" not in resp.headers
 
-
     async def test_a_whep_players_patch_gets_a_405_it_can_read(
         self, live_server: LiveServer
     ) -> None:
