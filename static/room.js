@@ -202,6 +202,9 @@ async function join(room, name, speak) {
   if (joining || call.pc) return;
   joining = true;
   ui.join.disabled = true; // a second click on Join would make a second, orphaned call
+  // Leave gives up a join under way (a microphone prompt left unanswered, a slow server):
+  // every step of connectTo checks stale(), and a seat made meanwhile is deleted.
+  ui.leave.disabled = false;
   showAlert("");
   setState("connecting");
   const gen = ++generation;

@@ -558,3 +558,53 @@ async def test_the_room_page_says_what_happened_to_the_microphone(
     assert await page.is_disabled("#mute")
     assert await page.get_attribute("#state", "data-state") == "connected"
     assert not log, log
+
+
+HANG_MIC_JS = """
+navigator.mediaDevices.getUserMedia = () => new Promise(() => {});  // a prompt never answered
+"""
+
+
+async def test_a_join_under_way_can_be_left(
+    one_browser: Browser,  # noqa: F811 - the fixture imported above
+    live_server: LiveServer,
+) -> None:
+    """Leave was disabled until a join finished: a join waiting on a microphone prompt the
+    user never answers, or on a slow server, could not be given up (found by review; the
+    main page's Hang up can). Leave now ends a join under way; a seat the server made
+    meanwhile is deleted."""
+    log: list[str] = []
+    context = await one_browser.new_context()
+    page = await context.new_page()
+    page.set_default_timeout(10_000)
+    page.on("pageerror", lambda e: log.append(f"pageerror: {e}"))
+    await page.add_init_script(HANG_MIC_JS)
+    await page.goto(f"{live_server.url}/room.html?room=stuck")
+    await page.click("#join")  # to speak: the microphone prompt hangs
+    await page.wait_for_selector('#state[data-state="connecting"]')
+    await page.click("#leave")
+    await page.wait_for_selector('#state[data-state="idle"]')
+    assert await page.is_enabled("#join") and await page.is_disabled("#leave")
+
+    # A slow server: the offer is answered only after Leave.
+    held: list[Any] = []
+    await page.route("**/offer", lambda route: held.append(route))
+    await page.uncheck("#speak")
+    await page.click("#join")
+    deadline = time.monotonic() + 10
+    while not held:
+        assert time.monotonic() < deadline, "the offer was not sent"
+        await asyncio.sleep(0.05)
+    await page.click("#leave")
+    await page.wait_for_selector('#state[data-state="idle"]')
+    answered: list[int] = []
+    page.on("response", lambda r: r.url.endswith("/offer") and answered.append(r.status))
+    await held[0].continue_()
+    registry = live_server.app[SESSIONS]
+    deadline = time.monotonic() + 10
+    while answered != [200] or len(registry):
+        assert time.monotonic() < deadline, (answered, len(registry))
+        await asyncio.sleep(0.1)
+    assert await page.is_enabled("#join")
+    assert not log, log
+    await context.close()
