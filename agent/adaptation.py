@@ -109,6 +109,8 @@ class NetworkAdaptation:
             "transport_cc": bool(tap and tap.transport_cc and tap.transport_feedbacks),
             "receiver_reports": tap.receiver_reports if tap else 0,
             "transport_feedbacks": tap.transport_feedbacks if tap else 0,
+            # Not parsed: more packets reported than a receiver reports (a peer's flood).
+            "transport_feedbacks_dropped": tap.feedbacks_over_budget if tap else 0,
             "encoder_changes": self.applier.changes,
             "reason": controller.last_reason,
         }

@@ -36,10 +36,12 @@ from aiortc.rtp import (
 
 from agent.bitrate import BitrateController, DelayReport, EncoderTarget, LossReport
 from agent.twcc import (
+    MAX_REPORTED_PACKETS,
     FeedbackEstimator,
     SendHistory,
     iter_transport_feedback,
     parse_transport_feedback,
+    reported_packets,
 )
 
 log = logging.getLogger(__name__)
@@ -49,6 +51,11 @@ TWCC_LOSS_WINDOW_S = 0.5  # transport-cc loss is summed over this long before it
 TWCC_LOSS_MIN_PACKETS = 10
 SENT_REPORTS_KEPT = 16  # SRs leave every 0.5-1.5 s: an RR naming an older one is stale
 MAX_LOGGED_ERRORS = 5  # per session: a peer sending junk must not flood the log
+# Packets reported by transport feedback that one tap parses per second, and its burst (see
+# FeedbackTap._within_twcc_budget). A transport carries 50 audio packets a second per
+# stream, at most 1 + --room-max-speakers streams (5 by default) for a room member.
+TWCC_REPORTED_PER_S = 1000
+TWCC_REPORTED_BURST = 2 * MAX_REPORTED_PACKETS
 
 
 class Applier:
@@ -190,6 +197,9 @@ class FeedbackTap:
         self._rr_highest: int | None = None  # extended highest sequence of the last RR
         # Transport-cc feedback about our packets arrived since the last RR (see there).
         self._twcc_since_rr = False
+        self.feedbacks_over_budget = 0  # transport feedbacks not parsed (see _within_twcc_budget)
+        self._twcc_budget = float(TWCC_REPORTED_BURST)
+        self._twcc_budget_at: float | None = None
 
     # --- installation --------------------------------------------------------------------
     def install(self, transport_cc: bool) -> None:
@@ -301,6 +311,9 @@ class FeedbackTap:
         for _sender_ssrc, _media_ssrc, fci in iter_transport_feedback(data):
             # A feedback covers the whole transport; packets of other streams on it are not
             # in this tap's history and are skipped by the estimator.
+            if not self._within_twcc_budget(reported_packets(fci)):
+                self.feedbacks_over_budget += 1
+                continue
             try:
                 feedback = parse_transport_feedback(fci)
             except ValueError as exc:
@@ -324,6 +337,26 @@ class FeedbackTap:
                     )
                 )
             self._count_twcc_loss(now, summary.packets, summary.lost - summary.recovered)
+
+    def _within_twcc_budget(self, reported: int) -> bool:
+        """Whether a feedback reporting ``reported`` packets may be parsed now.
+
+        Parsing and matching costs ~0.4 us per packet reported, on the event loop: a peer
+        sending compound packets of 8 feedbacks of 1024 packets each (192 bytes) cost 3.4
+        ms of loop time per packet, so ~300 packets a second (58 KB/s) would stall every
+        session of the process; in a room, each of a member's taps parses the same data. A
+        real receiver reports each packet of the transport about once: at most
+        TWCC_REPORTED_PER_S a second pass, with a burst of TWCC_REPORTED_BURST.
+        """
+        now = self._clock()
+        if self._twcc_budget_at is not None:
+            refill = (now - self._twcc_budget_at) * TWCC_REPORTED_PER_S
+            self._twcc_budget = min(TWCC_REPORTED_BURST, self._twcc_budget + max(0.0, refill))
+        self._twcc_budget_at = now
+        if reported > self._twcc_budget:
+            return False
+        self._twcc_budget -= reported
+        return True
 
     def _count_twcc_loss(self, now: float, packets: int, lost: int) -> None:
         """Transport-cc loss, judged per window: one feedback covers only 2-5 audio packets."""

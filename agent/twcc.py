@@ -96,6 +96,15 @@ def _read_statuses(fci: bytes, count: int) -> tuple[list[int], int]:
     return statuses, pos
 
 
+def reported_packets(fci: bytes) -> int:
+    """How many packets a feedback FCI says it reports (its packet status count), read
+    without parsing it: what parsing it would cost. 0 for an FCI too short to say."""
+    if len(fci) < 4:
+        return 0
+    count: int = struct.unpack_from("!H", fci, 2)[0]
+    return count
+
+
 def parse_transport_feedback(fci: bytes) -> TransportFeedback:
     """Parse a transport feedback FCI (what follows the two SSRCs). Raises ValueError."""
     if len(fci) < 8:

@@ -7,6 +7,7 @@ pin each input path on its own, with hand-made reports whose effect is known exa
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
@@ -404,3 +405,36 @@ def test_receiver_report_loss_counts_again_once_transport_cc_feedback_stops() ->
     # The feedback stopped: the next report's loss counts again.
     tap._on_rtcp_packet(report(fraction_lost=0))
     assert controller.last_loss == 0.0
+
+
+def test_a_flood_of_transport_feedback_is_not_parsed_past_a_receivers_rate() -> None:
+    """A compound packet of 8 feedbacks each reporting 1024 packets (192 bytes) cost 3.4 ms
+    of event-loop time to parse and match: ~300 such packets a second from one peer would
+    stall every session of the process, and a room member's taps each parse them (found by
+    review). A tap now parses at most TWCC_REPORTED_PER_S reported packets a second (after
+    a burst); the flood is counted, and a receiver's own feedback still all gets through."""
+    from agent.feedback import TWCC_REPORTED_BURST, TWCC_REPORTED_PER_S
+
+    tap, _controller, _ = make_tap()
+    clock = Clock(0.0)
+    tap._clock = clock
+    hostile = build_transport_feedback(0, 0, 0, [None] * 1024) * 8
+    started = time.process_time()
+    for i in range(100):  # one second of 100 such packets
+        clock.now = i / 100
+        tap._on_rtcp_data(hostile)
+    spent = time.process_time() - started
+    parsed = tap.transport_feedbacks * 1024
+    assert parsed <= TWCC_REPORTED_BURST + TWCC_REPORTED_PER_S
+    assert tap.feedbacks_over_budget == 800 - tap.transport_feedbacks
+    assert spent < 0.1  # it was ~0.34 s: every one parsed
+
+    # A receiver's feedback, a room member's five streams (250 packets a second) reported
+    # every 100 ms, is never refused, even right after a flood used the budget up.
+    refused = tap.feedbacks_over_budget
+    clock.now = 0.99
+    for round_ in range(50):
+        clock.now += 0.1
+        arrivals = [64_000 + 4_000 * i for i in range(25)]
+        tap._on_rtcp_data(build_transport_feedback(25 * round_, 0, round_, arrivals))
+    assert tap.feedbacks_over_budget == refused
