@@ -35,6 +35,7 @@ from urllib.parse import unquote
 
 import aiohttp
 from aiohttp import web
+from multidict import CIMultiDict
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -262,8 +263,13 @@ async def _forward(
     """The worker's answer to ``request``; ``session_id``: the session the path names."""
     if body is None:
         body = await read_body(request)
-    headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_HEADERS}
-    headers[FORWARDED_FOR_HEADER] = request.remote or ""
+    # A multidict, as the request's: a header sent twice reaches the worker twice (a dict
+    # kept the last value, where the front, like the worker, reads the first: two tokens
+    # were checked here by one and at the worker by the other).
+    headers = CIMultiDict(
+        (k, v) for k, v in request.headers.items() if k.lower() not in _HOP_HEADERS
+    )
+    headers[FORWARDED_FOR_HEADER] = request.remote or ""  # replaces the client's, any case
     assert worker.http is not None
     # The path and query exactly as the client sent them (encoded=True: nothing decoded,
     # nothing resolved): path_qs is decoded, and yarl then resolved an encoded "..%2f" into
@@ -280,7 +286,9 @@ async def _forward(
         ) as resp:
             payload = await resp.read()
             _name_session(session_id, resp, payload)
-            out_headers = {k: v for k, v in resp.headers.items() if k.lower() not in _HOP_HEADERS}
+            out_headers = CIMultiDict(
+                (k, v) for k, v in resp.headers.items() if k.lower() not in _HOP_HEADERS
+            )
             return web.Response(status=resp.status, body=payload, headers=out_headers)
     except (aiohttp.ClientError, TimeoutError) as exc:
         # The worker died (or is restarting) mid-request: its sessions are gone.

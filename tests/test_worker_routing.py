@@ -628,3 +628,27 @@ async def test_an_offer_in_another_charset_joins_its_room_on_the_rooms_worker() 
         ) as resp:
             assert resp.status == 200, await resp.text()
             assert (await resp.json())["session_id"].startswith("w1-")
+
+
+async def test_a_header_sent_twice_reaches_the_worker_twice() -> None:
+    """The front copied the request's headers into a dict, keeping the last of a repeated
+    one, while it (like the worker) reads the first: with two tokens, the front checked one
+    and the worker the other (found by review). One process answers by the first."""
+    secret = "s" * 32
+    config = Config(
+        host="127.0.0.1",
+        port=0,
+        listen=ListenSettings(enabled=False),
+        security=SecuritySettings(auth_secret=secret),
+    )
+    body = b'{"type": "offer", "sdp": "v=0"}'
+    good = mint_token(secret, ttl_s=60).encode()
+    async with front_and_worker(config) as url:
+        reply = await raw_http(
+            url,
+            b"POST /offer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Authorization: Bearer " + good + b"\r\nAuthorization: Bearer forged\r\n"
+            b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(body) + body,
+        )
+    assert raw_status(reply) == 400, reply  # the worker read the first token too
+    assert b'"no_audio"' in reply
