@@ -96,6 +96,13 @@ class ServerError extends Error {
   }
 }
 
+// A refusal with Retry-After (server_full, not_ready, tts_unavailable...) says when to try
+// again, as rate_limited's message does itself.
+function withRetryHint(message, res) {
+  const after = Number(res.headers.get("Retry-After"));
+  return after > 0 && !/retry in/i.test(message) ? `${message}; retry in ${after} s` : message;
+}
+
 function describeError(err) {
   if (err instanceof ServerError) return `${err.code}: ${err.message}`;
   if (err && err.name === "TypeError" && /fetch/i.test(err.message)) {
@@ -318,7 +325,9 @@ async function postOffer(description, resume = null) {
   }
   if (!res.ok) {
     const err = data && data.error;
-    if (err && err.code) throw new ServerError(err.code, err.message || "", res.status);
+    if (err && err.code) {
+      throw new ServerError(err.code, withRetryHint(err.message || "", res), res.status);
+    }
     throw new ServerError(`http_${res.status}`, res.statusText || "request failed", res.status);
   }
   if (!data || typeof data.sdp !== "string" || data.type !== "answer") {

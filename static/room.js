@@ -283,7 +283,11 @@ async function connectTo(room, name, speak, stale) {
   const data = await res.json().catch(() => null);
   if (!res.ok) {
     const err = (data && data.error) || { code: `http_${res.status}`, message: res.statusText };
-    throw new Error(`${err.code}: ${err.message}`);
+    // A refusal with Retry-After (server_full, not_ready...) says when to try again, as
+    // rate_limited's message does itself.
+    const after = Number(res.headers.get("Retry-After"));
+    const hint = after > 0 && !/retry in/i.test(err.message) ? `; retry in ${after} s` : "";
+    throw new Error(`${err.code}: ${err.message}${hint}`);
   }
   if (stale()) {
     deleteSession(data.session_id); // the server made a seat nobody will use

@@ -486,24 +486,31 @@ async def wait_for_no_session(live_server: Any, timeout_s: float = 3.0) -> None:
 async def test_a_failed_offer_is_shown_and_leaves_no_session_behind(
     agent_page: AgentPage, live_server: Any
 ) -> None:
-    """A JSON error from POST /offer reaches the user (a route answers for the server). A
+    """A JSON error from POST /offer reaches the user (a route answers for the server), with
+    its Retry-After as when to try again (server_full and the like said only "full"). A
     call that ends or fails after the server made its session (Hang up while the answer is
     on its way; an answer the browser cannot apply) deletes that session: it used to hold
     a seat, counted against --max-sessions, until the server's connect timeout."""
     import asyncio
 
     ap = agent_page
-    body = {"error": {"code": "too_many_sessions", "message": "the server is full"}}
+    body = {"error": {"code": "server_full", "message": "the server is full"}}
 
     async def refuse(route: Any) -> None:
-        await route.fulfill(status=503, content_type="application/json", body=json.dumps(body))
+        await route.fulfill(
+            status=503,
+            content_type="application/json",
+            body=json.dumps(body),
+            headers={"Retry-After": "7"},
+        )
 
     await ap.page.route("**/offer", refuse)
     await ap.page.set_checked("#mic", False)
     await ap.page.click("#connect")
     await ap.page.wait_for_selector('#state[data-state="failed"]')
     alert = await ap.page.text_content("#alert") or ""
-    assert "too_many_sessions" in alert and "the server is full" in alert, alert
+    assert "server_full" in alert and "the server is full" in alert, alert
+    assert "retry in 7 s" in alert, alert  # from Retry-After (the message did not say when)
     assert await ap.page.is_enabled("#connect")
     assert await ap.page.evaluate("() => window.voiceAgent.pc === null")
     await ap.page.unroute("**/offer")

@@ -608,3 +608,27 @@ async def test_a_join_under_way_can_be_left(
     assert await page.is_enabled("#join")
     assert not log, log
     await context.close()
+
+
+async def test_a_refused_join_says_when_to_try_again(
+    one_browser: Browser,  # noqa: F811 - the fixture imported above
+    live_server: LiveServer,
+) -> None:
+    """A refusal with Retry-After (server_full, not_ready...) showed only its message, not
+    when to try again (rate_limited's message says it itself)."""
+    body = {"error": {"code": "server_full", "message": "the server is full"}}
+    context = await one_browser.new_context()
+    page = await context.new_page()
+    page.set_default_timeout(10_000)
+    await page.route(
+        "**/offer",
+        lambda route: route.fulfill(status=503, json=body, headers={"Retry-After": "5"}),
+    )
+    await page.goto(f"{live_server.url}/room.html?room=full")
+    await page.uncheck("#speak")
+    await page.click("#join")
+    await page.wait_for_selector("#alert:not([hidden])")
+    alert = await page.text_content("#alert") or ""
+    assert "server_full" in alert and "retry in 5 s" in alert, alert
+    assert await page.is_enabled("#join")
+    await context.close()
