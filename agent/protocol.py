@@ -42,6 +42,7 @@ class Interrupt:
 @dataclass(frozen=True)
 class Chat:
     text: str
+    id: str | None = None  # the client's: an error refusing this chat carries it
 
 
 @dataclass(frozen=True)
@@ -87,7 +88,7 @@ def parse_message(raw: str | bytes, max_bytes: int) -> Message:
         case "interrupt":
             return Interrupt()
         case "chat":
-            return Chat(_string(obj, "text"))
+            return Chat(_string(obj, "text"), _optional_id(obj))
         case "config":
             return ConfigUpdate(_config_fields(obj))
     raise ProtocolError("unknown_type", f"unknown message type {kind[:40]!r}")

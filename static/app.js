@@ -572,8 +572,10 @@ function say(text) {
 function ask(text) {
   const clean = String(text ?? "").trim();
   if (!clean) return null;
-  send({ type: "chat", text: clean });
+  // The id comes back on an error refusing the question (rate_limited, queue_full...),
+  // which then marks the question's item.
   const id = `asked-${newClientId()}`;
+  send({ type: "chat", text: clean, id });
   const li = ensureUserItem(id);
   li.querySelector(".text").textContent = clean;
   setItemStatus(li, "heard", "you (typed)");

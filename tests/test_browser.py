@@ -1168,7 +1168,8 @@ async def test_a_say_the_server_refuses_keeps_its_text_in_the_transcript(
 ) -> None:
     """A say the server refuses (here rate_limited; also empty_text, queue_full...) gets an
     `error` with the say's id. The box had emptied as the say went out, and the transcript
-    showed only the error: what the user had typed was gone."""
+    showed only the error: what the user had typed was gone. An Ask (``chat``) refused
+    likewise marks its question's item."""
     ap = agent_page
     await connect(ap)
     await say_in_ui(ap, "first one")
@@ -1183,4 +1184,15 @@ async def test_a_say_the_server_refuses_keeps_its_text_in_the_transcript(
     badge = f'#transcript li[data-id="{refused[0]["id"]}"] .badge'
     assert await ap.page.text_content(badge) == "rate_limited"
     assert "rate_limited" in (await ap.page.text_content("#alert") or "")
+    # An Ask refused the same way marks its question (chat had no id to match it by).
+    await ap.page.fill("#text", "a question")
+    await ap.page.click("#ask")
+    await ap.page.wait_for_function(
+        "() => window.voiceAgent.events.filter((e) => e.type === 'error').length > 1",
+        timeout=5_000,
+    )
+    asked = [e for e in await events(ap) if e.get("type") == "error"][1]
+    assert asked["code"] == "rate_limited" and asked["id"].startswith("asked-"), asked
+    item = await transcript_item(ap, asked["id"])
+    assert item == {"text": "a question", "status": "error"}, item
     assert not ap.page_errors(), ap.context()

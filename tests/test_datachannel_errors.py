@@ -54,6 +54,24 @@ async def test_bad_messages_get_error_events_and_session_lives_on(live_server: L
             await client.close()
 
 
+async def test_an_error_refusing_a_chat_carries_its_id(live_server: LiveServer) -> None:
+    """A refused ``chat`` (empty, too long, queue full, rate limited) could not be matched
+    to its question: chat had no id (found by review of the page, which marks a refused
+    say's item but not an Ask's). An optional id now comes back on the error."""
+    async with aiohttp.ClientSession() as http:
+        client = RtcClient(live_server.url, http)
+        await client.connect()
+        try:
+            client.send({"type": "chat", "text": "   ", "id": "q1"})
+            refused = await client.wait_event(lambda e: e["type"] == "error")
+            assert (refused["code"], refused.get("id")) == ("empty_text", "q1"), refused
+            client.send({"type": "chat", "text": "hi", "id": "x" * 65})
+            bad = await client.wait_event(lambda e: e["type"] == "error" and e is not refused)
+            assert bad["code"] == "bad_message" and "'id'" in bad["message"], bad
+        finally:
+            await client.close()
+
+
 @pytest.mark.parametrize("voice", ["seed:\u00b2", "seed:\u2460", "seed:\u0663"])
 def test_a_seed_of_other_digits_is_bad_config(voice: str) -> None:
     """``seed:²`` answered ``internal``: str.isdigit() accepts superscript and circled digits,
