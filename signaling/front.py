@@ -149,7 +149,7 @@ async def post_offer(request: web.Request) -> web.StreamResponse:
         # A session token names its worker like a session id does.
         return await _forward(request, _session_worker(request, resume), body)
     room = text("room") or claims(request).room
-    return await _forward(request, _new_session_worker(request, room), body)
+    return await _forward_new_session(request, room, body)
 
 
 async def post_whep(request: web.Request) -> web.StreamResponse:
@@ -160,7 +160,7 @@ async def post_whep(request: web.Request) -> web.StreamResponse:
     if resume is not None:
         return await _forward(request, _session_worker(request, resume))
     room = request.query.get("room") or claims(request).room
-    return await _forward(request, _new_session_worker(request, room))
+    return await _forward_new_session(request, room)
 
 
 async def _check_token(request: web.Request) -> None:
@@ -171,6 +171,24 @@ async def _check_token(request: web.Request) -> None:
     secret = request.app[CONFIG].security.auth_secret
     if secret is not None:
         request[CLAIMS] = verify_token(await request_token(request), secret)
+
+
+async def _forward_new_session(
+    request: web.Request, room: str | None, body: bytes | None = None
+) -> web.StreamResponse:
+    """A new session's offer, to the worker that should take it. One that cannot be
+    reached (it died since its last status poll, up to a second ago: the watch has not
+    restarted it yet) never saw the offer: a session in no room goes to the next worker
+    rather than answer 503 ``worker_unavailable``. A room's worker is its only one."""
+    for _ in range(len(request.app[POOL].workers)):
+        worker = _new_session_worker(request, room)
+        try:
+            return await _forward(request, worker, body)
+        except _WorkerUnreachable:
+            if room is not None:
+                raise
+            worker.ready = False  # until its next status poll says otherwise
+    raise _unavailable(_WorkerUnreachable)
 
 
 def _new_session_worker(request: web.Request, room: str | None) -> Worker:
@@ -299,12 +317,22 @@ async def _forward(
             request.rel_url.path,
             exc,
         )
-        raise ApiError(
-            503,
-            "worker_unavailable",
-            "the media worker for this request is restarting",
-            {"Retry-After": "2"},
-        ) from None
+        # Not connected at all: the worker never saw the request (see _forward_new_session).
+        unreached = isinstance(exc, aiohttp.ClientConnectorError)
+        raise _unavailable(_WorkerUnreachable if unreached else ApiError) from None
+
+
+class _WorkerUnreachable(ApiError):
+    """``worker_unavailable`` for a request that reached no worker (its connect failed)."""
+
+
+def _unavailable(kind: type[ApiError]) -> ApiError:
+    return kind(
+        503,
+        "worker_unavailable",
+        "the media worker for this request is restarting",
+        {"Retry-After": "2"},
+    )
 
 
 def _name_session(path_id: str | None, resp: aiohttp.ClientResponse, payload: bytes) -> None:

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import gzip
 import json
+import os
 import shutil
 import tempfile
 from collections.abc import AsyncIterator
@@ -652,3 +653,30 @@ async def test_a_header_sent_twice_reaches_the_worker_twice() -> None:
         )
     assert raw_status(reply) == 400, reply  # the worker read the first token too
     assert b'"no_audio"' in reply
+
+
+async def test_a_new_session_goes_around_a_worker_that_cannot_be_reached() -> None:
+    """A worker that died since its last status poll (up to a second ago) was still picked
+    for new sessions: the offer, which it never saw, got 503 worker_unavailable while
+    another worker stood ready (found by review). Such an offer now goes to the next
+    worker; a room's offer still waits for the room's own worker."""
+    offer = await an_offer()
+    pools: list[WorkerPool] = []
+    config = Config(host="127.0.0.1", port=0, listen=ListenSettings(enabled=False))
+    async with (
+        front_and_worker(config, workers=2, pools=pools) as url,
+        aiohttp.ClientSession() as http,
+    ):
+        dead = pools[0].workers[0]  # the least loaded (a tie): picked first
+        os.unlink(dead.socket_path)  # nothing listens there any more
+        async with http.post(url + "/offer", json={"type": "offer", "sdp": offer}) as resp:
+            assert resp.status == 200, await resp.text()
+            assert (await resp.json())["session_id"].startswith("w1-")
+        assert not dead.ready  # until its next status poll
+        dead.ready = True
+        room = next(r for r in ("a", "b", "c", "d") if pools[0].for_room(r).index == 0)
+        async with http.post(
+            url + "/offer", json={"type": "offer", "sdp": offer, "room": room}
+        ) as resp:
+            assert resp.status == 503, await resp.text()
+            assert (await resp.json())["error"]["code"] == "worker_unavailable"
