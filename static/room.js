@@ -60,7 +60,9 @@ function showAlert(text) {
 function setJoined(joined) {
   ui.join.disabled = joined;
   ui.leave.disabled = !joined;
+  // What a join was made with: changing it during the call would change nothing.
   ui.room.disabled = joined;
+  ui.name.disabled = joined;
   ui.speak.disabled = joined;
   setChannelOpen(joined && channelOpen());
 }
@@ -205,6 +207,7 @@ async function join(room, name, speak) {
   // Leave gives up a join under way (a microphone prompt left unanswered, a slow server):
   // every step of connectTo checks stale(), and a seat made meanwhile is deleted.
   ui.leave.disabled = false;
+  ui.room.disabled = ui.name.disabled = ui.speak.disabled = true;
   showAlert("");
   setState("connecting");
   const gen = ++generation;

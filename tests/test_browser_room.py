@@ -572,7 +572,8 @@ async def test_a_join_under_way_can_be_left(
     """Leave was disabled until a join finished: a join waiting on a microphone prompt the
     user never answers, or on a slow server, could not be given up (found by review; the
     main page's Hang up can). Leave now ends a join under way; a seat the server made
-    meanwhile is deleted."""
+    meanwhile is deleted. The room, name and speak fields are fixed while a join is under
+    way or made (the name box stayed editable, to no effect)."""
     log: list[str] = []
     context = await one_browser.new_context()
     page = await context.new_page()
@@ -582,9 +583,14 @@ async def test_a_join_under_way_can_be_left(
     await page.goto(f"{live_server.url}/room.html?room=stuck")
     await page.click("#join")  # to speak: the microphone prompt hangs
     await page.wait_for_selector('#state[data-state="connecting"]')
+    # What the join was made with cannot be changed under it (edits changed nothing).
+    for field in ("#room-name", "#display-name", "#speak"):
+        assert await page.is_disabled(field), field
     await page.click("#leave")
     await page.wait_for_selector('#state[data-state="idle"]')
     assert await page.is_enabled("#join") and await page.is_disabled("#leave")
+    for field in ("#room-name", "#display-name", "#speak"):
+        assert await page.is_enabled(field), field
 
     # A slow server: the offer is answered only after Leave.
     held: list[Any] = []
