@@ -19,6 +19,7 @@ import jwt
 from aiohttp import web
 
 from agent.config import ROLES, ROOM_NAME_RULE, is_room_name
+from agent.httpservice import is_text_charset
 from signaling.errors import ApiError, Handler, read_body
 
 ALGORITHM = "HS256"
@@ -95,10 +96,15 @@ async def request_token(request: web.Request) -> str | None:
         return request.query["token"]
     if request.content_type == "application/json" and request.body_exists:
         # The body is cached: the handler reads it again. Bad JSON is the handler's error to
-        # report to an authenticated caller; here it only means "no token".
+        # report to an authenticated caller; here it only means "no token". Decoded in its
+        # Content-Type's charset, as the handler decodes it (signaling/routes.py
+        # _body_text): read as UTF-8, a Latin-1 body ("Zoë") was no JSON, its token unseen.
+        charset = request.charset or "utf-8"
+        if not is_text_charset(charset):
+            return None  # no text: the handler's 415, once authenticated
         try:
-            body = json.loads(await read_body(request))
-        except (ValueError, UnicodeDecodeError, RecursionError):
+            body = json.loads((await read_body(request)).decode(charset))
+        except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
             return None
         token = body.get("token") if isinstance(body, dict) else None
         return token if isinstance(token, str) else None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from typing import Any
@@ -342,3 +343,20 @@ async def test_tokens_never_reach_the_logs(
     for record in caplog.records:
         text = record.getMessage() + repr(record.__dict__)
         assert signature not in text and SECRET not in text, record
+
+
+async def test_a_token_in_a_body_in_another_charset_is_read(live_server: LiveServer) -> None:
+    """The handler reads a JSON body in the charset its Content-Type names (a Latin-1 name
+    "Zoë"); the token in it was read as UTF-8 bytes, no JSON: 401 "a token is required"
+    for a request the handler would have taken (one process and the --workers front)."""
+    fields = {"type": "offer", "sdp": OFFER, "name": "Zo\u00eb", "token": token()}
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(
+            live_server.url + "/offer",
+            data=json.dumps(fields, ensure_ascii=False).encode("latin-1"),
+            headers={"Content-Type": "application/json; charset=iso-8859-1"},
+        ) as resp,
+    ):
+        assert resp.status == 400, await resp.text()  # past the token: the SDP's turn
+        assert (await _error(resp))["code"] == "no_opus"
