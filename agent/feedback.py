@@ -53,9 +53,12 @@ SENT_REPORTS_KEPT = 16  # SRs leave every 0.5-1.5 s: an RR naming an older one i
 MAX_LOGGED_ERRORS = 5  # per session: a peer sending junk must not flood the log
 # Packets reported by transport feedback that one tap parses per second, and its burst (see
 # FeedbackTap._within_twcc_budget). A transport carries 50 audio packets a second per
-# stream, at most 1 + --room-max-speakers streams (5 by default) for a room member.
+# stream, 1 + the slots a room member offered (5 by default, more with a larger
+# --room-max-speakers): on top of this rate, each packet the transport sent adds
+# TWCC_REPORTED_PER_SENT to the budget, so a busy transport's own feedback always fits.
 TWCC_REPORTED_PER_S = 1000
 TWCC_REPORTED_BURST = 2 * MAX_REPORTED_PACKETS
+TWCC_REPORTED_PER_SENT = 2
 
 
 class Applier:
@@ -100,10 +103,12 @@ class TransportSequence:
 
     def __init__(self) -> None:
         self._next = 0
+        self.taken = 0  # numbers handed out: packets sent on the transport (unwrapped)
 
     def take(self) -> int:
         seq = self._next
         self._next = (seq + 1) & 0xFFFF
+        self.taken += 1
         return seq
 
 
@@ -179,7 +184,7 @@ class FeedbackTap:
     ) -> None:
         self.sender = sender
         # Shared by every tap on one transport (None: this sender has its transport alone).
-        self._sequence = sequence
+        self._sequence = sequence or TransportSequence()
         self.controller = controller
         self._apply = apply
         self._clock = clock
@@ -200,6 +205,7 @@ class FeedbackTap:
         self.feedbacks_over_budget = 0  # transport feedbacks not parsed (see _within_twcc_budget)
         self._twcc_budget = float(TWCC_REPORTED_BURST)
         self._twcc_budget_at: float | None = None
+        self._twcc_budget_sent = 0  # the transport's packets sent, at the last refill
 
     # --- installation --------------------------------------------------------------------
     def install(self, transport_cc: bool) -> None:
@@ -345,14 +351,19 @@ class FeedbackTap:
         sending compound packets of 8 feedbacks of 1024 packets each (192 bytes) cost 3.4
         ms of loop time per packet, so ~300 packets a second (58 KB/s) would stall every
         session of the process; in a room, each of a member's taps parses the same data. A
-        real receiver reports each packet of the transport about once: at most
-        TWCC_REPORTED_PER_S a second pass, with a burst of TWCC_REPORTED_BURST.
+        real receiver reports each packet of the transport about once: TWCC_REPORTED_PER_S
+        a second pass, plus TWCC_REPORTED_PER_SENT per packet the transport sent (a room
+        member's transport carries a stream per slot: a fixed rate refused a busy one's
+        real feedback), with a burst of TWCC_REPORTED_BURST.
         """
         now = self._clock()
+        sent = self._sequence.taken
         if self._twcc_budget_at is not None:
             refill = (now - self._twcc_budget_at) * TWCC_REPORTED_PER_S
-            self._twcc_budget = min(TWCC_REPORTED_BURST, self._twcc_budget + max(0.0, refill))
+            refill = max(0.0, refill) + (sent - self._twcc_budget_sent) * TWCC_REPORTED_PER_SENT
+            self._twcc_budget = min(TWCC_REPORTED_BURST, self._twcc_budget + refill)
         self._twcc_budget_at = now
+        self._twcc_budget_sent = sent
         if reported > self._twcc_budget:
             return False
         self._twcc_budget -= reported

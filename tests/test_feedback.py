@@ -438,3 +438,33 @@ def test_a_flood_of_transport_feedback_is_not_parsed_past_a_receivers_rate() -> 
         arrivals = [64_000 + 4_000 * i for i in range(25)]
         tap._on_rtcp_data(build_transport_feedback(25 * round_, 0, round_, arrivals))
     assert tap.feedbacks_over_budget == refused
+
+
+def test_a_busy_transport_s_real_feedback_is_never_refused() -> None:
+    """A room member's transport carries the agent and every slot it offered, and each of
+    its taps reads every feedback of the transport: with --room-max-speakers 23 that is 24
+    streams, 1200 packets a second reported. The budget was a fixed 1000 a second per tap:
+    once its burst was spent, a sixth of a real receiver's feedback went unparsed (taken
+    for a flood), for every stream of the member. What the transport sent is what a
+    receiver may report: the budget grows with it."""
+    streams = 24
+    clock = Clock(0.0)
+    sequence = TransportSequence()
+    tap = FeedbackTap(
+        SimpleNamespace(_ssrc=SSRC),  # type: ignore[arg-type]
+        BitrateController(AdaptationSettings(), CEILING),
+        Encoder().applier(),
+        clock=clock,
+        sequence=sequence,
+    )
+    base = 0
+    for round_ in range(600):  # a minute: feedback every 100 ms, 5 packets per stream
+        clock.now += 0.1
+        count = 5 * streams
+        for _ in range(count):
+            sequence.take()  # the member's other streams (and this one) sent them
+        arrivals = [64_000 + 800 * i for i in range(count)]
+        tap._on_rtcp_data(build_transport_feedback(base, 0, round_ & 0xFF, arrivals))
+        base = (base + count) & 0xFFFF
+    assert tap.feedbacks_over_budget == 0
+    assert tap.transport_feedbacks == 600
