@@ -42,7 +42,7 @@ log = logging.getLogger(__name__)
 # How long a turn the microphone's end cut short waits before it ends (see _read).
 TRACK_END_SETTLE_S = 0.5
 # No frame at all for this long (or the end-of-turn silence, if longer) ends a turn (see
-# _next_frame): shorter gaps are the network's jitter or a stalled loop, not the user.
+# _watch_quiet): shorter gaps are the network's jitter or a stalled loop, not the user.
 QUIET_ENDS_TURN_MIN_S = 1.0
 
 
@@ -93,6 +93,7 @@ class InboundAudio:
         settings: ListenSettings,
         listener: Listener,
         clock: Callable[[], float] = time.monotonic,
+        heard: Callable[[], float] | None = None,
     ) -> None:
         self.track = track
         self.settings = settings
@@ -114,6 +115,9 @@ class InboundAudio:
         self._max_turn_windows = self.detector.max_turn_windows + preroll
         self._tasks: list[asyncio.Task[None]] = []
         self._last_frame_at = 0.0  # time.monotonic() of the microphone's last frame (_watch_quiet)
+        # time.monotonic() when anything last came from the peer (RTCP, a data-channel
+        # message): None where unknown (see _watch_quiet).
+        self._heard = heard
 
     def snapshot(self) -> dict[str, Any]:
         st = self.stats
@@ -208,6 +212,13 @@ class InboundAudio:
         QUIET_ENDS_TURN_MIN_S) is that silence: the turn ends with what was heard of it,
         as when the track ends. A timer of its own, not a timeout on each frame's wait:
         that would cost a task and a timer handle per frame, 50 a second per session.
+
+        Only while the peer is still heard after that last frame (``heard``: its RTCP, a
+        data-channel message): a peer gone quiet as a whole lost its network, and its data
+        channel is as dead as its microphone. Ended here, the turn's events and the reply's
+        first ones went out on it and were lost, and the reply played to nobody until the
+        session was detached (--rtcp-timeout). The connection's loss ends that turn instead
+        (its track ends, or a resume's stop_listening), its events kept for the resume.
         """
         quiet_s = max(QUIET_ENDS_TURN_MIN_S, self.settings.end_of_turn_silence_ms / 1000)
         while True:
@@ -217,7 +228,8 @@ class InboundAudio:
                 continue
             # The queue empty: windows still to score may hold the turn's own end (or, with
             # the scorer behind, its onset), which the detector then sees first.
-            if self.detector.speaking and self._queue.empty():
+            peer_there = self._heard is None or self._heard() > self._last_frame_at
+            if self.detector.speaking and self._queue.empty() and peer_there:
                 self._end_turn()
             await asyncio.sleep(quiet_s)
 

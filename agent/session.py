@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from concurrent.futures import Executor
 from typing import TYPE_CHECKING, Any
 
@@ -130,8 +130,15 @@ class AgentSession:
             except Exception:  # stats must never end the session
                 log.exception("session %s: stats failed", self.id)
 
-    def listen(self, track: MediaStreamTrack, receiver: RTCRtpReceiver, pool: VadPool) -> None:
-        """The client's microphone: voice activity, turns and barge-in run on it."""
+    def listen(
+        self,
+        track: MediaStreamTrack,
+        receiver: RTCRtpReceiver,
+        pool: VadPool,
+        heard: Callable[[], float] | None = None,
+    ) -> None:
+        """The client's microphone: voice activity, turns and barge-in run on it. ``heard``:
+        when anything last came from the peer (agent/inbound.py _watch_quiet)."""
         from agent.inbound import InboundAudio
         from agent.receive_buffer import install_receive_buffer
 
@@ -141,7 +148,7 @@ class AgentSession:
             return
         if not install_receive_buffer(receiver, self.config.listen.receive_reorder_wait):
             log.warning("session %s: aiortc's jitter buffer left as is (+80 ms)", self.id)
-        self.inbound = InboundAudio(track, pool, self.config.listen, self.conversation)
+        self.inbound = InboundAudio(track, pool, self.config.listen, self.conversation, heard=heard)
         self.inbound.start()
 
     async def stop_listening(self) -> None:

@@ -249,7 +249,7 @@ class SessionRegistry:
         life = Liveness()
         if isinstance(session, AgentSession):
             # Fired inside setRemoteDescription for an offer that sends audio (a microphone).
-            pc.on("track", lambda track: self._on_track(session, pc, track))
+            pc.on("track", lambda track: self._on_track(session, pc, track, life))
         try:
             try:
                 await pc.setRemoteDescription(RTCSessionDescription(sdp=offer_sdp, type="offer"))
@@ -447,12 +447,18 @@ class SessionRegistry:
         else:
             log.info("session %s: ignoring data channel %r", session.id, channel.label[:40])
 
-    def _on_track(self, session: AgentSession, pc: RTCPeerConnection, track: Any) -> None:
+    def _on_track(
+        self, session: AgentSession, pc: RTCPeerConnection, track: Any, life: Liveness
+    ) -> None:
         if track.kind != "audio":
             return
         for transceiver in pc.getTransceivers():
             if transceiver.receiver.track is track:
-                session.listen(track, transceiver.receiver, self.vad_pool)
+                # The peer still heard (its RTCP, its messages) tells a microphone that
+                # stopped from a connection that dropped (agent/inbound.py _watch_quiet).
+                session.listen(
+                    track, transceiver.receiver, self.vad_pool, lambda: life.last_inbound
+                )
                 return
 
     def _on_state(self, peer: Peer, pc: RTCPeerConnection, life: Liveness) -> None:

@@ -789,3 +789,46 @@ async def test_a_turn_the_microphone_goes_quiet_in_the_middle_of_ends() -> None:
         await session.close()
     (ended,) = [e for e in events if e["type"] == "user.speech.ended"]
     assert ended["duration_ms"] >= 300
+
+
+async def test_a_microphone_quiet_with_its_whole_connection_leaves_the_turn_to_the_resume() -> None:
+    """Bug: the quiet-microphone watch ended a turn 1 s after the last frame even when
+    nothing at all came from the peer any more (its network dropped: no RTCP, no data
+    channel). The turn's user.speech.ended and the reply's first events went out on a data
+    channel that was already dead, and the reply played to nobody: the session is detached
+    (playout paused) only after --rtcp-timeout. The connection's loss ends such a turn
+    (its track ends; a resume's stop_listening) and its events wait for the resume. Only a
+    peer still heard after its microphone's last frame (a client that stopped its track)
+    has its turn ended by the watch."""
+    from types import SimpleNamespace
+
+    from agent.inbound import QUIET_ENDS_TURN_MIN_S
+    from tests.doubles import ToneMicrophone
+
+    class GoesQuiet(ToneMicrophone):
+        def __init__(self, frames: int) -> None:
+            super().__init__(440)
+            self.frames = frames
+
+        async def recv(self) -> Any:
+            if self.frames == 0:
+                await asyncio.Event().wait()
+            self.frames -= 1
+            return await super().recv()
+
+    heard_at = [time.monotonic()]
+    session, _events, drain = talking_session(ScriptedSTT(("Hello", 0.0)), RecordingBrain())
+    conversation = session.conversation
+    try:
+        mic = GoesQuiet(25)
+        pool = LoudVadPool()
+        session.listen(mic, SimpleNamespace(), pool, heard=lambda: heard_at[0])  # type: ignore[arg-type]
+        await wait_for(lambda: conversation.user_speaking, timeout=2)
+        await wait_for(lambda: mic.frames == 0, timeout=2)
+        await asyncio.sleep(QUIET_ENDS_TURN_MIN_S * 2.5)
+        assert conversation.user_speaking  # the peer went silent as a whole: not ended here
+        heard_at[0] = time.monotonic()  # RTCP again: the peer is there, its microphone not
+        await wait_for(lambda: not conversation.user_speaking, timeout=QUIET_ENDS_TURN_MIN_S * 3)
+    finally:
+        drain.stop()
+        await session.close()
