@@ -680,3 +680,32 @@ async def test_a_new_session_goes_around_a_worker_that_cannot_be_reached() -> No
         ) as resp:
             assert resp.status == 503, await resp.text()
             assert (await resp.json())["error"]["code"] == "worker_unavailable"
+
+
+async def test_a_token_in_a_body_in_another_charset_routes_by_its_room() -> None:
+    """The front verifies a new session's token now, read as one process reads it: a
+    token in a Latin-1 body (a name "Zoë") was read as UTF-8, no JSON, so the front refused
+    the offer 401 'a token is required', and the worker did too."""
+    secret = "s" * 32
+    offer = await an_offer()
+    pools: list[WorkerPool] = []
+    config = Config(
+        host="127.0.0.1",
+        port=0,
+        listen=ListenSettings(enabled=False),
+        security=SecuritySettings(auth_secret=secret),
+    )
+    async with (
+        front_and_worker(config, workers=2, pools=pools) as url,
+        aiohttp.ClientSession() as http,
+    ):
+        room = next(r for r in ("a", "b", "c", "d") if pools[0].for_room(r).index == 1)
+        token = mint_token(secret, ttl_s=60, room=room)
+        fields = {"type": "offer", "sdp": offer, "name": "Zo\u00eb", "token": token}
+        async with http.post(
+            url + "/offer",
+            data=json.dumps(fields, ensure_ascii=False).encode("latin-1"),
+            headers={"Content-Type": "application/json; charset=iso-8859-1"},
+        ) as resp:
+            assert resp.status == 200, await resp.text()
+            assert (await resp.json())["session_id"].startswith("w1-")
