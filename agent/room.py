@@ -90,13 +90,20 @@ class Room:
         encode_executor: Executor | None = None,
         on_closed: Callable[[Room], None] | None = None,
         governor: ComplexityGovernor | None = None,
+        on_first_audio: Callable[[float], None] | None = None,
     ) -> None:
         self.name = name
         self.governor = governor
         self.config = config
         self.settings = config.rooms
+        # ``on_first_audio``: the server's first-audio measurement, as a session's pipeline
+        # has it; without it the room agent's utterances were missing from the histogram.
         self.pipeline = SpeechPipeline(
-            engine, config.speech, self._agent_event, rate=config.opus.input_rate
+            engine,
+            config.speech,
+            self._agent_event,
+            on_first_audio=on_first_audio,
+            rate=config.opus.input_rate,
         )
         # The room's agent answers `chat` with the brain (an LLM with --llm-url, else echo),
         # one history for the room: what it said, as everyone heard it, and what was asked.

@@ -57,8 +57,16 @@ class RoomRegistry:
         room = self._rooms.get(name)
         created = room is None
         if room is None:
+            # The joiner's first-audio hook is the app's one measurement (every session of
+            # this registry has the same): the room's agent is measured like a session's.
             room = Room(
-                name, self.engine, self.config, self.encode_executor, self._forget, self.governor
+                name,
+                self.engine,
+                self.config,
+                self.encode_executor,
+                self._forget,
+                self.governor,
+                on_first_audio=hooks.first_audio if hooks is not None else None,
             )
         try:
             member = room.join(

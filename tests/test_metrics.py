@@ -92,6 +92,22 @@ async def test_metrics_follow_sessions_offers_and_speech(live_server: LiveServer
         assert ("voice_agent_session_stat", (("agg", "mean"), ("stat", "bitrate"))) not in after
 
 
+async def test_a_rooms_agent_is_measured_for_first_audio(live_server: LiveServer) -> None:
+    """The room's agent speaks through its own pipeline, which was built without the
+    server's first-audio hook: no room utterance ever reached the histogram."""
+    async with aiohttp.ClientSession() as http:
+        client = RtcClient(live_server.url, http)
+        await client.connect(room="lobby")
+        try:
+            client.send({"type": "say", "text": "one two three", "id": "m"})
+            await client.wait_event(lambda e: e["type"] == "speech.started")
+            samples = await scrape(http, live_server.url)
+        finally:
+            await client.close()
+    assert value(samples, "voice_agent_first_audio_seconds_count") == 1
+    assert 0 < value(samples, "voice_agent_first_audio_seconds_sum") < 5
+
+
 def test_every_app_has_its_own_registry() -> None:
     first = build_app(Config(), ToneEngine())
     second = build_app(Config(), ToneEngine())  # no "duplicated timeseries" error
