@@ -21,7 +21,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from agent.engine import TTSEngine
 from agent.governor import ComplexityGovernor
-from agent.room import RoomMember
+from agent.room import Room, RoomMember
 from agent.speech import SpeechPipeline
 from signaling.errors import HTTP_CODES, ApiError, Handler
 from signaling.sessions import Peer
@@ -50,7 +50,8 @@ _COUNTERS = {
 def _peer_counters(peer: Peer) -> dict[str, int]:
     session = peer.session
     track = session.track.stats
-    # A room's agent is shared by its participants: its underruns are not each one's.
+    # A room's agent is shared by its participants: its underruns are not each one's (the
+    # room's own are counted once, by _room_counters).
     shared = isinstance(session, RoomMember)
     return {
         "packets": track.packets,
@@ -58,6 +59,22 @@ def _peer_counters(peer: Peer) -> dict[str, int]:
         "underruns": 0 if shared else session.pipeline.buffer.underruns,
         "late_packets": track.late_rephases,
     }
+
+
+def _room_counters(room: Room) -> dict[str, int]:
+    """A room's agent's counters, once per room: its playout buffer's underruns, and its
+    track's late ticks (the agent's track is the one paced by the clock; a participant's
+    fan-out track only forwards its packets). Left out, no room ever counted in either."""
+    return {
+        "underruns": room.pipeline.buffer.underruns,
+        "late_packets": room.agent_track.stats.late_rephases,
+    }
+
+
+def _rooms(peers: Iterable[Peer]) -> list[Room]:
+    """Each open room once: its participants share it."""
+    rooms = (peer.session.room for peer in peers if isinstance(peer.session, RoomMember))
+    return list({id(room): room for room in rooms}.values())
 
 
 class Metrics:
@@ -88,6 +105,14 @@ class Metrics:
     def retire(self, peer: Peer) -> None:
         """A session is leaving: keep its counts so the totals never go down."""
         self._retired.update(_peer_counters(peer))
+        session = peer.session
+        if isinstance(session, RoomMember) and session.room.members.keys() <= {
+            session.participant_id
+        }:
+            # The room's last participant (called before it leaves): the room closes with
+            # it, and its agent's counts are kept here. While another participant remains
+            # (one still joining included) the room is live and read from that one.
+            self._retired.update(_room_counters(session.room))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -189,6 +214,8 @@ class _LiveCollector:
         totals = Tally(metrics._retired)
         for peer in peers:
             totals.update(_peer_counters(peer))
+        for room in _rooms(peers):
+            totals.update(_room_counters(room))
         for key, (name, doc) in _COUNTERS.items():
             yield CounterMetricFamily(name, doc, totals[key])
 

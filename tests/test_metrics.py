@@ -10,12 +10,14 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from agent.config import Config, SecuritySettings
 from agent.governor import ComplexityGovernor
+from agent.room import Room
 from signaling.app import build_app
 from signaling.cli import build_parser, config_from_args
 from signaling.errors import ApiError
 from signaling.keys import CONFIG, SESSIONS
-from signaling.metrics import _governor_metrics
+from signaling.metrics import Metrics, _governor_metrics
 from signaling.routes import check_metrics_token
+from signaling.sessions import Peer
 from tests.conftest import LiveServer, raw_http, raw_status
 from tests.doubles import ToneEngine
 from tests.rtc_client import RtcClient
@@ -106,6 +108,38 @@ async def test_a_rooms_agent_is_measured_for_first_audio(live_server: LiveServer
             await client.close()
     assert value(samples, "voice_agent_first_audio_seconds_count") == 1
     assert 0 < value(samples, "voice_agent_first_audio_seconds_sum") < 5
+
+
+async def test_a_rooms_underruns_and_late_ticks_count_once_and_outlive_the_room() -> None:
+    """A room's agent (its playout buffer, its paced track) is shared by its participants:
+    its underruns and late ticks were counted for none of them, so never. Now once per
+    room, and kept when the room closes with its last participant."""
+    metrics = Metrics(ToneEngine(), 10)
+    room = Room("r", ToneEngine(), Config())
+    members = [room.join(f"s{i}", speaking=False, host=True, expects_channel=False) for i in (1, 2)]
+    peers = [Peer(None, member, "whep", room="r") for member in members]  # type: ignore[arg-type]
+    metrics.watch(lambda: list(peers))
+    room.pipeline.buffer.underruns = 3
+    room.agent_track.stats.late_rephases = 2
+
+    def counted() -> tuple[float, float]:
+        samples = {
+            s.name: s.value
+            for family in text_string_to_metric_families(metrics.render().decode())
+            for s in family.samples
+        }
+        return samples["voice_agent_underruns_total"], samples["voice_agent_late_packets_total"]
+
+    try:
+        assert counted() == (3, 2)  # two participants, one room
+        for peer, member in zip(list(peers), members, strict=True):
+            peers.remove(peer)  # as the registry does: out of it, then retired, then closed
+            metrics.retire(peer)
+            await member.close()
+            assert counted() == (3, 2)
+    finally:
+        for member in members:
+            await member.close()
 
 
 def test_every_app_has_its_own_registry() -> None:
