@@ -169,8 +169,15 @@ class SessionRegistry:
             )
         # No await since check_capacity(): no other offer can have slipped in between.
         self._creating += 1
+        unnamed = SESSION_ID.set(SESSION_ID.get())  # what to go back to: _create names the id
         try:
             return await self._create(offer_sdp, opus_offer, kind, room, role, hooks, name)
+        except BaseException:
+            # No session came of it (room full, SDP aiortc refused, the drain): the request's
+            # remaining lines, its access-log line among them, must not name an id that no
+            # session and no client ever had. (The half-made session's own lines did.)
+            SESSION_ID.reset(unnamed)
+            raise
         finally:
             self._creating -= 1
 

@@ -16,7 +16,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from agent.config import BreakerSettings, Config, LifecycleSettings
+from agent.config import BreakerSettings, Config, LifecycleSettings, RoomSettings
 from agent.conversation_config import ListenSettings
 from signaling.app import build_app, runner_options
 from signaling.keys import BREAKER, DRAIN, SESSIONS
@@ -96,6 +96,23 @@ async def test_json_lines_carry_the_session_id(
     assert "token" not in json.dumps(access)
     # Other sessions' ids never leak onto lines without a session.
     assert all(r["session_id"] in (None, sid) for r in records)
+
+
+async def test_a_refused_offer_s_access_line_names_no_session(json_log: io.StringIO) -> None:
+    """The id a refused offer would have had (room full, here) was left on its request's
+    context: its access-log line named a session that no client was ever told of."""
+    config = Config(host="127.0.0.1", port=0, rooms=RoomSettings(max_participants=1))
+    async with serve(config, ToneEngine()) as live, aiohttp.ClientSession() as http:
+        statuses = []
+        for _ in range(2):
+            offer = {"type": "offer", "sdp": await an_offer(), "room": "r"}
+            async with http.post(live.url + "/offer", json=offer) as resp:
+                statuses.append(resp.status)
+                if resp.status == 200:
+                    sid = (await resp.json())["session_id"]
+    assert statuses == [200, 409]
+    access = [r for r in lines(json_log) if r["logger"] == "aiohttp.access"]
+    assert [(r["status"], r["session_id"]) for r in access] == [(200, sid), (409, None)]
 
 
 def test_configure_logging_switches_the_root_handler() -> None:
