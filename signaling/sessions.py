@@ -383,33 +383,41 @@ class SessionRegistry:
         for peer in list(self._peers.values()):
             if peer.resuming:
                 continue
-            if isinstance(peer.session, RoomMember):
-                # Speech anywhere in a room keeps all of it: speakers talking to each other
-                # (the agent silent) and the listeners hearing them are in use too.
-                peer.life.active_since(peer.session.room.last_speech(now))
-            else:
-                if peer.session.pipeline.busy:
-                    peer.life.active()
-                # The user talking (VAD) is in use too, answered or not: no abandoned tab.
-                peer.life.active_since(peer.session.conversation.user_heard_at(now))
-            connected = peer.pc.connectionState == "connected"
             session_id = peer.session.id
             named = SESSION_ID.set(session_id)  # the lines below are about this session
             try:
-                match verdict(peer.life, connected, self.config.lifecycle, now):
-                    case Verdict.LOST:
-                        self._spawn(self._lose(peer, peer.pc), session_id)
-                    case Verdict.EXPIRED:
-                        log.info("session %s: not resumed in time", session_id)
-                        self._spawn(self.close(session_id), session_id)
-                    case Verdict.IDLE:
-                        log.info("session %s: idle", session_id)
-                        peer.session.send_event(
-                            {"type": "session.closed", "reason": "idle_timeout"}
-                        )
-                        self._spawn(self.close(session_id), session_id)
+                self._check(peer, now)
+            except Exception:
+                # One session's trouble must not stop the others' checks (the pass went on
+                # to no later session, every tick), and a session whose timeouts can no
+                # longer be enforced would live for ever: it is closed.
+                log.exception("session %s: lifecycle check failed: closing it", session_id)
+                self._spawn(self.close(session_id), session_id)
             finally:
                 SESSION_ID.reset(named)
+
+    def _check(self, peer: Peer, now: float) -> None:
+        if isinstance(peer.session, RoomMember):
+            # Speech anywhere in a room keeps all of it: speakers talking to each other
+            # (the agent silent) and the listeners hearing them are in use too.
+            peer.life.active_since(peer.session.room.last_speech(now))
+        else:
+            if peer.session.pipeline.busy:
+                peer.life.active()
+            # The user talking (VAD) is in use too, answered or not: no abandoned tab.
+            peer.life.active_since(peer.session.conversation.user_heard_at(now))
+        connected = peer.pc.connectionState == "connected"
+        session_id = peer.session.id
+        match verdict(peer.life, connected, self.config.lifecycle, now):
+            case Verdict.LOST:
+                self._spawn(self._lose(peer, peer.pc), session_id)
+            case Verdict.EXPIRED:
+                log.info("session %s: not resumed in time", session_id)
+                self._spawn(self.close(session_id), session_id)
+            case Verdict.IDLE:
+                log.info("session %s: idle", session_id)
+                peer.session.send_event({"type": "session.closed", "reason": "idle_timeout"})
+                self._spawn(self.close(session_id), session_id)
 
     async def _lose(self, peer: Peer, pc: RTCPeerConnection) -> None:
         """``pc`` is gone: keep the session for a resume if it may have one, else close."""

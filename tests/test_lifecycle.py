@@ -168,6 +168,41 @@ async def test_an_idle_session_is_closed_and_told_why(live_server: LiveServer) -
 
 @pytest.mark.parametrize(
     "server_config",
+    [Config(host="127.0.0.1", port=0, lifecycle=LifecycleSettings(idle_timeout_s=1.5))],
+)
+async def test_a_session_whose_check_fails_neither_stops_the_others_nor_lives_on(
+    live_server: LiveServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The watchdog caught an exception around its whole pass: one session whose check
+    raised stopped every later session's check, every tick, and itself was never closed
+    (found by review). Each session is now checked on its own; one that fails is closed."""
+    import signaling.sessions
+
+    async with aiohttp.ClientSession() as http:
+        broken, idle = RtcClient(live_server.url, http), RtcClient(live_server.url, http)
+        await broken.connect()
+        await idle.connect()
+        real_verdict = signaling.sessions.verdict
+        broken_life = live_server.app[SESSIONS].get(broken.session_id).life
+
+        def failing_verdict(life: Liveness, *args: Any) -> Verdict | None:
+            if life is broken_life:
+                raise RuntimeError("a check that fails")
+            return real_verdict(life, *args)
+
+        # The broken one first in the registry: the pass used to stop there.
+        monkeypatch.setattr(signaling.sessions, "verdict", failing_verdict)
+        try:
+            await wait_for(http, live_server.url, broken.session_id, gone, 3)
+            event = await idle.wait_event(lambda e: e["type"] == "session.closed", 5)
+            assert event["reason"] == "idle_timeout"
+        finally:
+            await idle.close()
+            await broken.close()
+
+
+@pytest.mark.parametrize(
+    "server_config",
     [Config(host="127.0.0.1", port=0, lifecycle=LifecycleSettings(idle_timeout_s=2.0))],
 )
 async def test_the_user_talking_keeps_a_session_from_the_idle_timeout(
