@@ -330,3 +330,21 @@ def test_any_input_yields_only_kept_chars(text: str, lang: str | None) -> None:
     assert ALLOWED_CHARS.fullmatch(out), out
     assert out == out.strip()
     assert "  " not in out
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        # Chinese puts no space between a URL and the words after it.
+        ("打开https://example.com/login然后登录。", "打开example点com然后登录。"),
+        ("看https://x.cn/a（官方）", "看x点cn官方，"),
+        ("「https://x.cn/a」里面有说明", "x点cn 里面有说明"),
+        # An em dash (no spaces) after a URL, as LLMs write it.
+        ("See https://example.com/docs—it explains all.", "See example dot com, it explains all."),
+    ],
+)
+def test_words_glued_to_a_url_are_still_spoken(text: str, expected: str) -> None:
+    """A URL ran to the next ASCII whitespace, so Chinese text written straight after it (or
+    words after an em dash) became part of its path, which is not read: "然后登录" was
+    silently dropped. A URL is ASCII (non-ASCII characters end it)."""
+    assert normalize_for_tts(text) == expected

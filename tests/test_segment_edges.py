@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from agent.text import segment
-from agent.text.segment import Segmenter
+from agent.text.segment import Segmenter, split_text
 
 
 @pytest.mark.parametrize("closer", ["”", "」", "）"])
@@ -73,3 +73,14 @@ def test_a_long_url_is_held_whole_until_it_is_complete() -> None:
     assert pieces == []
     assert segmenter.push(" and more.") == [url]
     assert segmenter.flush() == ["and more."]
+
+
+def test_chinese_text_after_a_url_is_not_held_as_part_of_it() -> None:
+    """The segmenter's URL (never cut) ran to the next space or "，。", so Chinese written
+    straight after a URL, with no punctuation for a while, came out as one piece far over
+    max_chars. A URL ends at its first non-ASCII character, as in the normalizer."""
+    url = "https://example.com/a"
+    text = f"打开{url}" + "中" * 300
+    pieces = split_text(text, 200)
+    assert max(len(p) for p in pieces) <= 200
+    assert "".join(pieces) == text

@@ -375,7 +375,12 @@ _PER_WORDS: Final[Mapping[str, str]] = MappingProxyType(
 _INT: Final = r"[0-9]{1,3}(?:,[0-9]{3})+(?![0-9])|[0-9]+"
 _NUM: Final = rf"(?:{_INT})(?:\.[0-9]+)?"
 _AMPM: Final = r"(?P<ampm>[AaPp])\.?[Mm](?![A-Za-z])\.?"
-_URL: Final = re.compile(r"\b(?:https?://|www\.)[^\s<>\"'，。]+", re.IGNORECASE | re.ASCII)
+# A URL is ASCII: the first non-ASCII character ends it. Chinese is written with no space
+# after a URL ("打开https://x.com/login然后登录"), and only its host is read: a URL that ran
+# to the next space dropped those words unspoken.
+_URL: Final = re.compile(
+    r"\b(?:https?://|www\.)[^\s<>\"'\x80-\U0010FFFF]+", re.IGNORECASE | re.ASCII
+)
 _EMAIL: Final = re.compile(r"\b[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)+\b", re.ASCII)
 _DOMAIN: Final = re.compile(
     r"\b[a-z0-9-]+(?:\.[a-z0-9-]+)*\.(?:com|org|net|io|ai|dev|edu|gov|cn|co|uk|de|app)\b", re.ASCII

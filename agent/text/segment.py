@@ -42,7 +42,9 @@ _TOKEN_PUNCT: Final = "$€£¥%.,:/-'+#@&°_"
 # wider ones, found in linear time (from every word boundary, a long run of "a.a.a..." without
 # its "@" takes quadratic time). Neither holds whitespace, Unicode's included (the normalizer
 # turns a no-break space into a space before it looks).
-_URL: Final = re.compile(r"(?<![A-Za-z0-9_])(?:https?://|www\.)[^\s<>\"'，。]+", re.IGNORECASE)
+# Its tail is matched case-sensitively: ignoring case, Unicode folds "s" and "k" onto
+# non-ASCII letters (U+017F, U+212A), which the tail's class excludes.
+_URL: Final = re.compile(r"(?<![A-Za-z0-9_])(?i:https?://|www\.)[^\s<>\"'\x80-\U0010FFFF]+")
 _EMAIL: Final = re.compile(
     r"(?<![A-Za-z0-9._%+-])[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)+", re.ASCII
 )
