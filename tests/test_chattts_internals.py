@@ -216,3 +216,27 @@ def test_a_slow_model_load_does_not_hold_up_shutdown() -> None:
     started = time.monotonic()
     asyncio.run(main())  # asyncio.to_thread would make this wait ~5 s in executor shutdown
     assert time.monotonic() - started < 1.5
+
+
+def test_a_damaged_manifest_or_a_model_of_other_shapes_is_a_model_load_error(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """A manifest.json that was JSON but not an object escaped as AttributeError ("'list'
+    object has no attribute 'get'"); dimensions that do not fit the files (edited, or a
+    tensor of another shape) as a RuntimeError from torch's load_state_dict, naming neither
+    the model nor what to do. Both are ModelLoadErrors now (503 engine_failed with that
+    message)."""
+    a_list = tmp_path / "a-list"
+    shutil.copytree(tiny_model_dir, a_list)
+    (a_list / "manifest.json").write_text("[1, 2]")
+    with pytest.raises(ModelLoadError, match=r"manifest\.json is incomplete or damaged"):
+        load_chat(ChatTTSSettings(model_dir=a_list, device="cpu"))
+    resized = tmp_path / "resized"
+    shutil.copytree(tiny_model_dir, resized)
+    manifest = json.loads((resized / "manifest.json").read_text())
+    manifest["dims"]["gpt_hidden"] *= 2
+    (resized / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(
+        ModelLoadError, match=r"could not load the model from .*resized.*tiny-model"
+    ):
+        load_chat(ChatTTSSettings(model_dir=resized, device="cpu"))

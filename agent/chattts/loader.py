@@ -109,12 +109,29 @@ def load_chat(settings: ChatTTSSettings) -> LoadedModel:
             source, custom_path = "custom", str(model_dir)
         else:
             source, custom_path = "huggingface", str(model_dir)
-    ok = chat.load(
-        source=source,
-        custom_path=custom_path,
-        device=device,
-        compile=settings.compile,
-    )
+    try:
+        ok = chat.load(
+            source=source,
+            custom_path=custom_path,
+            device=device,
+            compile=settings.compile,
+        )
+    except Exception as e:
+        # Files that pass the hash check but do not fit the model ChatTTS builds (a manifest
+        # whose dimensions were edited, a tensor of another shape) raise from deep inside
+        # torch ("Error(s) in loading state_dict for Embed"): say which model and what to do.
+        where = custom_path or "Hugging Face (2Noise/ChatTTS)"
+        hint = (
+            "rebuild it with `voice-agent tiny-model DIR`"
+            if manifest is not None
+            else "check that it is an unmodified copy of ChatTTS 0.2.5's model"
+        )
+        # torch lists every mismatched tensor, a line each: the start, on one line, says
+        # what kind of fault it is.
+        why = f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
+        raise ModelLoadError(
+            f"ChatTTS could not load the model from {where} ({why}): {hint}"
+        ) from e
     if not ok:
         if source == "huggingface":
             raise ModelLoadError(
@@ -157,5 +174,6 @@ def _apply_manifest(chat: Any, model_dir: Path) -> dict[str, Any] | None:
         raise ModelLoadError(f"cannot read {path}: {e}") from e
     except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
         raise ModelLoadError(f"{path} is not valid JSON ({e}): {rebuild}") from e
-    except (KeyError, TypeError) as e:  # a field missing, or of the wrong kind
+    # A field missing, or of the wrong kind (AttributeError: JSON that is not an object).
+    except (KeyError, TypeError, AttributeError) as e:
         raise ModelLoadError(f"{path} is incomplete or damaged ({e!r}): {rebuild}") from e
