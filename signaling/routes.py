@@ -294,11 +294,15 @@ async def readyz(request: web.Request) -> web.Response:
         return web.json_response(
             {"ready": False, "engine": engine.name, "error": error}, status=503
         )
-    unavailable = request.app[BREAKER].unavailable
-    if engine.ready and unavailable is not None:
-        error = {"code": "tts_unavailable", "message": unavailable}
+    refusal = _breaker_refusal(request.app)
+    if engine.ready and refusal is not None:
+        # With the Retry-After every other tts_unavailable carries (README): when the
+        # breaker's next probe runs, so a balancer need not poll before then.
+        error = {"code": refusal.code, "message": refusal.message}
         return web.json_response(
-            {"ready": False, "engine": engine.name, "error": error}, status=503
+            {"ready": False, "engine": engine.name, "error": error},
+            status=503,
+            headers=refusal.headers,
         )
     if engine.ready and not request.app[SESSIONS].listening_ready:
         # Offers are answered already; ready waits because the load stalls the loop a while.

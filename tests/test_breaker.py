@@ -105,6 +105,9 @@ async def test_repeated_failures_open_the_breaker_and_a_probe_closes_it(
         assert events[-1]["interrupted"] is True
         status, body = await readyz(http, live_server.url)
         assert status == 503 and body["error"]["code"] == "tts_unavailable"
+        # Like every tts_unavailable (README), /readyz's says when the next probe runs.
+        async with http.get(live_server.url + "/readyz") as resp:
+            assert int(resp.headers["Retry-After"]) >= 1
         offer = {"type": "offer", "sdp": client.pc.localDescription.sdp}
         async with http.post(live_server.url + "/offer", json=offer) as resp:
             assert resp.status == 503 and int(resp.headers["Retry-After"]) >= 1
