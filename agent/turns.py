@@ -16,7 +16,8 @@
   utterance ends, the slot gets what was played (the captions whose audio went out), so an
   interrupted reply is cut at the last segment played, and a reply nobody heard leaves none:
   the question it was to answer is open again, and the next turn's reply answers it (that
-  turn's transcript may be empty, a cough, or have failed).
+  turn's transcript may be empty, a cough, or have failed). A reply is asked with the
+  history up to its own slot; an earlier reply still being played counts as written.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ class Reply:
     id: str
     slot: Message  # its place in the history; content filled when the utterance ends
     heard: list[str] = field(default_factory=list)  # captions whose audio was played
+    written: list[str] = field(default_factory=list)  # deltas the pipeline took
     opened: bool = False  # its text stream was opened in the pipeline
     withdrawals: int = 0  # the conversation's count of explicit interrupts when it was asked
     stream_open: bool = False  # ... and not ended yet
@@ -292,9 +294,30 @@ class Conversation:
         return reply.id
 
     def _request_history(self, reply: Reply) -> list[Message]:
-        """What the brain sees: settled messages only (no pending or empty slots)."""
-        # A reply's slot stays empty until its utterance ends, a turn's until its transcript.
-        return [dict(m) for m in self.history if m is not reply.slot and m["content"]]
+        """What the brain sees: the conversation up to the reply's own place, with no
+        pending or empty slots.
+
+        Only what comes before its slot: questions asked after it (chats sent together, a
+        turn ended while it waited) have replies of their own. Sent all, the first reply
+        answered the last question (the echo brain spoke it once per chat) and each later
+        one answered it again.
+
+        A reply before it that is written but still being played (its slot is filled only
+        when its utterance ends, and replies are asked for as soon as the previous one is
+        written) is sent as written: otherwise the brain answered the next question without
+        knowing its own answer to the one before. Were it cut, this reply would be too (a
+        barge-in or ``interrupt`` cancels every reply), so that is what the user hears.
+        """
+        playing = {id(r.slot): "".join(r.written) for r in self._replies.values()}
+        messages: list[Message] = []
+        for message in self.history:
+            if message is reply.slot:
+                break
+            # A turn's slot stays empty until its transcript; a reply's until it is played.
+            content = message["content"] or playing.get(id(message), "")
+            if content.strip():
+                messages.append({"role": message["role"], "content": content})
+        return messages
 
     async def _run_reply(self, reply: Reply, previous: asyncio.Task[None] | None) -> None:
         try:
@@ -308,6 +331,7 @@ class Conversation:
                 # The reply owns its stream: a client's text.end or id-less delta cannot
                 # end or join it, and its own end cannot end a client's stream.
                 self.pipeline.text_delta(delta, reply.id, owner=reply.id)
+                reply.written.append(delta)
                 if not reply.opened:
                     reply.opened = reply.stream_open = True
                     self._unopened.discard(reply.id)

@@ -647,6 +647,49 @@ async def test_replies_are_prepared_one_after_another() -> None:
         await session.close()
 
 
+class NumberingBrain(RecordingBrain):
+    """Answers the n-th request with "Answer n." (in two deltas)."""
+
+    async def reply(self, history: list[Message]) -> AsyncIterator[str]:
+        self.asked.append([dict(m) for m in history])
+        await asyncio.sleep(self.think_s)
+        yield "Answer "
+        yield f"{len(self.asked)}."
+
+
+async def test_each_reply_is_asked_with_the_conversation_up_to_its_own_question() -> None:
+    """Bug: three chats sent together were each answered with all three questions and none
+    of the answers: the first reply answered "Third?" (the echo brain spoke "Third?" three
+    times), and the later ones did not know what the agent had just said, which was still
+    being played (a reply's history slot is filled only when its utterance ends)."""
+    brain = NumberingBrain(think_s=0.05)
+    # The first reply's audio is still to be played when the second one is asked for.
+    engine = ToneEngine(seconds_per_word=0.05, first_chunk_delay_s=0.5)
+    session, events, drain = talking_session(ScriptedSTT(), brain, engine)
+    conversation = session.conversation
+    try:
+        for question in ("First?", "Second?", "Third?"):
+            conversation.ask(question)
+        await wait_for(lambda: len(brain.asked) == 3, timeout=3)
+        assert not [e for e in events if e["type"] == "speech.segment"]  # nothing played yet
+        first = {"role": "user", "content": "First?"}
+        second = {"role": "user", "content": "Second?"}
+        assert brain.asked == [
+            [first],
+            [first, {"role": "assistant", "content": "Answer 1."}, second],
+            [
+                first,
+                {"role": "assistant", "content": "Answer 1."},
+                second,
+                {"role": "assistant", "content": "Answer 2."},
+                {"role": "user", "content": "Third?"},
+            ],
+        ]
+    finally:
+        drain.stop()
+        await session.close()
+
+
 class TurnRecorder:
     """A Listener that keeps what the inbound audio reports."""
 
