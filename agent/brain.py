@@ -42,4 +42,27 @@ class LLMBrain:
 
     def reply(self, history: list[Message]) -> AsyncIterator[str]:
         messages = [{"role": "system", "content": self._system}] if self._system else []
-        return self._client.stream(messages + history)
+        return self._client.stream(messages + alternating(history))
+
+
+def alternating(history: list[Message]) -> list[Message]:
+    """``history`` as user and assistant messages taking turns, starting with the user's.
+
+    The conversation does not alternate by itself: every turn since the last reply is
+    answered at once (two user messages in a row), a reply nobody heard leaves none, and
+    trimming the oldest may leave an assistant message first. OpenAI takes that, but many
+    OpenAI-compatible servers do not: the chat templates of Llama 2, Mistral or Gemma (on
+    vLLM, TGI, llama.cpp) refuse it ("Conversation roles must alternate"), an HTTP 400 at
+    every later reply while the pair stays in the history. Neighbours of one role are
+    joined into one message; what was said, and its order, is unchanged.
+    """
+    out: list[Message] = []
+    for message in history:
+        if not out and message["role"] == "assistant":
+            continue  # its question was trimmed away
+        if out and out[-1]["role"] == message["role"]:
+            joiner = "\n" if message["role"] == "user" else " "
+            out[-1] = {**out[-1], "content": out[-1]["content"] + joiner + message["content"]}
+        else:
+            out.append(dict(message))
+    return out

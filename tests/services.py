@@ -99,6 +99,9 @@ class FakeLLM(_Server):
     requests: list[dict[str, Any]] = field(default_factory=list)
     authorizations: list[str | None] = field(default_factory=list)
     finished: int = 0  # streams sent to the end
+    # Refuse, as the chat templates of Llama 2, Mistral or Gemma do, messages whose roles do
+    # not alternate user/assistant starting with the user's (after an optional system one).
+    strict_roles: bool = False
 
     def __post_init__(self) -> None:
         _Server.__init__(self)
@@ -117,6 +120,12 @@ class FakeLLM(_Server):
                 {"error": {"message": "rate limit reached"}}, status=self.status
             )
         assert body.get("stream") is True, body
+        roles = [m["role"] for m in body["messages"] if m["role"] != "system"]
+        if self.strict_roles and roles != ["user", "assistant"] * (len(roles) // 2) + (
+            ["user"] if len(roles) % 2 else []
+        ):
+            message = "Conversation roles must alternate user/assistant/user/assistant/..."
+            return web.json_response({"error": {"message": message}}, status=400)
         tokens = self.replies.popleft() if self.replies else self.default
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)

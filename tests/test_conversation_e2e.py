@@ -304,11 +304,10 @@ async def test_service_failures_become_error_events(
             await client.close()
     spoken = [e["id"] for e in client.events if e["type"] == "speech.started"]
     assert spoken == [ended["id"]], spoken  # the failed replies said nothing
-    # The history kept the users' questions but no reply nobody heard.
+    # The history kept the users' questions but no reply nobody heard (sent as one user
+    # message: roles alternate on the wire).
     assert llm.requests[-1]["messages"][1:] == [
-        {"role": "user", "content": "hello"},
-        {"role": "user", "content": "hello again"},
-        {"role": "user", "content": "and now?"},
+        {"role": "user", "content": "hello\nhello again\nand now?"},
     ]
 
 

@@ -12,6 +12,7 @@ import aiohttp
 import numpy as np
 import pytest
 
+from agent.brain import alternating
 from agent.config import Config
 from agent.conversation_config import ListenSettings, ServiceSettings
 from agent.httpservice import ServiceError
@@ -688,6 +689,48 @@ async def test_each_reply_is_asked_with_the_conversation_up_to_its_own_question(
     finally:
         drain.stop()
         await session.close()
+
+
+async def test_turns_answered_together_reach_a_strict_chat_template_alternating() -> None:
+    """Bug: two turns answered by one reply went to the LLM as two user messages in a row,
+    which the chat templates of Llama 2, Mistral or Gemma refuse (vLLM: HTTP 400 "roles
+    must alternate"): that reply failed, and every later one while the pair was in the
+    history. Neighbours of one role are now sent joined, and a history trimmed to start
+    with a reply starts with the next question."""
+    stt = ScriptedSTT(("What time is it?", 0.1), ("And the date?", 0.0))
+    async with FakeLLM(strict_roles=True) as llm:
+        session, events, drain = talking_session(stt, RecordingBrain())
+        conversation = session.conversation
+        conversation.services = dataclasses.replace(
+            conversation.services, llm_base_url=llm.url, system_prompt="Be brief."
+        )
+        conversation._brain = None  # the LLM brain, on the fake server
+        try:
+            say_turn(session)
+            conversation.user_started(ActivityEvent(Activity.STARTED, 0))  # talking again
+            await wait_for(lambda: stt.calls == 1 and not conversation._turn_tasks)
+            conversation.user_ended(np.zeros(1_600, np.float32), ActivityEvent(Activity.ENDED, 0))
+            await wait_for(lambda: [e for e in events if e["type"] == "speech.ended"], timeout=3)
+            assert not [e for e in events if e["type"] == "error"], events
+            assert llm.requests[0]["messages"] == [
+                {"role": "system", "content": "Be brief."},
+                {"role": "user", "content": "What time is it?\nAnd the date?"},
+            ]
+        finally:
+            drain.stop()
+            await session.close()
+    trimmed = [
+        {"role": "assistant", "content": "It is noon."},
+        {"role": "user", "content": "Thanks."},
+        {"role": "assistant", "content": "You are"},
+        {"role": "assistant", "content": "welcome."},
+        {"role": "user", "content": "Bye."},
+    ]
+    assert alternating(trimmed) == [
+        {"role": "user", "content": "Thanks."},
+        {"role": "assistant", "content": "You are welcome."},
+        {"role": "user", "content": "Bye."},
+    ]
 
 
 class TurnRecorder:
