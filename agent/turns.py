@@ -174,6 +174,7 @@ class Conversation:
         text = await self._transcribe(turn_id, audio)
         if text:
             slot["content"] = text
+            self._after_replies(slot)
             self._unanswered = True
         else:
             self._remove(slot)  # nothing said (a cough), or nothing known of it (a failure)
@@ -193,6 +194,25 @@ class Conversation:
                 )
                 return
             self._start_reply()
+
+    def _after_replies(self, slot: Message) -> None:
+        """Move a just-transcribed turn after the replies asked for since it ended (a chat
+        sent while it was transcribed): none of them saw it (its slot was empty), so it is
+        not answered by them. Left before them, the turn's own reply was asked with a
+        history ending in the agent's last reply (the echo brain repeated that chat's
+        words; an LLM was asked to go on from its own answer). The turns spoken after it
+        and still being transcribed move with it: the order spoken is kept."""
+        at = next((i for i, m in enumerate(self.history) if m is slot), None)
+        if at is None:
+            return  # trimmed away
+        after = self.history[at + 1 :]
+        last = max((i for i, m in enumerate(after) if m["role"] == "assistant"), default=None)
+        if last is None:
+            return
+        pending = [m for m in after[:last] if m["role"] == "user" and not m["content"]]
+        moved = [slot, *pending]
+        kept = [m for m in after[: last + 1] if not any(m is p for p in pending)]
+        self.history[at:] = [*kept, *moved, *after[last + 1 :]]
 
     def _transcribing(self) -> bool:
         """Another turn's transcript is still to come."""

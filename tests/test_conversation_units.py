@@ -648,6 +648,36 @@ async def test_replies_are_prepared_one_after_another() -> None:
         await session.close()
 
 
+async def test_a_turn_transcribed_after_a_chat_s_reply_was_asked_comes_after_it() -> None:
+    """Bug: a chat sent while a turn was being transcribed was answered first (the turn's
+    slot was still empty), but the turn stayed before it in the history: the turn's own
+    reply was asked with a history ending in the agent's reply to the chat (the echo
+    brain said the chat's words twice, "What time is it?" never)."""
+    stt = ScriptedSTT(("What time is it?", 0.4), ("My name is Ann.", 0.5))
+    brain = RecordingBrain()
+    session, _, drain = talking_session(stt, brain)
+    conversation = session.conversation
+    try:
+        say_turn(session)
+        say_turn(session)
+        conversation.ask("Hello?")
+        await wait_for(lambda: len(brain.asked) == 2, timeout=3)
+        hello = {"role": "user", "content": "Hello?"}
+        sure = {"role": "assistant", "content": "Sure."}
+        assert brain.asked == [
+            [hello],
+            [
+                hello,
+                sure,
+                {"role": "user", "content": "What time is it?"},
+                {"role": "user", "content": "My name is Ann."},
+            ],
+        ]
+    finally:
+        drain.stop()
+        await session.close()
+
+
 class NumberingBrain(RecordingBrain):
     """Answers the n-th request with "Answer n." (in two deltas)."""
 
