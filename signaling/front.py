@@ -54,7 +54,7 @@ from signaling.keys import CONFIG, DRAIN, LIMITS
 from signaling.limits import Limits
 from signaling.metrics import offer_outcome_middleware, offers_counter
 from signaling.routes import SESSION_TOKEN_HEADER
-from signaling.shutdown import Drain, log_listening
+from signaling.shutdown import Drain, log_listening, shutting_down
 from signaling.workers import Worker, WorkerPool
 
 log = logging.getLogger(__name__)
@@ -356,9 +356,11 @@ def _name_session(path_id: str | None, resp: aiohttp.ClientResponse, payload: by
 # --- one readiness and one metrics page for the whole server ---------------------------------
 async def readyz(request: web.Request) -> web.Response:
     if request.app[DRAIN].draining:
+        refused = shutting_down()  # as a worker's /readyz says it, Retry-After included
         return web.json_response(
-            {"ready": False, "error": {"code": "shutting_down", "message": "shutting down"}},
+            {"ready": False, "error": {"code": refused.code, "message": refused.message}},
             status=503,
+            headers=refused.headers,
         )
     pool = request.app[POOL]
     workers = [

@@ -290,9 +290,14 @@ async def healthz(request: web.Request) -> web.Response:
 async def readyz(request: web.Request) -> web.Response:
     engine: TTSEngine = request.app[ENGINE]
     if request.app[DRAIN].draining:
-        error = {"code": "shutting_down", "message": "the server is shutting down"}
+        # As an offer's refusal says it, Retry-After included (README): a balancer can
+        # wait that long before asking again.
+        refused = shutting_down()
+        error = {"code": refused.code, "message": refused.message}
         return web.json_response(
-            {"ready": False, "engine": engine.name, "error": error}, status=503
+            {"ready": False, "engine": engine.name, "error": error},
+            status=503,
+            headers=refused.headers,
         )
     refusal = _breaker_refusal(request.app)
     if engine.ready and refusal is not None:

@@ -64,6 +64,7 @@ async def sigterm_while_speaking(server: ServerProcess, text: str, deadline: flo
             async with http.get(server.url + "/readyz") as resp:
                 assert resp.status == 503
                 assert (await resp.json())["error"]["code"] == "shutting_down"
+                assert resp.headers["Retry-After"]  # as README says (it had none)
             ended = await client.wait_event(lambda e: e["type"] == "speech.ended", deadline + 5)
             assert ended == {"type": "speech.ended", "id": "last", "interrupted": False}
             status = await asyncio.get_running_loop().run_in_executor(

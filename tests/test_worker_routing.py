@@ -709,3 +709,16 @@ async def test_a_token_in_a_body_in_another_charset_routes_by_its_room() -> None
         ) as resp:
             assert resp.status == 200, await resp.text()
             assert (await resp.json())["session_id"].startswith("w1-")
+
+
+async def test_the_fronts_readyz_while_draining_says_when_to_ask_again() -> None:
+    """The README's shutting_down is a 503 with Retry-After, /readyz's too: the front's
+    (and a single process's) /readyz had no Retry-After (found by review)."""
+    apps: list[web.Application] = []
+    config = Config(host="127.0.0.1", port=0, listen=ListenSettings(enabled=False))
+    async with front_and_worker(config, apps=apps) as url, aiohttp.ClientSession() as http:
+        apps[0][DRAIN].draining = True
+        async with http.get(url + "/readyz") as resp:
+            assert resp.status == 503
+            assert (await resp.json())["error"]["code"] == "shutting_down"
+            assert int(resp.headers["Retry-After"]) >= 1
