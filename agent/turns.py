@@ -356,6 +356,10 @@ class Conversation:
                     reply.opened = reply.stream_open = True
                     self._unopened.discard(reply.id)
                     self._replies[reply.id] = reply
+            if not reply.opened:
+                # The brain answered with no text (an empty completion, only tool calls):
+                # nothing will be spoken, and the client, who asked, would hear of nothing.
+                self._error("llm_empty", "the language model's answer had no text", reply.id)
             self._close_stream(reply)
         except asyncio.CancelledError:
             # Barge-in: the pipeline dropped the stream and discards its further deltas

@@ -948,3 +948,36 @@ async def test_a_microphone_quiet_with_its_whole_connection_leaves_the_turn_to_t
     finally:
         drain.stop()
         await session.close()
+
+
+class SpeechlessBrain(RecordingBrain):
+    """Answers with no text at all (an empty completion, or only tool calls)."""
+
+    async def reply(self, history: list[Message]) -> AsyncIterator[str]:
+        self.asked.append([dict(m) for m in history])
+        return
+        yield  # an async generator that yields nothing
+
+
+async def test_an_answer_with_no_text_is_an_error_not_silence() -> None:
+    """A brain answer without any text (an empty completion; an LLM that only calls tools)
+    was spoken as nothing and told as nothing: the client that asked heard of nothing
+    (found by review). It is an ``llm_empty`` error with the reply's id; the question stays
+    open, as for a reply nobody heard, and the next reply answers it."""
+    brain = SpeechlessBrain()
+    session, events, drain = talking_session(ScriptedSTT(), brain)
+    try:
+        reply_id = session.conversation.ask("Anyone there?")
+        await wait_for(lambda: any(e["type"] == "error" for e in events), timeout=2)
+        (error,) = [e for e in events if e["type"] == "error"]
+        assert (error["code"], error["id"]) == ("llm_empty", reply_id), error
+        assert not [e for e in events if e["type"] == "speech.started"]
+        session.conversation._brain = RecordingBrain()
+        session.conversation.ask("Hello?")
+        await wait_for(lambda: session.conversation._brain.asked, timeout=2)  # type: ignore[attr-defined]
+        asked = session.conversation._brain.asked[0]  # type: ignore[attr-defined]
+        # Both questions, the first unanswered (LLMBrain joins them for the wire).
+        assert [m["content"] for m in asked] == ["Anyone there?", "Hello?"], asked
+    finally:
+        drain.stop()
+        await session.close()
