@@ -22,7 +22,7 @@ from agent.session import AgentSession
 from agent.stt import Transcriber, wav_bytes
 from agent.vad import Activity, ActivityEvent, SpeechDetector
 from signaling.cli import build_parser, config_from_args
-from tests.doubles import ToneEngine
+from tests.doubles import ToneEngine, ToneMicrophone
 from tests.services import FakeLLM, FakeSTT
 from tests.test_speech_pipeline import Drain, wait_for
 
@@ -174,7 +174,6 @@ async def test_a_resumed_connection_s_microphone_is_listened_to() -> None:
     from agent.config import Config
     from agent.session import AgentSession
     from agent.vad import VadPool
-    from tests.doubles import ToneEngine, ToneMicrophone
 
     session = AgentSession("s", ToneEngine(), Config())
     pool = VadPool(1)
@@ -412,8 +411,6 @@ async def test_a_turn_the_microphone_ends_in_the_middle_of_still_ends(how: str) 
     closes the old listener) never ended the turn: user_speaking stayed True, so no reply
     ever started again, and the client never got user.speech.ended."""
     from types import SimpleNamespace
-
-    from tests.doubles import ToneMicrophone
 
     stt = ScriptedSTT(("What time is it?", 0.0))
     brain = RecordingBrain()
@@ -864,6 +861,20 @@ async def test_a_turn_the_microphone_s_end_cuts_short_ends_a_moment_later() -> N
     assert len(listener.ended) == 1
 
 
+class GoesQuiet(ToneMicrophone):
+    """Loud for ``frames`` frames, then nothing at all (the track stays live)."""
+
+    def __init__(self, frames: int) -> None:
+        super().__init__(440)
+        self.frames = frames
+
+    async def recv(self) -> Any:
+        if self.frames == 0:
+            await asyncio.Event().wait()
+        self.frames -= 1
+        return await super().recv()
+
+
 async def test_a_turn_the_microphone_goes_quiet_in_the_middle_of_ends() -> None:
     """Bug: a client that stopped sending mid-turn without ending its track (a stopped or
     replaced track sends no RTCP BYE) left the turn open for good: the detector counts
@@ -873,20 +884,6 @@ async def test_a_turn_the_microphone_goes_quiet_in_the_middle_of_ends() -> None:
     from types import SimpleNamespace
 
     from agent.inbound import QUIET_ENDS_TURN_MIN_S
-    from tests.doubles import ToneMicrophone
-
-    class GoesQuiet(ToneMicrophone):
-        """Loud for ``frames`` frames, then nothing at all (the track stays live)."""
-
-        def __init__(self, frames: int) -> None:
-            super().__init__(440)
-            self.frames = frames
-
-        async def recv(self) -> Any:
-            if self.frames == 0:
-                await asyncio.Event().wait()
-            self.frames -= 1
-            return await super().recv()
 
     stt = ScriptedSTT(("What time is it?", 0.0))
     brain = RecordingBrain()
@@ -919,18 +916,6 @@ async def test_a_microphone_quiet_with_its_whole_connection_leaves_the_turn_to_t
     from types import SimpleNamespace
 
     from agent.inbound import QUIET_ENDS_TURN_MIN_S
-    from tests.doubles import ToneMicrophone
-
-    class GoesQuiet(ToneMicrophone):
-        def __init__(self, frames: int) -> None:
-            super().__init__(440)
-            self.frames = frames
-
-        async def recv(self) -> Any:
-            if self.frames == 0:
-                await asyncio.Event().wait()
-            self.frames -= 1
-            return await super().recv()
 
     heard_at = [time.monotonic()]
     session, _events, drain = talking_session(ScriptedSTT(("Hello", 0.0)), RecordingBrain())

@@ -20,22 +20,9 @@ from tests.conftest import LiveServer, serve
 from tests.doubles import ToneEngine
 from tests.mic import ClipMic
 from tests.rtc_client import RtcClient
+from tests.test_conversation_e2e import connect_with_mic
 
 pytestmark = pytest.mark.timeout(60)
-
-
-async def _listening_client(server: LiveServer, http: aiohttp.ClientSession) -> RtcClient:
-    client = RtcClient(server.url, http)
-    client.mic = ClipMic()
-    await client.connect()
-    deadline = time.monotonic() + 30
-    while True:
-        async with http.get(f"{server.url}/sessions/{client.session_id}") as resp:
-            stats = await resp.json()
-        if stats["inbound"] and stats["inbound"]["ready"] and stats["inbound"]["windows"] > 5:
-            return client
-        assert time.monotonic() < deadline, stats
-        await asyncio.sleep(0.1)
 
 
 async def _send_on_mic(client: RtcClient, receiver: Any, seq: int, payload: bytes) -> None:
@@ -63,7 +50,7 @@ async def test_an_empty_rtp_payload_does_not_deafen_the_microphone(
     Found by review. An empty payload now carries no frame and costs its sequence number."""
     samples, rate = read_wav(SPEECH_WAV)
     async with aiohttp.ClientSession() as http:
-        client = await _listening_client(live_server, http)
+        client = await connect_with_mic(live_server, http)
         try:
             peer = live_server.app[SESSIONS].get(client.session_id)
             [transceiver] = [t for t in peer.pc.getTransceivers() if t.kind == "audio"]
