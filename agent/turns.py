@@ -344,6 +344,10 @@ class Conversation:
             if previous is not None:
                 await asyncio.wait([previous])  # one reply at a time, in order
             async for delta in self.brain.reply(self._request_history(reply)):
+                if not reply.opened and not delta.strip():
+                    # Nothing to say yet (the newlines many models send before tool calls):
+                    # opened on it, an answer of only whitespace was an utterance of nothing.
+                    continue
                 if not reply.opened:
                     # Another writer's stream (the client's text.delta, a room participant's)
                     # is open: the reply waits for its end, as a say queues behind it.

@@ -966,3 +966,31 @@ async def test_an_answer_with_no_text_is_an_error_not_silence() -> None:
     finally:
         drain.stop()
         await session.close()
+
+
+class BlankBrain(RecordingBrain):
+    """Answers with only whitespace (an LLM's newlines before its tool calls)."""
+
+    async def reply(self, history: list[Message]) -> AsyncIterator[str]:
+        self.asked.append([dict(m) for m in history])
+        yield "\n\n"
+        yield " "
+
+
+async def test_an_answer_of_only_whitespace_is_an_error_not_silence() -> None:
+    """Bug: an answer whose only text was whitespace (many models send "\\n\\n" before
+    their tool calls) opened an utterance that said nothing: speech.started and
+    speech.ended, no llm_empty, so the client was told of nothing, as before llm_empty
+    (found by review). Leading whitespace opens no utterance: it is llm_empty."""
+    brain = BlankBrain()
+    session, events, drain = talking_session(ScriptedSTT(), brain)
+    try:
+        reply_id = session.conversation.ask("Anyone there?")
+        await wait_for(lambda: any(e["type"] == "error" for e in events), timeout=2)
+        (error,) = [e for e in events if e["type"] == "error"]
+        assert (error["code"], error["id"]) == ("llm_empty", reply_id), error
+        assert not [e for e in events if e["type"].startswith("speech.")], events
+        assert session.conversation.history == [{"role": "user", "content": "Anyone there?"}]
+    finally:
+        drain.stop()
+        await session.close()
