@@ -95,6 +95,8 @@ class Conversation:
         self._reply_tasks: list[asyncio.Task[None]] = []  # in order; each waits for the last
         # Replies with no utterance in the pipeline yet (waiting, or the LLM not started).
         self._unopened: set[str] = set()
+        # Replies whose history is not asked for yet, in order: trimming keeps their places.
+        self._unasked: list[Reply] = []
         self._turn_tasks: set[asyncio.Task[None]] = set()
         self._turn_id: str | None = None
         self._unanswered = False  # a user message in the history that no reply follows yet
@@ -290,7 +292,20 @@ class Conversation:
         self._trim_history()
 
     def _trim_history(self) -> None:
-        excess = len(self.history) - self.services.max_history_messages
+        limit = self.services.max_history_messages
+        excess = len(self.history) - limit
+        if excess <= 0:
+            return
+        if self._unasked:
+            # A reply not asked yet is asked with the history up to its slot: trimmed away
+            # with its question (chats sent together, more than half the limit), it was
+            # asked with the whole history, every later question included. Its question,
+            # the message before it, is kept until it is asked (the trimming then catches
+            # up), within twice the limit.
+            slot = self._unasked[0].slot
+            at = next((i for i, m in enumerate(self.history) if m is slot), None)
+            if at is not None:
+                excess = max(min(excess, at - 1), len(self.history) - 2 * limit)
         if excess > 0:
             del self.history[:excess]
 
@@ -306,6 +321,7 @@ class Conversation:
         previous = self._reply_tasks[-1] if self._reply_tasks else None
         task = asyncio.get_running_loop().create_task(self._run_reply(reply, previous))
         self._unopened.add(reply.id)
+        self._unasked.append(reply)
         # A done callback, not a finally: a task cancelled before its first step (a chat
         # and an interrupt in one batch of messages) never runs its body at all.
         task.add_done_callback(lambda _: self._settle_unopened(reply))
@@ -343,7 +359,9 @@ class Conversation:
         try:
             if previous is not None:
                 await asyncio.wait([previous])  # one reply at a time, in order
-            async for delta in self.brain.reply(self._request_history(reply)):
+            history = self._request_history(reply)
+            self._asked(reply)
+            async for delta in self.brain.reply(history):
                 if not reply.opened and not delta.strip():
                     # Nothing to say yet (the newlines many models send before tool calls):
                     # opened on it, an answer of only whitespace was an utterance of nothing.
@@ -382,10 +400,16 @@ class Conversation:
             if not reply.opened:
                 self._drop_slot(reply)
 
+    def _asked(self, reply: Reply) -> None:
+        if any(r is reply for r in self._unasked):
+            self._unasked = [r for r in self._unasked if r is not reply]
+            self._trim_history()  # what was kept for it
+
     def _settle_unopened(self, reply: Reply) -> None:
         self._unopened.discard(reply.id)
         if not reply.opened:
             self._drop_slot(reply)  # idempotent: the body's finally may have done it
+        self._asked(reply)  # cancelled before it was asked: its place need not be kept
 
     def _close_stream(self, reply: Reply) -> None:
         if reply.stream_open:

@@ -994,3 +994,28 @@ async def test_an_answer_of_only_whitespace_is_an_error_not_silence() -> None:
     finally:
         drain.stop()
         await session.close()
+
+
+async def test_replies_asked_together_past_the_history_s_length_answer_their_own_question() -> None:
+    """Bug: chats sent together, more than half the history's length (40 messages; 32
+    may wait), had the first replies' questions and slots trimmed away before they were
+    asked: such a reply, its slot not found, was asked with the whole history, every later
+    question included (the echo brain spoke the last question once per such reply), the
+    bug a reply asked "up to its own slot" was to end (found by review)."""
+    brain = NumberingBrain()
+    session, _events, drain = talking_session(ScriptedSTT(), brain)
+    conversation = session.conversation
+    limit = conversation.services.max_history_messages
+    questions = [f"Question {n}?" for n in range(limit // 2 + 5)]
+    try:
+        for question in questions:
+            conversation.ask(question)
+        await wait_for(lambda: len(brain.asked) == len(questions), timeout=5)
+        for question, asked in zip(questions, brain.asked, strict=True):
+            assert asked, question
+            assert asked[-1] == {"role": "user", "content": question}, (question, asked)
+            assert len(asked) <= limit
+        assert len(conversation.history) <= limit
+    finally:
+        drain.stop()
+        await session.close()
