@@ -348,3 +348,19 @@ def test_words_glued_to_a_url_are_still_spoken(text: str, expected: str) -> None
     words after an em dash) became part of its path, which is not read: "然后登录" was
     silently dropped. A URL is ASCII (non-ASCII characters end it)."""
     assert normalize_for_tts(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("访问https://例子.测试 吧", "访问例子点测试吧"),
+        ("访问https://例子.测试/path 吧", "访问例子点测试吧"),
+        ("见www.中文网.cn。", "见中文网点cn。"),
+    ],
+)
+def test_a_url_with_a_chinese_host_is_read_by_its_host(text: str, expected: str) -> None:
+    """Bug: once a URL ended at its first non-ASCII character, one whose host is Chinese
+    (an internationalised domain name) was no URL at all: "https://例子.测试" was read
+    "https，斜杠斜杠例子。测试" (found by review). A URL whose host starts non-ASCII runs
+    to the end of its host, its path (ASCII) after it, as before."""
+    assert normalize_for_tts(text) == expected

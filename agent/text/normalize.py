@@ -377,9 +377,18 @@ _NUM: Final = rf"(?:{_INT})(?:\.[0-9]+)?"
 _AMPM: Final = r"(?P<ampm>[AaPp])\.?[Mm](?![A-Za-z])\.?"
 # A URL is ASCII: the first non-ASCII character ends it. Chinese is written with no space
 # after a URL ("打开https://x.com/login然后登录"), and only its host is read: a URL that ran
-# to the next space dropped those words unspoken.
+# to the next space dropped those words unspoken. Except a host that starts non-ASCII (an
+# internationalised name, "https://例子.测试"): it runs to the end of the host, all of it read,
+# then its path is ASCII as any other's.
+# Unicode's whitespace too (re.ASCII's \s is ASCII's), as the segmenter's _URL has it.
+_URL_IDN_HOST: Final = (
+    r"(?=[^\x00-\x7f])"
+    r"[^\s\x1c-\x1f\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000<>\"'/?#，。、；：！？（）]+"
+)
+_URL_ASCII: Final = r"[^\s<>\"'\x80-\U0010FFFF]"
 _URL: Final = re.compile(
-    r"\b(?:https?://|www\.)[^\s<>\"'\x80-\U0010FFFF]+", re.IGNORECASE | re.ASCII
+    rf"\b(?:https?://|www\.)(?:{_URL_ASCII}+|{_URL_IDN_HOST}(?:[/?#]{_URL_ASCII}*)?)",
+    re.IGNORECASE | re.ASCII,
 )
 _EMAIL: Final = re.compile(r"\b[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)+\b", re.ASCII)
 _DOMAIN: Final = re.compile(

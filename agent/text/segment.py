@@ -44,7 +44,12 @@ _TOKEN_PUNCT: Final = "$€£¥%.,:/-'+#@&°_"
 # turns a no-break space into a space before it looks).
 # Its tail is matched case-sensitively: ignoring case, Unicode folds "s" and "k" onto
 # non-ASCII letters (U+017F, U+212A), which the tail's class excludes.
-_URL: Final = re.compile(r"(?<![A-Za-z0-9_])(?i:https?://|www\.)[^\s<>\"'\x80-\U0010FFFF]+")
+# A host that starts non-ASCII (an internationalised name) runs to its end, as there.
+_URL: Final = re.compile(
+    r"(?<![A-Za-z0-9_])(?i:https?://|www\.)"
+    r"(?:[^\s<>\"'\x80-\U0010FFFF]+"
+    r"|(?=[^\x00-\x7f])[^\s<>\"'/?#，。、；：！？（）]+(?:[/?#][^\s<>\"'\x80-\U0010FFFF]*)?)"
+)
 _EMAIL: Final = re.compile(
     r"(?<![A-Za-z0-9._%+-])[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)+", re.ASCII
 )
