@@ -935,55 +935,29 @@ async def test_a_microphone_quiet_with_its_whole_connection_leaves_the_turn_to_t
         await session.close()
 
 
-class SpeechlessBrain(RecordingBrain):
-    """Answers with no text at all (an empty completion, or only tool calls)."""
+class TextlessBrain(RecordingBrain):
+    """Answers with ``deltas`` that hold no text: none at all (an empty completion, or only
+    tool calls), or only whitespace (the newlines an LLM sends before its tool calls)."""
+
+    def __init__(self, deltas: list[str]) -> None:
+        super().__init__()
+        self.deltas = deltas
 
     async def reply(self, history: list[Message]) -> AsyncIterator[str]:
         self.asked.append([dict(m) for m in history])
-        return
-        yield  # an async generator that yields nothing
+        for delta in self.deltas:
+            yield delta
 
 
-async def test_an_answer_with_no_text_is_an_error_not_silence() -> None:
+@pytest.mark.parametrize("deltas", [[], ["\n\n", " "]], ids=["nothing", "whitespace"])
+async def test_an_answer_with_no_text_is_an_error_not_silence(deltas: list[str]) -> None:
     """A brain answer without any text (an empty completion; an LLM that only calls tools)
     was spoken as nothing and told as nothing: the client that asked heard of nothing
-    (found by review). It is an ``llm_empty`` error with the reply's id; the question stays
-    open, as for a reply nobody heard, and the next reply answers it."""
-    brain = SpeechlessBrain()
-    session, events, drain = talking_session(ScriptedSTT(), brain)
-    try:
-        reply_id = session.conversation.ask("Anyone there?")
-        await wait_for(lambda: any(e["type"] == "error" for e in events), timeout=2)
-        (error,) = [e for e in events if e["type"] == "error"]
-        assert (error["code"], error["id"]) == ("llm_empty", reply_id), error
-        assert not [e for e in events if e["type"] == "speech.started"]
-        session.conversation._brain = RecordingBrain()
-        session.conversation.ask("Hello?")
-        await wait_for(lambda: session.conversation._brain.asked, timeout=2)  # type: ignore[attr-defined]
-        asked = session.conversation._brain.asked[0]  # type: ignore[attr-defined]
-        # Both questions, the first unanswered (LLMBrain joins them for the wire).
-        assert [m["content"] for m in asked] == ["Anyone there?", "Hello?"], asked
-    finally:
-        drain.stop()
-        await session.close()
-
-
-class BlankBrain(RecordingBrain):
-    """Answers with only whitespace (an LLM's newlines before its tool calls)."""
-
-    async def reply(self, history: list[Message]) -> AsyncIterator[str]:
-        self.asked.append([dict(m) for m in history])
-        yield "\n\n"
-        yield " "
-
-
-async def test_an_answer_of_only_whitespace_is_an_error_not_silence() -> None:
-    """Bug: an answer whose only text was whitespace (many models send "\\n\\n" before
-    their tool calls) opened an utterance that said nothing: speech.started and
-    speech.ended, no llm_empty, so the client was told of nothing, as before llm_empty
-    (found by review). Leading whitespace opens no utterance: it is llm_empty."""
-    brain = BlankBrain()
-    session, events, drain = talking_session(ScriptedSTT(), brain)
+    (found by review). An answer of only whitespace opened an utterance that said nothing:
+    speech.started and speech.ended, no error (found by the next review). Both are an
+    ``llm_empty`` error with the reply's id; the question stays open, as for a reply nobody
+    heard, and the next reply answers it."""
+    session, events, drain = talking_session(ScriptedSTT(), TextlessBrain(deltas))
     try:
         reply_id = session.conversation.ask("Anyone there?")
         await wait_for(lambda: any(e["type"] == "error" for e in events), timeout=2)
@@ -991,6 +965,12 @@ async def test_an_answer_of_only_whitespace_is_an_error_not_silence() -> None:
         assert (error["code"], error["id"]) == ("llm_empty", reply_id), error
         assert not [e for e in events if e["type"].startswith("speech.")], events
         assert session.conversation.history == [{"role": "user", "content": "Anyone there?"}]
+        brain = RecordingBrain()
+        session.conversation._brain = brain
+        session.conversation.ask("Hello?")
+        await wait_for(lambda: brain.asked, timeout=2)
+        # Both questions, the first unanswered (LLMBrain joins them for the wire).
+        assert [m["content"] for m in brain.asked[0]] == ["Anyone there?", "Hello?"]
     finally:
         drain.stop()
         await session.close()
