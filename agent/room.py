@@ -669,7 +669,8 @@ class RoomMember:
             case Interrupt():
                 self.room.conversation.interrupt()  # a reply being written too
             case Chat(text=text):
-                self.room.conversation.ask(text)  # the room's brain; everyone hears it
+                # The room's brain; everyone hears it. Named, the asker is named to it.
+                self.room.conversation.ask(text, asker=self.name)
             case ConfigUpdate(fields=fields):
                 if "barge_in" in fields:  # refused whole: no voice setting half applied
                     raise ProtocolError(

@@ -250,8 +250,10 @@ class Conversation:
         return text
 
     # --- typed chat (data channel `chat`) ------------------------------------------------
-    def ask(self, text: str) -> str:
-        """Answer ``text`` as if the user had said it; returns the reply's utterance id."""
+    def ask(self, text: str, asker: str | None = None) -> str:
+        """Answer ``text`` as if the user had said it; returns the reply's utterance id.
+        ``asker``: who asked, by name, where several people share the brain (a room): the
+        history holds "asker: text", so the brain can tell them apart and address them."""
         limit = self.pipeline.settings.max_text_chars
         if not text.strip():
             raise SpeechError("empty_text", "'text' is empty")
@@ -262,7 +264,7 @@ class Conversation:
         if self._queue_full():
             limit = self.pipeline.settings.max_queued_utterances
             raise SpeechError("queue_full", f"{limit} utterances are already waiting")
-        self._add_user(text)
+        self._add_user(f"{asker}: {text}" if asker else text)
         return self._start_reply()
 
     def _queue_full(self) -> bool:

@@ -448,7 +448,7 @@ async def test_chat_in_a_room_is_answered_by_the_brain_for_everyone() -> None:
         async with room_server(services=services) as server, aiohttp.ClientSession() as http:
             asker, other = RtcClient(server.url, http), RtcClient(server.url, http)
             try:
-                await asker.connect(room="brainy")
+                await asker.connect(room="brainy", name="Ann")
                 await other.connect(room="brainy")
                 asker.send({"type": "chat", "text": "What is two plus two?"})
                 for client in (asker, other):
@@ -456,9 +456,10 @@ async def test_chat_in_a_room_is_answered_by_the_brain_for_everyone() -> None:
                         lambda e: e["type"] == "speech.segment" and "four" in e["text"]
                     )
                     assert caption["id"].startswith("reply-")
+                # Named (the brain answers a room): it can tell the askers apart.
                 assert llm.requests[0]["messages"][-1] == {
                     "role": "user",
-                    "content": "What is two plus two?",
+                    "content": "Ann: What is two plus two?",
                 }
                 await other.wait_event(
                     lambda e: e["type"] == "speech.ended" and e["id"] == caption["id"]
@@ -470,6 +471,8 @@ async def test_chat_in_a_room_is_answered_by_the_brain_for_everyone() -> None:
                     await asyncio.sleep(0.02)
                 history = llm.requests[1]["messages"]
                 assert {"role": "assistant", "content": "The answer is four."} in history
+                # One without a name asks as "the user" does.
+                assert history[-1] == {"role": "user", "content": "And three plus three?"}
                 other.send({"type": "interrupt"})
                 await asyncio.sleep(3.5)
                 assert not [e for e in asker.events if "cut" in str(e.get("text", ""))]
