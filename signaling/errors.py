@@ -57,6 +57,19 @@ HTTP_CODES = {
 
 @web.middleware
 async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    response = await _answer(request, handler)
+    if request.body_exists and request.content.exception() is not None:
+        # A body that could not be read (not in its Content-Encoding) and was refused
+        # unread: aiohttp reads what is left after the answer, to keep the connection,
+        # and the error then escaped its server loop as an ERROR "Unhandled exception" with
+        # a traceback, which any client could repeat at will. The body is over (nothing
+        # more of it can be read) and the connection closes after the answer.
+        request.content.feed_eof()
+        response.force_close()
+    return response
+
+
+async def _answer(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         return await handler(request)
     except ApiError as exc:
