@@ -17,6 +17,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from aiohttp.abc import AbstractAccessLogger
+from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web import BaseRequest, StreamResponse
 
 from agent.config import CONTROL_CHARS, Config
@@ -83,8 +84,29 @@ def _indented(text: str) -> str:
     return "\n".join("    " + escape_controls(line) for line in text.split("\n"))
 
 
+class MalformedRequestFilter(logging.Filter):
+    """aiohttp logs a request it cannot parse (a request line over 8190 bytes, a bad method
+    or header) as an ERROR with a traceback whose message quotes the request line: a
+    client could fill the log with errors at will, and put a ``?token=`` in it. Such a
+    record is made one INFO line naming the client and the kind of error, no quote."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if record.name != "aiohttp.server" or not isinstance(exc, HttpProcessingError):
+            return True
+        if not 400 <= exc.code < 500:
+            return True
+        record.levelno, record.levelname = logging.INFO, "INFO"
+        record.msg = "refused a request it could not parse from %s: %s (%d)"
+        client = record.args[0] if isinstance(record.args, tuple) and record.args else "?"
+        record.args = (client, type(exc).__name__, exc.code)
+        record.exc_info = record.exc_text = None
+        return logging.getLogger().isEnabledFor(logging.INFO)
+
+
 def log_handler(json_lines: bool) -> logging.Handler:
     handler = logging.StreamHandler()
+    handler.addFilter(MalformedRequestFilter())
     handler.addFilter(SessionIdFilter())
     handler.setFormatter(JsonFormatter() if json_lines else TextFormatter())
     return handler

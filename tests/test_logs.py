@@ -415,3 +415,22 @@ def test_a_json_log_line_cannot_be_split_by_a_client() -> None:
     line = log_handler(json_lines=True).format(record)
     assert len(line.splitlines()) == 1, line
     assert json.loads(line)["message"] == "GET " + sent
+
+
+async def test_a_request_aiohttp_cannot_parse_is_one_info_line_quoting_nothing(
+    text_log: io.StringIO,
+) -> None:
+    """aiohttp logged a request line over 8190 bytes as an ERROR with a traceback quoting
+    the line: any client could fill the log with errors, and a ``?token=`` in the line was
+    written out (found by review). It is one INFO line naming the client and the error."""
+    config = Config(host="127.0.0.1", port=0, listen=ListenSettings(enabled=False))
+    async with serve(config, ToneEngine()) as server:
+        target = b"/sessions/x?token=SECRETTOKEN&pad=" + b"a" * 9000
+        await raw_http(server.url, b"GET " + target + b" HTTP/1.1\r\nHost: x\r\n\r\n")
+        async with asyncio.timeout(5):
+            while "could not parse" not in text_log.getvalue():
+                await asyncio.sleep(0.01)
+    logged = text_log.getvalue()
+    assert "SECRETTOKEN" not in logged and "Traceback" not in logged, logged
+    assert " ERROR " not in logged, logged
+    assert "could not parse from 127.0.0.1: LineTooLong (400)" in logged, logged
