@@ -138,7 +138,9 @@ class TransportSequenceMap(HeaderExtensionsMap):
         seq = self._sequence.take()
         # Only this sender's packets are recorded: a feedback's others (another stream on
         # the same transport) are not in its history, so its estimate is of its own stream.
-        self._history.record(seq, _now_us(), size_bytes)
+        # Recorded by its unwrapped number, which tells it from the transport's later use
+        # of the same 16 bits (SendHistory.get).
+        self._history.record(self._sequence.taken - 1, _now_us(), size_bytes)
         return seq
 
 
@@ -194,7 +196,10 @@ class FeedbackTap:
         self.remb_reports = 0
         self.errors = 0
         self.transport_cc = False
-        self._history = SendHistory()
+        # Told how far the transport's numbers went, all its streams': this stream's packets
+        # from before a wrap must not answer for another's (see SendHistory.get).
+        shared = self._sequence
+        self._history = SendHistory(transport_sent=lambda: shared.taken)
         self._estimator = FeedbackEstimator()
         self._sent_reports = SentReports()
         self._twcc_window: list[int] = [0, 0]  # packets, lost since the last loss report

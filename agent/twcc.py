@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import struct
 from collections import OrderedDict, deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from itertools import islice
 
@@ -224,31 +224,55 @@ class SentPacket:
 
 
 class SendHistory:
-    """The last `capacity` packets sent, by 16-bit transport sequence number."""
+    """The last `capacity` packets sent, by 16-bit transport sequence number.
 
-    def __init__(self, capacity: int = 4096) -> None:
+    ``record`` takes the unwrapped number (the transport's count of numbers handed out
+    before it). ``transport_sent``, where several streams share the transport's numbers,
+    says how many the transport has handed out so far, to all of them: a feedback's 16-bit
+    number then means the latest packet that carried it, which may be another stream's
+    although an entry here carries the same 16 bits from an earlier wrap.
+    """
+
+    def __init__(
+        self, capacity: int = 4096, transport_sent: Callable[[], int] | None = None
+    ) -> None:
         if not 1 <= capacity <= 0x10000:
             raise ValueError(f"capacity must be 1..65536, got {capacity}")
         self._capacity = capacity
-        self._packets: OrderedDict[int, SentPacket] = OrderedDict()
+        self._transport_sent = transport_sent
+        self._newest = -1  # the newest number recorded here (unwrapped)
+        # seq -> (packet, its unwrapped number), oldest first
+        self._packets: OrderedDict[int, tuple[SentPacket, int]] = OrderedDict()
 
-    def record(self, seq: int, send_time_us: int, size_bytes: int) -> None:
-        seq &= 0xFFFF  # callers may pass an unwrapped counter
+    def record(self, number: int, send_time_us: int, size_bytes: int) -> None:
+        seq = number & 0xFFFF
         self._packets.pop(seq, None)  # a wrapped-around seq replaces the stale packet
-        self._packets[seq] = SentPacket(seq, send_time_us, size_bytes)
+        self._packets[seq] = (SentPacket(seq, send_time_us, size_bytes), number)
+        self._newest = max(self._newest, number)
         if len(self._packets) > self._capacity:
             self._packets.popitem(last=False)
         # Several streams on one transport share the numbers (agent/feedback.py), so this
         # stream's entries can span more than the 16-bit space: an entry half the space
         # behind the newest would answer for another stream's packet after the wrap.
-        while True:
-            oldest = next(iter(self._packets))
-            if (seq - oldest) & 0xFFFF < 0x8000:
+        while self._packets:
+            _, oldest = next(iter(self._packets.values()))
+            if self._newest - oldest < 0x8000:
                 break
-            del self._packets[oldest]
+            self._packets.popitem(last=False)
 
     def get(self, seq: int) -> SentPacket | None:
-        return self._packets.get(seq & 0xFFFF)
+        found = self._packets.get(seq & 0xFFFF)
+        if found is None:
+            return None
+        packet, number = found
+        # A feedback names one of the last half-space of numbers sent on the transport. An
+        # entry further back than that is from an earlier wrap: this stream went quiet
+        # (a speaker slot with nobody in it) while the others took the numbers in between,
+        # and its packet now would be theirs, with a send time minutes old.
+        newest = self._newest
+        if self._transport_sent is not None:
+            newest = max(newest, self._transport_sent() - 1)
+        return packet if newest - number < 0x8000 else None
 
     def __len__(self) -> int:
         return len(self._packets)

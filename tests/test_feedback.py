@@ -468,3 +468,60 @@ def test_a_busy_transport_s_real_feedback_is_never_refused() -> None:
         base = (base + count) & 0xFFFF
     assert tap.feedbacks_over_budget == 0
     assert tap.transport_feedbacks == 600
+
+
+def test_an_idle_streams_old_packets_never_answer_for_anothers_after_the_wrap(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Bug: a room member's slot stream and agent stream share one transport's 16-bit
+    numbers. A slot whose speaker stopped (or left) records nothing more, so its history kept
+    its last packets; once the agent's stream had taken the ~65,000 numbers in between (22
+    minutes alone, less with other slots), every feedback about the agent's packets matched
+    the slot's stale ones. Their send times were a wrap old: a delay growing by 10 ms per
+    packet, read as congestion, and the slot's controller backed off. Found by review."""
+    send_clock = [0]  # µs: 2 streams of 50 packets a second, then the agent's alone
+
+    def now_us() -> int:
+        return send_clock[0]
+
+    monkeypatch.setattr("agent.feedback._now_us", now_us)
+    sequence = TransportSequence()
+    taps = []
+    for _ in range(2):
+        controller = BitrateController(AdaptationSettings(), CEILING)
+        tap = FeedbackTap(
+            SimpleNamespace(_ssrc=SSRC),  # type: ignore[arg-type]
+            controller,
+            Encoder().applier(),
+            clock=Clock(0.0),
+            sequence=sequence,
+        )
+        taps.append((tap, TransportSequenceMap(tap._history, lambda: 80, sequence)))
+    (slot, slot_stamp), (agent, agent_stamp) = taps
+    for _ in range(2_000):  # both streams talk: 20 s
+        for stamp in (slot_stamp, agent_stamp):
+            stamp.stamp(80)
+            send_clock[0] += 10_000
+    numbers: list[int] = []
+    while sequence.taken < 0x10000 + 500:  # the slot went quiet; the agent goes on
+        numbers.append(agent_stamp.stamp(80))
+        send_clock[0] += 20_000
+    # The receiver's feedback about the agent's last 500 packets, 5 at a time, 100 ms apart:
+    # every second one of those numbers was the slot's before the wrap.
+    recent = numbers[-500:]
+    for round_ in range(100):
+        base = recent[5 * round_]
+        arrivals: list[int | None] = []
+        for seq in recent[5 * round_ : 5 * round_ + 5]:
+            sent = agent._history.get(seq)
+            assert sent is not None
+            arrivals.append(sent.send_time_us + 30_000)
+        ref = arrivals[0] // 64_000 * 64_000  # type: ignore[operator]
+        packet = build_transport_feedback(base, ref, round_ & 0xFF, arrivals, media_ssrc=SSRC)
+        for tap, _ in taps:
+            tap._clock.now = 0.1 * round_  # type: ignore[attr-defined]
+            tap._on_rtcp_data(packet)
+    assert agent._twcc_since_rr and agent.controller.target.bitrate == CEILING
+    assert not slot._twcc_since_rr, "the slot's tap took the agent's packets for its own"
+    assert slot.controller.queuing_delay_ms is None
+    assert slot.controller.target.bitrate == CEILING
