@@ -76,7 +76,9 @@ class TrackStats:
     early_rephases: int = 0  # speech onsets sent before their tick
     late_rephases: int = 0  # times the clock moved forward instead of bursting
     encode_calls: int = 0
-    direct_errors: int = 0  # lean-path ticks that raised (the packet is lost, the clock goes on)
+    # Packets lost to an exception, on either send path (the packet is lost, the clock goes
+    # on); the name predates aiortc's path counting them too.
+    direct_errors: int = 0
 
 
 class OpusPacketTrack(MediaStreamTrack):
@@ -186,19 +188,44 @@ class OpusPacketTrack(MediaStreamTrack):
         # timestamps and sender-report counts of a running stream.
         if self._start is None:
             self._start = loop.time()
-        due = self._start + (self._pts + FRAME_SAMPLES) / SAMPLE_RATE
-        wait = due - loop.time()
-        arrived = False
-        if wait > 0:
-            arrived = await self._sleep_until(loop, due, wake_on_arrival=self._onset_possible(wait))
+        while True:
+            due = self._start + (self._pts + FRAME_SAMPLES) / SAMPLE_RATE
+            wait = due - loop.time()
+            arrived = False
+            if wait > 0:
+                arrived = await self._sleep_until(
+                    loop, due, wake_on_arrival=self._onset_possible(wait)
+                )
+                if self.readyState != "live":
+                    raise MediaStreamError
+            frame = self._advance(loop.time(), arrived)
+            # As on the lean path, nothing but MediaStreamError may escape: aiortc's RTP
+            # task (and a room's pump) would end for good, and the popped frame's marks
+            # (speech.ended...) would be lost. A failed encode costs this one packet: its
+            # marks still fire and the next tick's packet is returned, the clock going on.
+            payload: bytes | None = None
+            try:
+                payload = self._encode(frame)
+            except Exception:
+                if self._count_error():
+                    log.exception("aiortc send path: a packet was lost")
+            try:
+                self._after_packet(frame)
+            except Exception:
+                if self._count_error():
+                    log.exception("aiortc send path: failed after a packet")
+            if payload is not None:
+                packet = av.Packet(payload)
+                packet.pts = self._pts
+                packet.time_base = TIME_BASE
+                return packet
             if self.readyState != "live":
                 raise MediaStreamError
-        frame = self._advance(loop.time(), arrived)
-        packet = av.Packet(self._encode(frame))
-        packet.pts = self._pts
-        packet.time_base = TIME_BASE
-        self._after_packet(frame)
-        return packet
+
+    def _count_error(self) -> bool:
+        """Count a packet lost to an exception; should it be logged (not every 20 ms)?"""
+        self.stats.direct_errors += 1
+        return self.stats.direct_errors <= MAX_LOGGED_ERRORS
 
     def _onset_possible(self, wait: float) -> bool:
         """Should speech arriving during this wait go out at once (re-phasing)?"""
@@ -278,14 +305,12 @@ class OpusPacketTrack(MediaStreamTrack):
             frame = self._advance(loop.time(), arrived)
             direct.send(self._encode(frame), self._pts)
         except Exception:
-            self.stats.direct_errors += 1
-            if self.stats.direct_errors <= MAX_LOGGED_ERRORS:
+            if self._count_error():
                 log.exception("lean send path: a packet was lost")
         try:
             self._after_packet(frame)  # its marks fire even if its packet was lost
         except Exception:
-            self.stats.direct_errors += 1
-            if self.stats.direct_errors <= MAX_LOGGED_ERRORS:
+            if self._count_error():
                 log.exception("lean send path: failed after a packet")
         if self.readyState == "live" and self._direct is not None:
             self._direct_schedule(loop)
