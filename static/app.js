@@ -524,8 +524,10 @@ async function resumeSession(token, call) {
       return;
     } catch (err) {
       if (!current()) return;
-      // 404/410: the session is gone (grace period over); anything else: try again.
-      if (err instanceof ServerError && (err.status === 404 || err.status === 410)) break;
+      // 404/410: the session is gone (grace period over); 401/403: this token will not
+      // do (expired during the call, or not for this room), whatever the try; anything
+      // else: try again.
+      if (err instanceof ServerError && [401, 403, 404, 410].includes(err.status)) break;
     }
   }
   if (!current()) return;

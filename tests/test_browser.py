@@ -739,6 +739,34 @@ async def test_the_page_resumes_its_session_and_its_settings_and_gives_up_once_i
     assert not ap.page_errors(), ap.context()
 
 
+async def test_a_resume_refused_for_its_token_is_not_tried_again(
+    agent_page: AgentPage, live_server: Any
+) -> None:
+    """A resume refused 401 (the page's token expired during the call) or 403 was tried
+    twice more, seconds apart, though no try could succeed (found by review): only a
+    session gone (404/410) stopped the tries. The page now gives up at the first, and says
+    why."""
+    from signaling.keys import SESSIONS
+
+    ap = agent_page
+    await connect(ap)
+    registry = live_server.app[SESSIONS]
+    peer = registry.get(await ap.page.evaluate("() => window.voiceAgent.sessionId"))
+    tries: list[str] = []
+    body = {"error": {"code": "unauthorized", "message": "the token has expired"}}
+
+    async def expired(route: Any) -> None:
+        tries.append(route.request.method)
+        await route.fulfill(status=401, json=body, headers={"WWW-Authenticate": "Bearer"})
+
+    await ap.page.route("**/offer", expired)
+    await registry._lose(peer, peer.pc)  # the connection is lost: the page resumes
+    await ap.page.wait_for_selector('#state[data-state="failed"]', timeout=20_000)
+    assert tries == ["POST"], tries
+    assert "expired" in (await ap.page.text_content("#alert") or "")
+    assert not ap.page_errors(), ap.context()
+
+
 # The user takes a while to answer the browser's microphone prompt: getUserMedia resolves
 # late. Every stream it hands out is kept so a test can see whether it was stopped.
 SLOW_MIC_JS = """
