@@ -22,6 +22,20 @@ def tone_frame(i: int = 0, rate: int = 48_000) -> np.ndarray:
     return (np.sin(2 * np.pi * 440 * t) * 12_000).astype(np.int16)
 
 
+def fail_third_encode(track: OpusPacketTrack) -> None:
+    """The track's third encode raises (a libopus error, a broken worker job)."""
+    real_encode = track.encoder.encode
+    calls = [0]
+
+    def flaky(pcm: np.ndarray) -> bytes:
+        calls[0] += 1
+        if calls[0] == 3:
+            raise RuntimeError("encoder hiccup")
+        return real_encode(pcm)
+
+    track.encoder.encode = flaky  # type: ignore[method-assign]
+
+
 # The track encodes at its buffer's rate (24 kHz: ChatTTS's frames as generated); its
 # packets and their timestamps are the same 48 kHz-clock Opus either way.
 RATES = pytest.mark.parametrize("rate", [48_000, 24_000], ids=["48k", "24k"])
@@ -364,3 +378,23 @@ async def test_an_interrupt_with_encoding_ahead_sends_what_inline_encoding_sends
     after = slice(3 * 960, 4 * 960)
     diff = np.abs(decoded(ahead)[after] - decoded(inline)[after]).max()
     assert ahead[3:] == inline[3:], f"post-interrupt packets differ; decoded max diff {diff:.0f}"
+
+
+async def test_a_failing_encode_on_aiortc_path_loses_one_packet_and_the_clock_goes_on() -> None:
+    """aiortc's path (``--send-path aiortc``, the fallback, and every room's agent track,
+    which a task pumps with ``recv``) must survive a failed encode as the lean path does:
+    aiortc's RTP sender task (and a room's pump) ended for good on any exception but
+    MediaStreamError, and the popped frame's marks (speech.started/segment/ended) were lost
+    with it (found by review)."""
+    buffer = PlayoutBuffer(100)
+    track = OpusPacketTrack(buffer, rephase_on_onset=False)
+    marked: list[int] = []
+    for i in range(10):
+        await buffer.put(tone_frame(i), (lambda i=i: marked.append(i),))
+    fail_third_encode(track)
+    pts = [(await track.recv()).pts for _ in range(5)]  # the third recv must not raise
+    assert pts == [0, FRAME_SAMPLES, 3 * FRAME_SAMPLES, 4 * FRAME_SAMPLES, 5 * FRAME_SAMPLES]
+    assert marked == [0, 1, 2, 3, 4, 5]  # the lost packet's frame still fired its events
+    assert track.stats.direct_errors == 1
+    assert track.readyState == "live"
+    track.stop()

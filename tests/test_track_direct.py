@@ -15,7 +15,7 @@ from aiortc.mediastreams import MediaStreamError
 from agent.opus import FRAME_SAMPLES
 from agent.playout import PlayoutBuffer
 from agent.track import FRAME_SECONDS, OpusPacketTrack
-from tests.test_track import tone_frame
+from tests.test_track import fail_third_encode, tone_frame
 
 
 @dataclass
@@ -200,16 +200,7 @@ async def test_a_failing_encode_loses_one_packet_and_the_clock_goes_on() -> None
     marked: list[int] = []
     for i in range(20):
         await buffer.put(tone_frame(i), (lambda i=i: marked.append(i),))
-    real_encode = track.encoder.encode
-    calls = [0]
-
-    def flaky(pcm: np.ndarray) -> bytes:
-        calls[0] += 1
-        if calls[0] == 3:
-            raise RuntimeError("encoder hiccup")
-        return real_encode(pcm)
-
-    track.encoder.encode = flaky  # type: ignore[method-assign]
+    fail_third_encode(track)
     parked = asyncio.ensure_future(track.recv())
     await until(lambda: len(sender.sent) >= 10)
     assert track.stats.direct_errors == 1
