@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from aiohttp import web
 from aiohttp.web_protocol import RequestPayloadError
@@ -20,6 +21,17 @@ class ApiError(Exception):
         self.code = code
         self.message = message
         self.headers = headers or {}
+
+
+def not_ready_response(refusal: ApiError, **fields: Any) -> web.Response:
+    """A /readyz answer refusing readiness: ``{"ready": false, **fields, "error"}``, with
+    the refusal's status and headers (its Retry-After, as the same refusal of an offer)."""
+    error = {"code": refusal.code, "message": refusal.message}
+    return web.json_response(
+        {"ready": False, **fields, "error": error},
+        status=refusal.status,
+        headers=refusal.headers,
+    )
 
 
 async def read_body(request: web.Request) -> bytes:

@@ -49,7 +49,7 @@ from signaling import routes
 from signaling.app import FORWARDED_FOR_HEADER, MAX_REQUEST_BYTES, runner_options
 from signaling.auth import CLAIMS, claims, request_token, require_speaker, verify_token
 from signaling.cors import make_cors_middleware
-from signaling.errors import ApiError, error_middleware, read_body
+from signaling.errors import ApiError, error_middleware, not_ready_response, read_body
 from signaling.keys import CONFIG, DRAIN, LIMITS
 from signaling.limits import Limits
 from signaling.metrics import offer_outcome_middleware, offers_counter
@@ -356,12 +356,7 @@ def _name_session(path_id: str | None, resp: aiohttp.ClientResponse, payload: by
 # --- one readiness and one metrics page for the whole server ---------------------------------
 async def readyz(request: web.Request) -> web.Response:
     if request.app[DRAIN].draining:
-        refused = shutting_down()  # as a worker's /readyz says it, Retry-After included
-        return web.json_response(
-            {"ready": False, "error": {"code": refused.code, "message": refused.message}},
-            status=503,
-            headers=refused.headers,
-        )
+        return not_ready_response(shutting_down())  # as a worker's /readyz says it
     pool = request.app[POOL]
     workers = [
         {

@@ -18,7 +18,7 @@ from agent.httpservice import is_text_charset
 from agent.room import RoomMember
 from agent.speech import SpeechError
 from signaling.auth import claims, require_room, require_speaker, room_for
-from signaling.errors import ApiError, Handler, read_body
+from signaling.errors import ApiError, Handler, not_ready_response, read_body
 from signaling.keys import BREAKER, CONFIG, DRAIN, ENGINE, ENGINE_ERROR, LIMITS, METRICS, SESSIONS
 from signaling.sessions import Peer, SessionRegistry
 from signaling.shutdown import shutting_down
@@ -289,40 +289,29 @@ async def healthz(request: web.Request) -> web.Response:
 
 async def readyz(request: web.Request) -> web.Response:
     engine: TTSEngine = request.app[ENGINE]
-    if request.app[DRAIN].draining:
-        # As an offer's refusal says it, Retry-After included (README): a balancer can
-        # wait that long before asking again.
-        refused = shutting_down()
-        error = {"code": refused.code, "message": refused.message}
-        return web.json_response(
-            {"ready": False, "engine": engine.name, "error": error},
-            status=503,
-            headers=refused.headers,
-        )
-    refusal = _breaker_refusal(request.app)
-    if engine.ready and refusal is not None:
-        # With the Retry-After every other tts_unavailable carries (README): when the
-        # breaker's next probe runs, so a balancer need not poll before then.
-        error = {"code": refusal.code, "message": refusal.message}
-        return web.json_response(
-            {"ready": False, "engine": engine.name, "error": error},
-            status=503,
-            headers=refusal.headers,
-        )
-    if engine.ready and not request.app[SESSIONS].listening_ready:
-        # Offers are answered already; ready waits because the load stalls the loop a while.
-        error = {"code": "not_ready", "message": "loading the voice activity model"}
-        return web.json_response(
-            {"ready": False, "engine": engine.name, "error": error}, status=503
-        )
-    if engine.ready:
+    refusal = _readiness_refusal(request.app, engine)
+    if refusal is None:
         return web.json_response({"ready": True, "engine": engine.name})
-    failure = _engine_failure(request.app)
-    code, message = ("engine_failed", failure) if failure else ("not_ready", "loading the model")
-    return web.json_response(
-        {"ready": False, "engine": engine.name, "error": {"code": code, "message": message}},
-        status=503,
-    )
+    return not_ready_response(refusal, engine=engine.name)
+
+
+def _readiness_refusal(app: web.Application, engine: TTSEngine) -> ApiError | None:
+    """Why the server is not ready, as an offer would be refused (Retry-After included,
+    README: a balancer can wait that long before asking again); None: ready."""
+    if app[DRAIN].draining:
+        return shutting_down()
+    refusal = _breaker_refusal(app)
+    if engine.ready and refusal is not None:
+        return refusal  # when the breaker's next probe runs
+    if engine.ready and not app[SESSIONS].listening_ready:
+        # Offers are answered already; ready waits because the load stalls the loop a while.
+        return ApiError(503, "not_ready", "loading the voice activity model")
+    if engine.ready:
+        return None
+    failure = _engine_failure(app)
+    if failure:
+        return ApiError(503, "engine_failed", failure)
+    return ApiError(503, "not_ready", "loading the model")
 
 
 METRICS_UNAUTHORIZED = "/metrics needs 'Authorization: Bearer <metrics token>'"
