@@ -8,7 +8,7 @@ import pytest
 from tests.server_process import ServerProcess
 from tests.storm import offer_storm
 
-pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]
+pytestmark = [pytest.mark.timeout(120), pytest.mark.slow, pytest.mark.serial]
 
 
 async def test_offers_past_the_limit_are_refused_quickly_and_admitted_audio_stays_on_time() -> None:

@@ -296,6 +296,7 @@ async def transcript_item(ap: AgentPage, id_: str) -> dict[str, Any] | None:
 # Tests
 
 
+@pytest.mark.serial  # 50 packets/s and under 1% concealed: measured alone
 async def test_says_a_sentence_through_the_ui(agent_page: AgentPage) -> None:
     ap = agent_page
     await connect(ap)

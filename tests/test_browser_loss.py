@@ -32,7 +32,7 @@ from tests.test_browser import (
     say_in_ui,
 )
 
-pytestmark = [pytest.mark.browser, pytest.mark.timeout(150)]
+pytestmark = [pytest.mark.browser, pytest.mark.timeout(150), pytest.mark.serial]
 
 try:
     from playwright.async_api import async_playwright

@@ -38,6 +38,7 @@ from tests.server_process import REPO, ServerProcess
 pytestmark = [
     pytest.mark.timeout(240),
     pytest.mark.slow,
+    pytest.mark.serial,  # the monitor session's packet gaps, measured alone
     # The server's thread uses the random module (aioice, uuid) while hypothesis draws in
     # this one; hypothesis takes that for the strategies' own use and warns.
     pytest.mark.filterwarnings("ignore::hypothesis.errors.HypothesisDeprecationWarning"),
