@@ -59,6 +59,14 @@ class RateLimiter:
             return 0.0
         return (1.0 - bucket.tokens) / self.rate
 
+    def give_back(self, key: str) -> None:
+        """Return the token a request took, when it turned out not to count (refused for
+        its credentials): never beyond ``burst``."""
+        bucket = self._buckets.get(key)
+        if bucket is not None:
+            self._refill(bucket, self._clock())
+            bucket.tokens = min(float(self.burst), bucket.tokens + 1.0)
+
     def _refill(self, bucket: _Bucket, now: float) -> None:
         elapsed = max(0.0, now - bucket.updated)
         bucket.tokens = min(float(self.burst), bucket.tokens + elapsed * self.rate)

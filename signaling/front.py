@@ -147,20 +147,34 @@ async def post_offer(request: web.Request) -> web.StreamResponse:
     resume = text("resume")
     if resume is not None:
         # A session token names its worker like a session id does.
-        return await _forward(request, _session_worker(request, resume), body)
-    room = text("room") or claims(request).room
-    return await _forward_new_session(request, room, body)
+        answer = await _forward(request, _session_worker(request, resume), body)
+    else:
+        room = text("room") or claims(request).room
+        answer = await _forward_new_session(request, room, body)
+    return _offer_counted(request, answer)
 
 
 async def post_whep(request: web.Request) -> web.StreamResponse:
     await _check_token(request)
-    if request.content_type == "application/sdp":  # else the worker's 415, as in one process
+    counted = request.content_type == "application/sdp"  # else the worker's 415, as in one process
+    if counted:
         request.app[LIMITS].check_offer(request.remote)
     resume = request.headers.get(SESSION_TOKEN_HEADER)
     if resume is not None:
-        return await _forward(request, _session_worker(request, resume))
-    room = request.query.get("room") or claims(request).room
-    return await _forward_new_session(request, room)
+        answer = await _forward(request, _session_worker(request, resume))
+    else:
+        room = request.query.get("room") or claims(request).room
+        answer = await _forward_new_session(request, room)
+    return _offer_counted(request, answer) if counted else answer
+
+
+def _offer_counted(request: web.Request, answer: web.StreamResponse) -> web.StreamResponse:
+    """An offer the worker refused 401 or 403 (the token's room is another, the resumed
+    session is not the token's: found out only there) gives back its place in the front's
+    rate, as the worker gives back its own: only new sessions count."""
+    if answer.status in (401, 403):
+        request.app[LIMITS].give_back_offer(request.remote)
+    return answer
 
 
 async def _check_token(request: web.Request) -> None:

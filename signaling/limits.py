@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import ipaddress
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from agent.config import LimitSettings
 from agent.ratelimit import RateLimiter
@@ -45,6 +47,23 @@ class Limits:
 
     def check_offer(self, client: str | None) -> None:
         _check(self.offers, client, "too many new sessions from this address")
+
+    @contextmanager
+    def offer(self, client: str | None) -> Iterator[None]:
+        """An offer's place in the rate (429 when there is none), given back if the offer
+        is then refused 401 or 403: one the token does not allow (another room's, or a
+        session that is not the token's) is not a new session and must not use up the
+        client's offers, however late it is found out (the room is in the body)."""
+        self.check_offer(client)
+        try:
+            yield
+        except ApiError as refusal:
+            if refusal.status in (401, 403):
+                self.give_back_offer(client)
+            raise
+
+    def give_back_offer(self, client: str | None) -> None:
+        self.offers.give_back(client_key(client))
 
     def check_speech(self, client: str | None) -> None:
         _check(self.speech, client, "too many speech requests from this address")

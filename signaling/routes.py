@@ -139,7 +139,11 @@ def _peer(request: web.Request) -> Peer:
 
 async def post_offer(request: web.Request) -> web.Response:
     require_speaker(request)  # an offer opens a data channel: speech requests
-    request.app[LIMITS].check_offer(request.remote)
+    with request.app[LIMITS].offer(request.remote):
+        return await _answer_offer(request)
+
+
+async def _answer_offer(request: web.Request) -> web.Response:
     body = await _json_body(request)
     if body.get("type") != "offer":
         raise ApiError(400, "not_an_offer", "'type' must be \"offer\"")
@@ -189,7 +193,11 @@ def _resumable(request: web.Request, token: object, kind: str) -> Peer:
 async def post_whep(request: web.Request) -> web.Response:
     if request.content_type != "application/sdp":
         raise ApiError(415, "unsupported_media_type", "WHEP offers are 'application/sdp'")
-    request.app[LIMITS].check_offer(request.remote)
+    with request.app[LIMITS].offer(request.remote):
+        return await _answer_whep(request)
+
+
+async def _answer_whep(request: web.Request) -> web.Response:
     try:
         sdp = await _body_text(request)
     except UnicodeError:  # bytes not in the charset (or a codec that decodes nothing)

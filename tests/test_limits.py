@@ -7,13 +7,15 @@ what is refused does not depend on timing.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from typing import Any
 
 import aiohttp
 import pytest
 
-from agent.config import Config, LimitSettings
+from agent.config import Config, LimitSettings, SecuritySettings
 from agent.ratelimit import RateLimiter
+from signaling.auth import mint_token
 from signaling.keys import SESSIONS
 from tests.conftest import LiveServer
 from tests.rtc_client import RtcClient
@@ -70,6 +72,52 @@ class TestOfferRate:
                     assert resp.status == 202
             finally:
                 await client.close()
+
+
+class TestOfferRateWithTokens:
+    SECRET = "s" * 32
+
+    @pytest.fixture
+    def server_config(self) -> Config:
+        config = limited_config(offer_burst=2)
+        return dataclasses.replace(config, security=SecuritySettings(auth_secret=self.SECRET))
+
+    async def test_an_offer_for_another_room_than_the_tokens_uses_up_no_offer(
+        self, live_server: LiveServer
+    ) -> None:
+        """The rate was taken before the body named the room: a token bound to room "blue"
+        asking for "red" got 403, and used up an offer all the same (found by review; README
+        promises that an offer refused 401 or 403 uses up none). The place is given back."""
+        blue = {"Authorization": f"Bearer {mint_token(self.SECRET, ttl_s=60, room='blue')}"}
+        async with aiohttp.ClientSession() as http:
+            for _ in range(3):
+                async with http.post(
+                    live_server.url + "/offer", json={**BAD_OFFER, "room": "red"}, headers=blue
+                ) as resp:
+                    assert (resp.status, (await _error(resp))["code"]) == (403, "forbidden")
+                async with http.post(
+                    live_server.url + "/whep?room=red",
+                    data="v=0",
+                    headers={**blue, "Content-Type": "application/sdp"},
+                ) as resp:
+                    assert (resp.status, (await _error(resp))["code"]) == (403, "forbidden")
+            codes = []
+            for _ in range(3):  # the whole burst is still there: two, then 429
+                async with http.post(live_server.url + "/offer", json=BAD_OFFER, headers=blue) as r:
+                    codes.append((r.status, (await _error(r))["code"]))
+        assert codes == [(400, "bad_sdp")] * 2 + [(429, "rate_limited")], codes
+
+
+def test_a_token_given_back_never_fills_a_bucket_beyond_its_burst() -> None:
+    clock = FakeClock()
+    limiter = RateLimiter(SLOW, 2, clock=clock)
+    limiter.give_back("a")  # no bucket yet: nothing to give back, nothing made
+    assert len(limiter) == 0
+    assert limiter.take("a") == 0.0
+    limiter.give_back("a")
+    limiter.give_back("a")  # one more than was taken: still two at most
+    assert limiter.take("a") == 0.0 and limiter.take("a") == 0.0
+    assert limiter.take("a") > 0
 
 
 class TestSpeechRate:

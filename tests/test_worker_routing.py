@@ -584,6 +584,19 @@ async def test_offers_refused_for_their_token_use_up_none_of_the_offer_rate() ->
         expected = [(401, "unauthorized")] * 2 + [(403, "forbidden"), (401, "unauthorized")]
         assert refused == expected * 2, refused
         roomed = mint_token(secret, ttl_s=60, room=room)
+        # Another room than the token's: the worker refuses it 403 (the front routes it by
+        # the token's room), and the front gives its place in the rate back.
+        for _ in range(3):
+            async with http.post(
+                url + "/offer", json={"type": "offer", "room": "red", "token": roomed}
+            ) as resp:
+                assert (resp.status, (await resp.json())["error"]["code"]) == (403, "forbidden")
+            async with http.post(
+                url + "/whep?room=red",
+                data="v=0",
+                headers={"Authorization": f"Bearer {roomed}", "Content-Type": "application/sdp"},
+            ) as resp:
+                assert (resp.status, (await resp.json())["error"]["code"]) == (403, "forbidden")
         offer = await an_offer()
         answered = []
         for _ in range(3):
