@@ -400,12 +400,12 @@ async def readyz(request: web.Request) -> web.Response:
     }
     if ready:
         return web.json_response(body)
-    refusal = workers_refusal(pool.workers)
-    if refusal is not None:
-        body["error"] = {"code": refusal.code, "message": refusal.message}
-    else:
-        body["error"] = {"code": "not_ready", "message": "no media worker is ready yet"}
-    return web.json_response(body, status=503)
+    # The workers' refusal with its headers (an open breaker's Retry-After), as an offer's.
+    refusal = workers_refusal(pool.workers) or ApiError(
+        503, "not_ready", "no media worker is ready yet"
+    )
+    del body["ready"]
+    return not_ready_response(refusal, **body)
 
 
 async def metrics(request: web.Request) -> web.Response:

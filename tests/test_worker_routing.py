@@ -498,6 +498,7 @@ async def test_the_front_says_why_the_workers_refuse_new_sessions() -> None:
             assert (status, code) == (503, "tts_unavailable"), (offer, ready)
             assert "CUDA out of memory" in message
         assert offer[3] is not None and 590 <= int(offer[3]) <= 600, offer
+        assert ready[3] == offer[3], ready  # /readyz says when too, as one process does
         pinned = pool.for_room("r").index
         assert room_offer[1] == ("engine_failed", "tts_unavailable")[pinned], room_offer
 
