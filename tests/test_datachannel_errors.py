@@ -29,6 +29,11 @@ async def test_bad_messages_get_error_events_and_session_lives_on(live_server: L
         ('{"type": "config", "speed": 1' + "0" * 400 + "}", "bad_config"),  # no float for it
         ('{"type": "config", "temperature": -1' + "0" * 400 + "}", "bad_config"),
         ('{"type": "say", "text": "\u201d\u201d"}', "empty_text"),  # quotes: nothing to say
+        # Nor dashes, dots, brackets or emoji: ChatTTS's reading makes nothing of them, so
+        # they were accepted (202) and captioned over silence (found by review).
+        ('{"type": "say", "text": "--- ... ()"}', "empty_text"),
+        (json.dumps({"type": "say", "text": '"""'}), "empty_text"),
+        (json.dumps({"type": "say", "text": "\U0001f600\U0001f389"}), "empty_text"),
         ('{"type": "config", "colour": "blue"}', "bad_config"),
         ('{"type": "config", "voice": "seed:abc"}', "bad_config"),
         ('{"type": "text.delta", "delta": 5}', "bad_message"),

@@ -25,6 +25,7 @@ from typing import Final
 
 __all__ = [
     "ALLOWED_CHARS",
+    "SPOKEN_SYMBOLS",
     "normalize_for_tts",
     "read_int_en",
     "read_int_zh",
@@ -323,6 +324,9 @@ _SYMBOLS: Final[Mapping[str, tuple[str, str]]] = MappingProxyType(
         "¥": ("yen", "元"),
     }
 )
+# Characters the reading speaks by themselves: a piece of text with none of these and no
+# letter or digit says nothing (agent/text/segment.py drops such a piece).
+SPOKEN_SYMBOLS: Final = frozenset(symbol[0] for symbol in _SYMBOLS)
 # Abbreviations whose dot is not a sentence end; value is the spoken form.
 _ABBREVIATIONS: Final[Mapping[str, tuple[str, str]]] = MappingProxyType(
     {
