@@ -61,8 +61,8 @@ _CONFIG_FIELDS: dict[str, tuple[type, float, float]] = {
     "top_p": (float, 0.01, 1.0),
     "top_k": (int, 1, 100),
 }
-MAX_VOICE_CHARS = 4096
-MAX_ID_CHARS = 64  # utterance ids chosen by clients  # ChatTTS speaker strings are ~1.4 kB
+MAX_VOICE_CHARS = 4096  # ChatTTS speaker strings are ~1.4 kB
+MAX_ID_CHARS = 64  # utterance ids chosen by clients
 
 
 def parse_message(raw: str | bytes, max_bytes: int) -> Message:
