@@ -668,9 +668,9 @@ class RoomMember:
                 pipeline.text_end(owner=self.participant_id)
             case Interrupt():
                 self.room.conversation.interrupt()  # a reply being written too
-            case Chat(text=text):
+            case Chat(text=text, id=chat_id):
                 # The room's brain; everyone hears it. Named, the asker is named to it.
-                self.room.conversation.ask(text, asker=self.name)
+                self.room.conversation.ask(text, asker=self.name, question_id=chat_id)
             case ConfigUpdate(fields=fields):
                 if "barge_in" in fields:  # refused whole: no voice setting half applied
                     raise ProtocolError(

@@ -205,9 +205,9 @@ class AgentSession:
             case Interrupt():
                 self.conversation.interrupt()  # the brain's reply too, not only the audio
                 return None
-            case Chat(text=text):
+            case Chat(text=text, id=chat_id):
                 # Ask the brain (echo unless an LLM is configured); its reply is spoken.
-                return self.conversation.ask(text)
+                return self.conversation.ask(text, question_id=chat_id)
             case ConfigUpdate(fields=fields):
                 fields = dict(fields)
                 barge_in = fields.pop("barge_in", None)

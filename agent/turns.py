@@ -59,6 +59,9 @@ class Reply:
     opened: bool = False  # its text stream was opened in the pipeline
     withdrawals: int = 0  # the conversation's count of explicit interrupts when it was asked
     stream_open: bool = False  # ... and not ended yet
+    # What it answers: the chat's id or the voice turn's, carried on its errors as
+    # ``reply_to`` so that a client can mark the question the reply failed (None: none given).
+    reply_to: str | None = None
 
 
 @dataclass
@@ -195,7 +198,7 @@ class Conversation:
                     turn_id,
                 )
                 return
-            self._start_reply()
+            self._start_reply(turn_id)
 
     def _after_replies(self, slot: Message) -> None:
         """Move a just-transcribed turn after the replies asked for since it ended (a chat
@@ -250,10 +253,11 @@ class Conversation:
         return text
 
     # --- typed chat (data channel `chat`) ------------------------------------------------
-    def ask(self, text: str, asker: str | None = None) -> str:
+    def ask(self, text: str, asker: str | None = None, question_id: str | None = None) -> str:
         """Answer ``text`` as if the user had said it; returns the reply's utterance id.
         ``asker``: who asked, by name, where several people share the brain (a room): the
-        history holds "asker: text", so the brain can tell them apart and address them."""
+        history holds "asker: text", so the brain can tell them apart and address them.
+        ``question_id``: the chat's own id, which the reply's errors carry (``reply_to``)."""
         limit = self.pipeline.settings.max_text_chars
         if not text.strip():
             raise SpeechError("empty_text", "'text' is empty")
@@ -265,7 +269,7 @@ class Conversation:
             limit = self.pipeline.settings.max_queued_utterances
             raise SpeechError("queue_full", f"{limit} utterances are already waiting")
         self._add_user(f"{asker}: {text}" if asker else text)
-        return self._start_reply()
+        return self._start_reply(question_id)
 
     def _queue_full(self) -> bool:
         """Each reply waits for the ones before it (and costs an LLM call when its turn
@@ -311,12 +315,13 @@ class Conversation:
         if excess > 0:
             del self.history[:excess]
 
-    def _start_reply(self) -> str:
+    def _start_reply(self, reply_to: str | None = None) -> str:
         self._unanswered = False
         reply = Reply(
             f"reply-{uuid.uuid4().hex[:10]}",
             {"role": "assistant", "content": ""},
             withdrawals=self._withdrawals,
+            reply_to=reply_to,
         )
         self.history.append(reply.slot)
         self._reply_tasks = [t for t in self._reply_tasks if not t.done()]
@@ -383,7 +388,7 @@ class Conversation:
             if not reply.opened:
                 # The brain answered with no text (an empty completion, only tool calls):
                 # nothing will be spoken, and the client, who asked, would hear of nothing.
-                self._error("llm_empty", "the language model's answer had no text", reply.id)
+                self._reply_error(reply, "llm_empty", "the language model's answer had no text")
             self._close_stream(reply)
         except asyncio.CancelledError:
             # Barge-in: the pipeline dropped the stream and discards its further deltas
@@ -392,11 +397,11 @@ class Conversation:
             raise
         except (ServiceError, SpeechError) as exc:
             self.stats.service_errors += isinstance(exc, ServiceError)
-            self._error(exc.code, exc.message, reply.id)
+            self._reply_error(reply, exc.code, exc.message)
             self._close_stream(reply)  # what was already said plays to its end
         except Exception:  # a bug must not end the session; it is logged and reported
             log.exception("reply %s failed", reply.id)
-            self._error("internal", "the reply failed", reply.id)
+            self._reply_error(reply, "internal", "the reply failed")
             self._close_stream(reply)
         finally:
             if not reply.opened:
@@ -461,6 +466,14 @@ class Conversation:
     # --- helpers -------------------------------------------------------------------------
     def _error(self, code: str, message: str, request_id: str | None) -> None:
         self._emit(error_event(code, message, request_id))
+
+    def _reply_error(self, reply: Reply, code: str, message: str) -> None:
+        """A reply's error: its own id (which the client may never have seen: a reply that
+        failed before it spoke has no ``speech.started``) and what it answers."""
+        event = error_event(code, message, reply.id)
+        if reply.reply_to is not None:
+            event["reply_to"] = reply.reply_to
+        self._emit(event)
 
     def snapshot(self) -> dict[str, Any]:
         return {

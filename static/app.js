@@ -667,6 +667,10 @@ function handleEvent(msg) {
       const turn = id !== null && items.get(id);
       if (turn && turn.dataset.role === "user") setItemStatus(turn, "error", msg.code ?? "error");
       const code = msg.code ?? "error";
+      // A reply that failed (llm_failed, llm_empty...) names the question it answers: the
+      // Ask's item (or the voice turn's) is marked, as no answer will follow it.
+      const question = msg.reply_to === undefined || msg.reply_to === null ? null : items.get(String(msg.reply_to));
+      if (question && question.dataset.role === "user") setItemStatus(question, "error", code);
       const text = `${code}: ${msg.message ?? ""}`;
       showAlert(`The agent reported an error. ${text}`);
       if (id !== null && !turn && texts.has(id)) {

@@ -615,6 +615,36 @@ async def test_ask_puts_a_question_to_the_brain_and_shows_both_sides(
     assert not ap.page_errors(), ap.context()
 
 
+def unreachable_llm_config() -> Any:
+    from agent.config import Config, ServiceSettings
+
+    # Nothing listens on the discard port of loopback: every reply fails at once (llm_failed).
+    services = ServiceSettings(llm_base_url="http://127.0.0.1:9/v1", llm_timeout_s=5.0)
+    return Config(host="127.0.0.1", port=0, services=services)
+
+
+@pytest.mark.parametrize("server_config", [unreachable_llm_config()], ids=["no_llm"])
+async def test_an_ask_whose_reply_fails_marks_its_question(agent_page: AgentPage) -> None:
+    """A reply's error carried only the reply's id, which the page had never seen (the reply
+    failed before it spoke): the question stood as if an answer were coming. The error now
+    names what it answers (``reply_to``: the chat's id), and the page marks the question."""
+    ap = agent_page
+    await connect(ap)
+    await ap.page.fill("#text", "is anyone there?")
+    await ap.page.click("#ask")
+    await ap.page.wait_for_function(
+        "() => window.voiceAgent.events.some((e) => e.type === 'error')", timeout=10_000
+    )
+    (failed,) = [e for e in await events(ap) if e.get("type") == "error"]
+    assert failed["code"] == "llm_failed" and failed["id"].startswith("reply-"), failed
+    assert failed["reply_to"].startswith("asked-"), failed
+    item = await transcript_item(ap, failed["reply_to"])
+    assert item == {"text": "is anyone there?", "status": "error"}, item
+    badge = f'#transcript li[data-id="{failed["reply_to"]}"] .badge'
+    assert await ap.page.text_content(badge) == "llm_failed"
+    assert not ap.page_errors(), ap.context()
+
+
 async def test_page_passes_its_url_token_to_an_auth_server(browser: Browser) -> None:
     """`/?token=...`: the page sends the token with every request; without one, 401 is shown."""
     import jwt

@@ -597,6 +597,30 @@ async def test_a_failed_reply_followed_by_a_later_one_leaves_no_question_open() 
         await session.close()
 
 
+async def test_a_failed_replys_error_names_the_turn_or_chat_it_answers() -> None:
+    """A reply's error carried only the reply's id, which the client never saw when the
+    reply failed before it spoke: nothing tied it to the question. It now carries
+    ``reply_to``: the voice turn's id, or the chat's own id (none for a chat without)."""
+    brain = FailingFirstBrain()
+    session, events, drain = talking_session(ScriptedSTT(("what time is it", 0.0)), brain)
+    try:
+        say_turn(session, 0.5)
+        await wait_for(lambda: any(e["type"] == "error" for e in events), timeout=3)
+        (turn,) = [e for e in events if e["type"] == "user.speech.ended"]
+        (error,) = [e for e in events if e["type"] == "error"]
+        assert error["code"] == "llm_failed" and error["id"].startswith("reply-"), error
+        assert error["reply_to"] == turn["id"], (error, turn)
+        brain.asked.clear()  # fails again: the chat's reply is its first one once more
+        session.conversation.ask("and now?", question_id="q7")
+        session.conversation.ask("still nothing?")  # answered: FailingFirstBrain's second
+        await wait_for(lambda: len([e for e in events if e["type"] == "error"]) == 2, timeout=3)
+        error = [e for e in events if e["type"] == "error"][1]
+        assert (error["code"], error["reply_to"]) == ("llm_failed", "q7"), error
+    finally:
+        drain.stop()
+        await session.close()
+
+
 async def test_the_brain_is_sent_settled_messages_only() -> None:
     """A turn still being transcribed has an empty slot in the history: a chat answered
     meanwhile does not send the brain that empty message."""
