@@ -32,6 +32,7 @@ from agent.engine import (
     TTSEngine,
     VoiceOptions,
     check_voice,
+    speaks,
 )
 
 log = logging.getLogger(__name__)
@@ -106,6 +107,9 @@ class CircuitBreaker:
 
     def check_voice(self, voice: VoiceOptions) -> None:
         check_voice(self.inner, voice)  # the engine's own check, if it has one
+
+    def speakable(self, text: str) -> bool:
+        return speaks(self.inner, text)  # the engine's own reading, if it says
 
     # --- state -----------------------------------------------------------------------------
     @property

@@ -7,6 +7,7 @@ to stop promptly when asked.
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
@@ -65,6 +66,8 @@ class TTSEngine(Protocol):
       ``RequestError``, not a bare ``EngineError``: the circuit breaker counts only faults.
       An engine that can tell without speaking also has ``check_voice`` (see ``check_voice``
       below); it is optional.
+    - Text it would make no sound of (dashes, emoji, a script it cannot read) is never sent:
+      an engine may say which with a method ``speakable(text)`` (see ``speaks`` below).
     - ``continuation=True`` says ``text`` continues an utterance whose earlier audio is
       already playing (its next sentence): the listener hears silence until this stream's
       first chunk, so an engine that queues streams should start it ahead of streams that
@@ -106,6 +109,25 @@ class TTSEngine(Protocol):
 class EngineUnavailable(EngineError):
     """The engine is not tried at all: it failed repeatedly and the circuit breaker is open
     (agent/breaker.py). Reported to clients as ``tts_unavailable``."""
+
+
+# A letter or digit of any script: what an engine without its own ``speakable`` is taken to
+# read. Punctuation, symbols and emoji alone make no speech.
+_LETTER_OR_DIGIT = re.compile(r"[^\W_]")
+
+
+def speaks(engine: TTSEngine, text: str) -> bool:
+    """Whether ``engine`` would make a sound of ``text``. A piece it would not is dropped
+    before it is sent (no caption over silence), and a ``say`` of nothing else is refused
+    ``empty_text``.
+
+    An engine may offer this as a method ``speakable(text)``: cheap (it runs on the event
+    loop for every piece of text) and refusing nothing it would speak. One without it reads
+    any text with a letter or digit in it."""
+    check: Callable[[str], bool] | None = getattr(engine, "speakable", None)
+    if check is not None:
+        return check(text)
+    return _LETTER_OR_DIGIT.search(text) is not None
 
 
 def check_voice(engine: TTSEngine, voice: VoiceOptions) -> None:

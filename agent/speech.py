@@ -24,7 +24,14 @@ from typing import Any
 
 from agent.audio import Framer, Int16Frame, StreamResampler
 from agent.config import SpeechSettings
-from agent.engine import EngineUnavailable, RequestError, TTSEngine, VoiceOptions, check_voice
+from agent.engine import (
+    EngineUnavailable,
+    RequestError,
+    TTSEngine,
+    VoiceOptions,
+    check_voice,
+    speaks,
+)
 from agent.opus_rates import FRAMES_PER_SECOND, frame_samples, input_rate_for
 from agent.playout import PlayoutBuffer
 from agent.protocol import MAX_ID_CHARS
@@ -155,8 +162,8 @@ class SpeechPipeline:
 
     def say(self, text: str, utterance_id: str | None = None) -> str:
         text = self._check_text(text)
-        segments = split_text(text, MAX_SEGMENT_CHARS)
-        if not segments:  # e.g. only quotes or dashes: nothing the engine could speak
+        segments = self._spoken(split_text(text, MAX_SEGMENT_CHARS))
+        if not segments:  # only dashes, quotes, emoji...: nothing the engine would speak
             raise SpeechError("empty_text", "'text' has nothing to speak")
         utt = self._enqueue(utterance_id)
         utt.chars = len(text)
@@ -195,7 +202,7 @@ class SpeechPipeline:
         utt, segmenter = self._stream, self._segmenter
         assert segmenter is not None
         utt.chars += len(delta)
-        for segment in segmenter.push(delta):
+        for segment in self._spoken(segmenter.push(delta)):
             utt.segments.put_nowait(segment)
         return utt.id
 
@@ -223,7 +230,7 @@ class SpeechPipeline:
             raise SpeechError("no_stream", "text.end without a text.delta stream")
         utt, segmenter = self._stream, self._segmenter
         assert segmenter is not None
-        for segment in segmenter.flush():
+        for segment in self._spoken(segmenter.flush()):
             utt.segments.put_nowait(segment)
         utt.segments.put_nowait(None)
         self._stream = None
@@ -287,7 +294,16 @@ class SpeechPipeline:
         """The id of the utterance being heard now (its speech.started sent, its end not)."""
         return next((u.id for u in self._active if u.started and not u.ended), None)
 
+    def speakable(self, text: str) -> bool:
+        """Whether the engine would make a sound of ``text`` (agent/engine.py ``speaks``)."""
+        return speaks(self.engine, text)
+
     # --- helpers -------------------------------------------------------------------------
+    def _spoken(self, pieces: list[str]) -> list[str]:
+        """The pieces the engine would make a sound of. The rest (a line of dashes, an
+        emoji, a script it cannot read) would be captioned over silence: dropped."""
+        return [piece for piece in pieces if self.speakable(piece)]
+
     def _check_text(self, text: object) -> str:
         if not isinstance(text, str):
             raise SpeechError("bad_message", "'text' must be a string")

@@ -28,7 +28,7 @@ import logging
 import math
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,6 +48,17 @@ from agent.vad import ActivityEvent
 log = logging.getLogger(__name__)
 
 Event = dict[str, Any]
+
+
+@contextlib.asynccontextmanager
+async def _closing(deltas: AsyncIterator[str]) -> AsyncIterator[AsyncIterator[str]]:
+    """``deltas``, closed on leaving (a brain's reply is an async generator: ``aclose``)."""
+    try:
+        yield deltas
+    finally:
+        close = getattr(deltas, "aclose", None)
+        if close is not None:
+            await close()
 
 
 @dataclass
@@ -103,6 +114,10 @@ class Conversation:
         self._turn_tasks: set[asyncio.Task[None]] = set()
         self._turn_id: str | None = None
         self._unanswered = False  # a user message in the history that no reply follows yet
+        # The id of the last question asked (a chat's, or a turn's with words in it): what
+        # the next reply answers, named on its errors as ``reply_to``. A cough's turn, whose
+        # reply answers the question before it, does not replace it.
+        self._question_id: str | None = None
         self._withdrawals = 0  # the client's interrupts so far
         self._closed = False
         self._told_no_stt = False
@@ -181,6 +196,7 @@ class Conversation:
             slot["content"] = text
             self._after_replies(slot)
             self._unanswered = True
+            self._question_id = turn_id
         else:
             self._remove(slot)  # nothing said (a cough), or nothing known of it (a failure)
         # The last transcript to come in starts the reply, which covers every unanswered turn
@@ -198,7 +214,7 @@ class Conversation:
                     turn_id,
                 )
                 return
-            self._start_reply(turn_id)
+            self._start_reply(self._question_id)
 
     def _after_replies(self, slot: Message) -> None:
         """Move a just-transcribed turn after the replies asked for since it ended (a chat
@@ -269,6 +285,7 @@ class Conversation:
             limit = self.pipeline.settings.max_queued_utterances
             raise SpeechError("queue_full", f"{limit} utterances are already waiting")
         self._add_user(f"{asker}: {text}" if asker else text)
+        self._question_id = question_id
         return self._start_reply(question_id)
 
     def _queue_full(self) -> bool:
@@ -368,27 +385,39 @@ class Conversation:
                 await asyncio.wait([previous])  # one reply at a time, in order
             history = self._request_history(reply)
             self._asked(reply)
-            async for delta in self.brain.reply(history):
-                if not reply.opened and not delta.strip():
-                    # Nothing to say yet (the newlines many models send before tool calls):
-                    # opened on it, an answer of only whitespace was an utterance of nothing.
-                    continue
-                if not reply.opened:
-                    # Another writer's stream (the client's text.delta, a room participant's)
-                    # is open: the reply waits for its end, as a say queues behind it.
-                    await self.pipeline.stream_free(reply.id)
-                # The reply owns its stream: a client's text.end or id-less delta cannot
-                # end or join it, and its own end cannot end a client's stream.
-                self.pipeline.text_delta(delta, reply.id, owner=reply.id)
-                reply.written.append(delta)
-                if not reply.opened:
-                    reply.opened = reply.stream_open = True
-                    self._unopened.discard(reply.id)
-                    self._replies[reply.id] = reply
+            # The answer's start while it has nothing to say aloud: the newlines many models
+            # send before tool calls, an emoji. Opened on it, an answer of only that was an
+            # utterance of nothing (no caption, nothing heard, so it left no answer in the
+            # history either). Held until there are words, then sent whole.
+            pending = ""
+            # Closed when left early (the break below): its HTTP stream with it.
+            async with _closing(self.brain.reply(history)) as deltas:
+                async for delta in deltas:
+                    if not reply.opened:
+                        pending += delta
+                        if not self.pipeline.speakable(pending):
+                            if len(pending) > self.pipeline.settings.max_text_chars:
+                                break  # nothing to say however long it goes on: llm_empty
+                            continue
+                        delta, pending = pending, ""
+                        # Another writer's stream (the client's text.delta, a room
+                        # participant's) is open: the reply waits for its end, as a say
+                        # queues behind it.
+                        await self.pipeline.stream_free(reply.id)
+                    # The reply owns its stream: a client's text.end or id-less delta cannot
+                    # end or join it, and its own end cannot end a client's stream.
+                    self.pipeline.text_delta(delta, reply.id, owner=reply.id)
+                    reply.written.append(delta)
+                    if not reply.opened:
+                        reply.opened = reply.stream_open = True
+                        self._unopened.discard(reply.id)
+                        self._replies[reply.id] = reply
             if not reply.opened:
                 # The brain answered with no text (an empty completion, only tool calls):
                 # nothing will be spoken, and the client, who asked, would hear of nothing.
-                self._reply_error(reply, "llm_empty", "the language model's answer had no text")
+                self._reply_error(
+                    reply, "llm_empty", "the language model's answer had nothing to say aloud"
+                )
             self._close_stream(reply)
         except asyncio.CancelledError:
             # Barge-in: the pipeline dropped the stream and discards its further deltas

@@ -602,7 +602,8 @@ async def test_a_failed_replys_error_names_the_turn_or_chat_it_answers() -> None
     reply failed before it spoke: nothing tied it to the question. It now carries
     ``reply_to``: the voice turn's id, or the chat's own id (none for a chat without)."""
     brain = FailingFirstBrain()
-    session, events, drain = talking_session(ScriptedSTT(("what time is it", 0.0)), brain)
+    stt = ScriptedSTT(("what time is it", 0.0))
+    session, events, drain = talking_session(stt, brain)
     try:
         say_turn(session, 0.5)
         await wait_for(lambda: any(e["type"] == "error" for e in events), timeout=3)
@@ -610,12 +611,41 @@ async def test_a_failed_replys_error_names_the_turn_or_chat_it_answers() -> None
         (error,) = [e for e in events if e["type"] == "error"]
         assert error["code"] == "llm_failed" and error["id"].startswith("reply-"), error
         assert error["reply_to"] == turn["id"], (error, turn)
+        # A cough (a turn with no words) before the reply is asked: the reply it starts
+        # answers the question before it, and names that one, not the cough.
+        brain.asked.clear()
+        stt.script.append(("", 0.0))
+        say_turn(session, 0.2)
+        await wait_for(lambda: len([e for e in events if e["type"] == "error"]) == 2, timeout=3)
+        error = [e for e in events if e["type"] == "error"][1]
+        assert (error["code"], error["reply_to"]) == ("llm_failed", turn["id"]), error
         brain.asked.clear()  # fails again: the chat's reply is its first one once more
         session.conversation.ask("and now?", question_id="q7")
         session.conversation.ask("still nothing?")  # answered: FailingFirstBrain's second
-        await wait_for(lambda: len([e for e in events if e["type"] == "error"]) == 2, timeout=3)
-        error = [e for e in events if e["type"] == "error"][1]
+        await wait_for(lambda: len([e for e in events if e["type"] == "error"]) == 3, timeout=3)
+        error = [e for e in events if e["type"] == "error"][2]
         assert (error["code"], error["reply_to"]) == ("llm_failed", "q7"), error
+    finally:
+        drain.stop()
+        await session.close()
+
+
+async def test_an_answer_that_starts_with_nothing_to_say_is_spoken_whole() -> None:
+    """The answer's start without words (newlines, an emoji) is held, then sent with the
+    first words: one caption, the emoji kept in it and in the history."""
+    brain = TextlessBrain(["\n", "\U0001f44b ", "Hello", " there."])
+    session, events, drain = talking_session(ScriptedSTT(), brain)
+    try:
+        reply_id = session.conversation.ask("Hi")
+        ended = {"type": "speech.ended", "id": reply_id, "interrupted": False}
+        await wait_for(lambda: ended in events, timeout=3)
+        captions = [e["text"] for e in events if e["type"] == "speech.segment"]
+        assert captions == ["\U0001f44b Hello there."], captions
+        assert session.conversation.history[-1] == {
+            "role": "assistant",
+            "content": "\U0001f44b Hello there.",
+        }
+        assert not [e for e in events if e["type"] == "error"], events
     finally:
         drain.stop()
         await session.close()
@@ -973,7 +1003,11 @@ class TextlessBrain(RecordingBrain):
             yield delta
 
 
-@pytest.mark.parametrize("deltas", [[], ["\n\n", " "]], ids=["nothing", "whitespace"])
+@pytest.mark.parametrize(
+    "deltas",
+    [[], ["\n\n", " "], ["\U0001f44d"], ["\u2026", " \u2014", "\U0001f389"]],
+    ids=["nothing", "whitespace", "emoji", "marks"],
+)
 async def test_an_answer_with_no_text_is_an_error_not_silence(deltas: list[str]) -> None:
     """A brain answer without any text (an empty completion; an LLM that only calls tools)
     was spoken as nothing and told as nothing: the client that asked heard of nothing

@@ -27,12 +27,13 @@ import pytest
 import pytest_asyncio
 
 from agent.config import Config, RaySettings
-from agent.engine import EngineError, UnknownVoice, VoiceOptions
+from agent.engine import EngineError, UnknownVoice, VoiceOptions, speaks
 from agent.engines import create_engine
 from agent.raytts.engine import RayServeEngine
 from agent.raytts.pacing import Pacer
 from signaling.cli import build_parser, config_from_args
 from tests.conftest import serve
+from tests.doubles import ToneEngine
 from tests.rtc_client import RtcClient
 
 pytest_plugins = ["tests.conftest_chattts"]
@@ -111,6 +112,26 @@ def test_pacer_holds_a_stream_within_lead_of_real_time() -> None:
     assert pacer.sent(0) == 0.0
     now[0] += 10.0  # a slow producer never waits
     assert pacer.sent(24_000) == 0.0
+
+
+def test_both_chattts_engines_say_what_their_reading_makes_words_of() -> None:
+    """In process or on Ray, the pipeline asks the engine (through the circuit breaker) what
+    it would say: ChatTTS's reading, not "any letter or digit" (no engine started)."""
+    from agent.breaker import CircuitBreaker
+    from agent.chattts.engine import ChatTTSEngine
+    from agent.config import BreakerSettings, ChatTTSSettings
+
+    engines = [ChatTTSEngine(ChatTTSSettings()), RayServeEngine(RaySettings(), ChatTTSSettings())]
+    for engine in engines:
+        wrapped = CircuitBreaker(engine, BreakerSettings())  # type: ignore[arg-type]
+        assert [speaks(wrapped, t) for t in ("Привет", "\U0001f44d", "℃", "/", "hi")] == [
+            False,
+            False,
+            True,
+            True,
+            True,
+        ], engine
+    assert speaks(CircuitBreaker(ToneEngine(), BreakerSettings()), "Привет")  # no reading
 
 
 def test_tts_flag_selects_the_plane() -> None:

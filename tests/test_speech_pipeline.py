@@ -9,9 +9,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from agent.config import SpeechSettings
+from agent.breaker import CircuitBreaker
+from agent.config import BreakerSettings, SpeechSettings
 from agent.engine import PCM, VoiceOptions
 from agent.speech import SpeechError, SpeechPipeline
+from agent.text.normalize import reads_aloud
 from tests.doubles import ToneEngine, tone_frequency
 
 
@@ -197,6 +199,33 @@ async def test_a_stream_with_nothing_to_say_starts_and_ends_without_a_caption() 
     ]
     spoken = [e["text"] for e in events if e["type"] == "speech.segment"]
     assert spoken == ["Real words, then \U0001f600."]
+    await pipeline.close()
+
+
+class ReadingToneEngine(ToneEngine):
+    """Says what ChatTTS would read (``speakable`` as ChatTTSEngine's), as a tone."""
+
+    def speakable(self, text: str) -> bool:
+        return reads_aloud(text)
+
+
+async def test_text_the_engine_would_not_read_is_refused_or_dropped_as_it_says() -> None:
+    """What is spoken is the engine's to say: ChatTTS reads "℃" and "/" (a letter-or-digit
+    rule would refuse them) and nothing of Cyrillic (which that rule would caption over
+    silence). Through the circuit breaker, as the server wraps every engine."""
+    events: list[dict[str, Any]] = []
+    engine = CircuitBreaker(ReadingToneEngine(), BreakerSettings())
+    pipeline = SpeechPipeline(engine, SpeechSettings(), events.append)  # type: ignore[arg-type]
+    pipeline.start()
+    drain = Drain(pipeline)
+    with pytest.raises(SpeechError) as refused:
+        pipeline.say("Привет, мир!")
+    assert refused.value.code == "empty_text"
+    pipeline.say("Привет! 25 ℃.", "mixed")
+    await wait_for(lambda: {"type": "speech.ended", "id": "mixed", "interrupted": False} in events)
+    drain.stop()
+    spoken = [e["text"] for e in events if e["type"] == "speech.segment"]
+    assert spoken == ["25 ℃."], spoken
     await pipeline.close()
 
 

@@ -26,7 +26,7 @@ from agent.chattts.scheduler import SAMPLE_RATE, Scheduler
 from agent.chattts.voices import VoiceBank
 from agent.config import ChatTTSSettings
 from agent.engine import PCM, EngineError, VoiceOptions
-from agent.text.normalize import normalize_for_tts
+from agent.text.normalize import normalize_for_tts, reads_aloud
 from agent.threads import job_settling
 
 log = logging.getLogger(__name__)
@@ -158,6 +158,11 @@ class ChatTTSEngine:
             self.scheduler = None
         self.model = None
         self._voices = None
+
+    def speakable(self, text: str) -> bool:
+        """Whether the reading (``normalize_for_tts``, which this engine runs on every
+        segment) leaves any words of ``text``: ChatTTS says nothing of the rest."""
+        return reads_aloud(text)
 
     def check_voice(self, voice: VoiceOptions) -> None:
         """Raise ``RequestError`` (``UnknownVoice``) if ``voice`` cannot be spoken: cheap,

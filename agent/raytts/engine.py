@@ -25,6 +25,7 @@ import numpy as np
 from agent.config import ChatTTSSettings, RaySettings
 from agent.engine import PCM, EngineError, EngineLoadError, RequestError, VoiceOptions
 from agent.raytts.deployment import fingerprint, speech_app
+from agent.text.normalize import reads_aloud
 from agent.threads import job_settling
 
 if TYPE_CHECKING:
@@ -106,6 +107,10 @@ class RayServeEngine:
         if self._inited_ray:
             await self._driver.call(self._disconnect)
         self._driver.stop()
+
+    def speakable(self, text: str) -> bool:
+        """As ChatTTS on the replicas reads it (their engine's ``speakable``)."""
+        return reads_aloud(text)
 
     async def synthesize(
         self, text: str, voice: VoiceOptions, *, continuation: bool = False

@@ -19,8 +19,6 @@ from __future__ import annotations
 import re
 from typing import Final
 
-from agent.text.normalize import SPOKEN_SYMBOLS
-
 __all__ = ["Segmenter", "split_text"]
 
 _ASCII_TERMINATORS: Final = ".!?;…"
@@ -55,10 +53,6 @@ _URL: Final = re.compile(
 _EMAIL: Final = re.compile(
     r"(?<![A-Za-z0-9._%+-])[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)+", re.ASCII
 )
-# Something to say: a letter or digit of any script, or a symbol the reading speaks. A piece
-# without (only dashes, quotes, dots or emoji) makes no sound; it is dropped rather than
-# captioned over silence, and a ``say`` of nothing else is refused (``empty_text``).
-_SPEAKABLE: Final = re.compile(r"[^\W_]|[" + re.escape("".join(sorted(SPOKEN_SYMBOLS))) + "]")
 _WHITESPACE: Final = re.compile(r"\s")
 _VISIBLE: Final = re.compile(r"\S")
 # Longer than any abbreviation: how far back from a "." the word before it is looked for.
@@ -250,14 +244,14 @@ class Segmenter:
                 cut = self._max  # no one's speech: cut it like a long word
             out.extend(_split_long(self._buf[:cut], self._max))
             self._set_buffer(self._buf[cut:].lstrip())
-        return _speakable(out)
+        return out
 
     def flush(self) -> list[str]:
         """End of stream: return whatever is left, as sentences and pieces."""
         out = self._take_sentences(final=True)
         out.extend(_split_long(self._buf, self._max))
         self._set_buffer("")
-        return _speakable(out)
+        return out
 
     def _set_buffer(self, text: str) -> None:
         """Replace the buffer by ``text`` (the rest of it): the next scan starts over."""
@@ -287,10 +281,6 @@ class Segmenter:
             start = scan_from = 0
         self._scan = (start, scan_from)
         return out
-
-
-def _speakable(pieces: list[str]) -> list[str]:
-    return [piece for piece in pieces if _SPEAKABLE.search(piece)]
 
 
 def split_text(text: str, max_chars: int = 200) -> list[str]:
