@@ -385,6 +385,7 @@ async def test_says_a_sentence_through_the_ui(agent_page: AgentPage) -> None:
     assert not console_errors, ap.context()
 
 
+@pytest.mark.serial  # silence within a second of the click: measured alone
 async def test_interrupt_stops_speech(agent_page: AgentPage) -> None:
     ap = agent_page
     await connect(ap)

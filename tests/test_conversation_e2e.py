@@ -110,6 +110,7 @@ async def talk_server(
             yield server
 
 
+@pytest.mark.serial  # barge-in latency under 400 ms: measured alone
 async def test_speech_barges_in_while_agent_speaks(talk_server: LiveServer) -> None:
     samples, rate, onset = speech_clip()
     async with aiohttp.ClientSession() as http:

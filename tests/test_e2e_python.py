@@ -16,6 +16,9 @@ from tests.conftest import LiveServer, serve
 from tests.doubles import ToneEngine, tone_frequency
 from tests.rtc_client import RtcClient
 
+# Packet rate, timestamps and the tail after an interrupt: measured alone.
+pytestmark = pytest.mark.serial
+
 
 def dominant_frequency(samples: np.ndarray, rate: int = 48_000) -> float:
     window = samples * np.hanning(len(samples))

@@ -15,6 +15,8 @@ from agent.opus import FRAME_SAMPLES
 from agent.playout import PlayoutBuffer
 from agent.track import FRAME_SECONDS, OpusPacketTrack
 
+pytestmark = pytest.mark.serial  # pacing and onset times are measured alone
+
 
 def tone_frame(i: int = 0, rate: int = 48_000) -> np.ndarray:
     size = rate // 50

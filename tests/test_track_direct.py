@@ -17,6 +17,8 @@ from agent.playout import PlayoutBuffer
 from agent.track import FRAME_SECONDS, OpusPacketTrack
 from tests.test_track import fail_third_encode, tone_frame
 
+pytestmark = pytest.mark.serial  # pacing and onset times are measured alone
+
 
 @dataclass
 class RecordingSender:
