@@ -122,8 +122,9 @@ def speaks(engine: TTSEngine, text: str) -> bool:
     ``empty_text``.
 
     An engine may offer this as a method ``speakable(text)``: cheap (it runs on the event
-    loop for every piece of text) and refusing nothing it would speak. One without it reads
-    any text with a letter or digit in it."""
+    loop for every piece of text), refusing nothing it would speak, and decided character by
+    character (text is speakable if a part of it is: a reply's start is checked a delta at a
+    time). One without it reads any text with a letter or digit in it."""
     check: Callable[[str], bool] | None = getattr(engine, "speakable", None)
     if check is not None:
         return check(text)

@@ -298,6 +298,10 @@ class SpeechPipeline:
         """Whether the engine would make a sound of ``text`` (agent/engine.py ``speaks``)."""
         return speaks(self.engine, text)
 
+    def spoken_text(self, text: str) -> str:
+        """``text`` as it would be spoken: its pieces the engine would say, joined."""
+        return " ".join(self._spoken(split_text(text, MAX_SEGMENT_CHARS)))
+
     # --- helpers -------------------------------------------------------------------------
     def _spoken(self, pieces: list[str]) -> list[str]:
         """The pieces the engine would make a sound of. The rest (a line of dashes, an

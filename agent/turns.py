@@ -114,10 +114,12 @@ class Conversation:
         self._turn_tasks: set[asyncio.Task[None]] = set()
         self._turn_id: str | None = None
         self._unanswered = False  # a user message in the history that no reply follows yet
-        # The id of the last question asked (a chat's, or a turn's with words in it): what
-        # the next reply answers, named on its errors as ``reply_to``. A cough's turn, whose
-        # reply answers the question before it, does not replace it.
-        self._question_id: str | None = None
+        # The last question asked (a chat, or a turn with words in it), by when it was asked
+        # (a count: turns by when they ended, as transcripts may come back out of order) and
+        # its id: what the next reply answers, named on its errors as ``reply_to``. A cough's
+        # turn, whose reply answers the question before it, does not replace it.
+        self._questions_asked = 0
+        self._question: tuple[int, str | None] = (0, None)
         self._withdrawals = 0  # the client's interrupts so far
         self._closed = False
         self._told_no_stt = False
@@ -186,17 +188,21 @@ class Conversation:
         slot: Message = {"role": "user", "content": ""}
         self.history.append(slot)
         self._trim_history()
-        task = asyncio.get_running_loop().create_task(self._turn(turn_id, slot, audio))
+        self._questions_asked += 1
+        asked = self._questions_asked
+        task = asyncio.get_running_loop().create_task(self._turn(turn_id, asked, slot, audio))
         self._turn_tasks.add(task)
         task.add_done_callback(self._turn_tasks.discard)
 
-    async def _turn(self, turn_id: str, slot: Message, audio: npt.NDArray[np.float32]) -> None:
+    async def _turn(
+        self, turn_id: str, asked: int, slot: Message, audio: npt.NDArray[np.float32]
+    ) -> None:
         text = await self._transcribe(turn_id, audio)
         if text:
             slot["content"] = text
             self._after_replies(slot)
             self._unanswered = True
-            self._question_id = turn_id
+            self._question = max(self._question, (asked, turn_id), key=lambda q: q[0])
         else:
             self._remove(slot)  # nothing said (a cough), or nothing known of it (a failure)
         # The last transcript to come in starts the reply, which covers every unanswered turn
@@ -214,7 +220,7 @@ class Conversation:
                     turn_id,
                 )
                 return
-            self._start_reply(self._question_id)
+            self._start_reply(self._question[1])
 
     def _after_replies(self, slot: Message) -> None:
         """Move a just-transcribed turn after the replies asked for since it ended (a chat
@@ -285,7 +291,8 @@ class Conversation:
             limit = self.pipeline.settings.max_queued_utterances
             raise SpeechError("queue_full", f"{limit} utterances are already waiting")
         self._add_user(f"{asker}: {text}" if asker else text)
-        self._question_id = question_id
+        self._questions_asked += 1
+        self._question = (self._questions_asked, question_id)
         return self._start_reply(question_id)
 
     def _queue_full(self) -> bool:
@@ -368,7 +375,12 @@ class Conversation:
         knowing its own answer to the one before. Were it cut, this reply would be too (a
         barge-in or ``interrupt`` cancels every reply), so that is what the user hears.
         """
-        playing = {id(r.slot): "".join(r.written) for r in self._replies.values()}
+        # As the pipeline speaks it: without the pieces it drops (an emoji line, Cyrillic
+        # under ChatTTS), which the history will not hold once the reply has played either.
+        playing = {
+            id(r.slot): self.pipeline.spoken_text("".join(r.written))
+            for r in self._replies.values()
+        }
         messages: list[Message] = []
         for message in self.history:
             if message is reply.slot:
@@ -395,7 +407,10 @@ class Conversation:
                 async for delta in deltas:
                     if not reply.opened:
                         pending += delta
-                        if not self.pipeline.speakable(pending):
+                        # The new delta alone: what is speakable is decided character by
+                        # character (agent/engine.py); checking every longer ``pending``
+                        # whole cost quadratic time (2 s of loop for 5000 emoji).
+                        if not self.pipeline.speakable(delta):
                             if len(pending) > self.pipeline.settings.max_text_chars:
                                 break  # nothing to say however long it goes on: llm_empty
                             continue

@@ -651,6 +651,59 @@ async def test_an_answer_that_starts_with_nothing_to_say_is_spoken_whole() -> No
         await session.close()
 
 
+async def test_reply_to_names_the_last_turn_spoken_though_its_transcript_came_first() -> None:
+    """Transcripts come back out of order: the later turn's first. The reply answers both
+    (it starts once every transcript is in) and named the turn whose transcript arrived
+    last, so the page marked the earlier question failed and left the last one waiting."""
+    brain = FailingFirstBrain()
+    stt = ScriptedSTT(("What time is it?", 0.3), ("And the date?", 0.05))
+    session, events, drain = talking_session(stt, brain)
+    try:
+        say_turn(session)
+        say_turn(session)
+        await wait_for(lambda: any(e["type"] == "error" for e in events), timeout=3)
+        turns = [e["id"] for e in events if e["type"] == "user.speech.ended"]
+        (error,) = [e for e in events if e["type"] == "error"]
+        assert error["reply_to"] == turns[1], (error, turns)
+        assert [m["content"] for m in brain.asked[0]] == ["What time is it?", "And the date?"]
+    finally:
+        drain.stop()
+        await session.close()
+
+
+class ScriptedBrain(RecordingBrain):
+    """Answers the n-th question with the n-th list of deltas."""
+
+    def __init__(self, *answers: list[str]) -> None:
+        super().__init__()
+        self.answers = list(answers)
+
+    async def reply(self, history: list[Message]) -> AsyncIterator[str]:
+        self.asked.append([dict(m) for m in history])
+        for delta in self.answers[len(self.asked) - 1]:
+            yield delta
+
+
+async def test_a_playing_reply_is_sent_to_the_brain_as_it_is_spoken() -> None:
+    """A reply still playing was sent to the brain as written, pieces the engine does not
+    speak included; once played, the history holds only what was spoken. The brain saw one
+    answer, then another (found by review)."""
+    brain = ScriptedBrain(["\U0001f389\U0001f389. ", "Hello there, how are you today?"], ["Ok."])
+    session, _, drain = talking_session(ScriptedSTT(), brain, ToneEngine(seconds_per_word=0.3))
+    try:
+        session.pipeline.say("one two three four five six", "before")  # plays first
+        session.conversation.ask("Hi")  # written at once, heard after "before"
+        session.conversation.ask("Fine?")  # asked while the first reply waits to play
+        await wait_for(lambda: len(brain.asked) == 2, timeout=3)
+        assert brain.asked[1][1] == {
+            "role": "assistant",
+            "content": "Hello there, how are you today?",
+        }
+    finally:
+        drain.stop()
+        await session.close()
+
+
 async def test_the_brain_is_sent_settled_messages_only() -> None:
     """A turn still being transcribed has an empty slot in the history: a chat answered
     meanwhile does not send the brain that empty message."""

@@ -378,7 +378,11 @@ def test_reads_aloud_agrees_with_the_reading_on_every_character() -> None:
     the CJK block's edges, alone."""
     chars = [chr(cp) for cp in (*range(0x20, 0x3100), 0x4E00, 0x9FFF, 0xFF11, 0x1F600)]
     wrong = [(c, normalize_for_tts(c)) for c in chars if reads_aloud(c) != _read_as_something(c)]
-    assert not wrong, wrong[:20]
+    # "<" and ">" are read beside a space or a digit ("3 < 4"), so always counted: never
+    # refusing what is read matters more than a caption over a silent "<".
+    # (So are "≮" and "≯", which are "<" and ">" once their accent is off.)
+    assert [c for c, _ in wrong] == ["<", ">", "≮", "≯"], wrong[:20]
+    assert reads_aloud(" < ") and _read_as_something(" < ")
 
 
 @pytest.mark.parametrize(

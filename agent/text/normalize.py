@@ -1000,8 +1000,12 @@ def _is_chinese(text: str, lang: str | None) -> bool:
 
 # What the reading makes words of, once _prepare has run: ASCII letters and digits, CJK
 # ideographs, and the symbols it reads by themselves. Text with none of them reads as nothing.
+# "<" and ">" are read only beside a space or digit ("3 < 4", _COMPARE): counted always, as
+# refusing text the reading speaks is worse than a caption over a silent "<".
 _READ_ALOUD: Final = re.compile(
-    "[A-Za-z0-9\u4e00-\u9fff" + re.escape("".join(sorted({s[0] for s in _SYMBOLS} | {"/"}))) + "]"
+    "[A-Za-z0-9\u4e00-\u9fff"
+    + re.escape("".join(sorted({s[0] for s in _SYMBOLS} | {"/", "<", ">"})))
+    + "]"
 )
 
 
