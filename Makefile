@@ -35,12 +35,13 @@ typecheck: install
 	$(BIN)/mypy
 
 # Two passes. Most tests wait on real-time audio rather than compute, so they run in parallel
-# (one worker per core, at most 4; a file's tests stay on one worker, which keeps module-scoped
-# servers and Ray to one instance). Tests marked `serial` measure real-time figures (packet
-# rate, gaps, concealment) that a busy neighbour would skew: they run after, alone. Both passes
-# always run; either failing fails the target, as does pytest's exit 5 (nothing collected).
+# (one worker per logical CPU or PYTEST_XDIST_AUTO_NUM_WORKERS, at most 4; a file's tests stay
+# on one worker, which keeps module-scoped servers and Ray to one instance). Tests marked
+# `serial` measure real-time figures (packet rate, gaps, concealment) that a busy neighbour
+# would skew: they run after, alone. Both passes always run; either failing fails the target,
+# as does pytest's exit 5 (nothing collected).
 test: lint typecheck
-	$(BIN)/pytest -q -n auto --maxprocesses 4 --dist loadfile -m "not serial"; parallel=$$?; \
+	$(BIN)/pytest -q -n logical --maxprocesses 4 --dist loadfile -m "not serial"; parallel=$$?; \
 	$(BIN)/pytest -q -m serial; serial=$$?; \
 	test $$parallel -eq 0 && test $$serial -eq 0
 
