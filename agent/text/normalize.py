@@ -1014,7 +1014,7 @@ def reads_aloud(text: str) -> bool:
     quotes, emoji, or scripts ChatTTS cannot read (Cyrillic, kana, Arabic digits), which it
     turns into nothing. Linear time and no rules run, so cheap enough for the event loop (the
     reading itself takes 0.3 s for 5000 emoji); it agrees with the reading on every single
-    character (tests/test_normalize.py)."""
+    character but "<" and ">", counted as read (tests/test_normalize.py)."""
     return _READ_ALOUD.search(_prepare(text)) is not None
 
 
