@@ -8,7 +8,7 @@ as it comes.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Protocol
 
 from agent.conversation_config import ServiceSettings
@@ -18,15 +18,16 @@ from agent.llm import ChatCompletions, Message
 class Brain(Protocol):
     name: str
 
-    def reply(self, history: list[Message]) -> AsyncIterator[str]:
-        """Text deltas answering the last (user) message of ``history``."""
+    def reply(self, history: list[Message]) -> AsyncGenerator[str, None]:
+        """Text deltas answering the last (user) message of ``history``: an async generator,
+        closed (``aclose``) when its reader stops early."""
         ...
 
 
 class EchoBrain:
     name = "echo"
 
-    async def reply(self, history: list[Message]) -> AsyncIterator[str]:
+    async def reply(self, history: list[Message]) -> AsyncGenerator[str, None]:
         for message in reversed(history):
             if message["role"] == "user":
                 yield message["content"]
@@ -40,7 +41,7 @@ class LLMBrain:
         self._client = client
         self._system = settings.system_prompt
 
-    def reply(self, history: list[Message]) -> AsyncIterator[str]:
+    def reply(self, history: list[Message]) -> AsyncGenerator[str, None]:
         messages = [{"role": "system", "content": self._system}] if self._system else []
         return self._client.stream(messages + alternating(history))
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
 import aiohttp
@@ -42,7 +42,7 @@ class ChatCompletions:
         self._settings = settings
         self._http = http
 
-    async def stream(self, messages: list[Message]) -> AsyncIterator[str]:
+    async def stream(self, messages: list[Message]) -> AsyncGenerator[str, None]:
         s = self._settings
         body = {
             "model": s.llm_model,

@@ -28,7 +28,7 @@ import logging
 import math
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,17 +48,6 @@ from agent.vad import ActivityEvent
 log = logging.getLogger(__name__)
 
 Event = dict[str, Any]
-
-
-@contextlib.asynccontextmanager
-async def _closing(deltas: AsyncIterator[str]) -> AsyncIterator[AsyncIterator[str]]:
-    """``deltas``, closed on leaving (a brain's reply is an async generator: ``aclose``)."""
-    try:
-        yield deltas
-    finally:
-        close = getattr(deltas, "aclose", None)
-        if close is not None:
-            await close()
 
 
 @dataclass
@@ -202,7 +191,8 @@ class Conversation:
             slot["content"] = text
             self._after_replies(slot)
             self._unanswered = True
-            self._question = max(self._question, (asked, turn_id), key=lambda q: q[0])
+            if asked > self._question[0]:  # not an earlier turn whose transcript came late
+                self._question = (asked, turn_id)
         else:
             self._remove(slot)  # nothing said (a cough), or nothing known of it (a failure)
         # The last transcript to come in starts the reply, which covers every unanswered turn
@@ -403,7 +393,7 @@ class Conversation:
             # history either). Held until there are words, then sent whole.
             pending = ""
             # Closed when left early (the break below): its HTTP stream with it.
-            async with _closing(self.brain.reply(history)) as deltas:
+            async with contextlib.aclosing(self.brain.reply(history)) as deltas:
                 async for delta in deltas:
                     if not reply.opened:
                         pending += delta
