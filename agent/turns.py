@@ -481,11 +481,17 @@ class Conversation:
 
     # --- what was played (every event the session sends passes here) ---------------------
     def observe(self, event: Event) -> None:
+        """Every event on its way out. A reply's error from the pipeline (``tts_failed``
+        while it is spoken) is tagged with what it answers, as the reply's own errors are."""
         kind = event.get("type")
-        if kind not in ("speech.segment", "speech.ended"):
+        if kind not in ("speech.segment", "speech.ended", "error"):
             return
         reply = self._replies.get(event.get("id", ""))
         if reply is None:
+            return
+        if kind == "error":
+            if reply.reply_to is not None:
+                event.setdefault("reply_to", reply.reply_to)
             return
         if kind == "speech.segment":
             reply.heard.append(str(event.get("text", "")))

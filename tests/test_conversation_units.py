@@ -22,7 +22,7 @@ from agent.session import AgentSession
 from agent.stt import Transcriber, wav_bytes
 from agent.vad import Activity, ActivityEvent, SpeechDetector
 from signaling.cli import build_parser, config_from_args
-from tests.doubles import ToneEngine, ToneMicrophone
+from tests.doubles import FailingEngine, ToneEngine, ToneMicrophone
 from tests.services import FakeLLM, FakeSTT
 from tests.test_speech_pipeline import Drain, wait_for
 
@@ -1107,6 +1107,27 @@ async def test_replies_asked_together_past_the_history_s_length_answer_their_own
             assert asked[-1] == {"role": "user", "content": question}, (question, asked)
             assert len(asked) <= limit
         assert len(conversation.history) <= limit
+    finally:
+        drain.stop()
+        await session.close()
+
+
+async def test_a_reply_the_engine_fails_to_speak_names_the_question_it_answers() -> None:
+    """The brain's errors named the question (``reply_to``), the engine's did not: a reply
+    whose speech failed (``tts_failed``) left the client nothing to tie it to the chat."""
+    engine = FailingEngine(seconds_per_word=0.05)
+    engine.mode = "start"
+    session, events, drain = talking_session(ScriptedSTT(), RecordingBrain(), engine)
+    try:
+        reply_id = session.conversation.ask("hello?", question_id="q1")
+        await wait_for(lambda: any(e["type"] == "error" for e in events), timeout=3)
+        (error,) = [e for e in events if e["type"] == "error"]
+        assert (error["code"], error["id"], error["reply_to"]) == ("tts_failed", reply_id, "q1")
+        # A say's failure answers no question: nothing is added to it.
+        session.pipeline.say("plain words", "s1")
+        await wait_for(lambda: len([e for e in events if e["type"] == "error"]) == 2, timeout=3)
+        error = [e for e in events if e["type"] == "error"][1]
+        assert error["id"] == "s1" and "reply_to" not in error, error
     finally:
         drain.stop()
         await session.close()
