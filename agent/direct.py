@@ -99,7 +99,16 @@ class DirectSender:
             offset = None
             if isinstance(extensions, TransportSequenceMap):
                 profile, value, offset = _sequence_template(extensions, mid)
-        except (AttributeError, IndexError, TypeError, ValueError) as exc:
+        # AssertionError and struct.error: header extensions aiortc cannot pack (an id or a
+        # mid the offer checks let through); aiortc's own sender is left to report them.
+        except (
+            AssertionError,
+            AttributeError,
+            IndexError,
+            TypeError,
+            ValueError,
+            struct.error,
+        ) as exc:
             log.warning("direct send unavailable (aiortc internals changed?): %r", exc)
             self._failed = True
             return False

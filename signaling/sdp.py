@@ -12,6 +12,12 @@ from signaling.errors import ApiError
 
 MAX_SDP_BYTES = 64 * 1024
 _DIGITS = re.compile(r"[0-9]{1,10}")  # a candidate priority: up to 2**31 - 1
+# A browser offers a handful of candidates (one per interface, component and protocol, a
+# few relayed) and a few ssrc lines per section; far more is an attack on the event loop.
+MAX_CANDIDATES = 64
+MAX_SSRC_LINES = 256
+MAX_EXTENSION_ID = 255  # RFC 8285: 1-14 in one-byte headers, up to 255 in two-byte ones
+MAX_MID_BYTES = 255  # the longest value a two-byte header extension carries
 
 
 def check_offer_sdp(sdp: object, max_sections: int) -> str:
@@ -20,10 +26,17 @@ def check_offer_sdp(sdp: object, max_sections: int) -> str:
     agent's audio goes there) and offer Opus."""
     if not isinstance(sdp, str) or not sdp.strip():
         raise ApiError(400, "bad_sdp", "'sdp' must be a non-empty string")
-    if len(sdp.encode("utf-8", "replace")) > MAX_SDP_BYTES:
+    try:
+        size = len(sdp.encode("utf-8"))
+    except UnicodeEncodeError:
+        # A lone surrogate (JSON's "\ud800", a UTF-7 body): aiortc echoes the offer's mid
+        # into the answer, which could then not be sent (a 500 after the session was made).
+        raise ApiError(400, "bad_sdp", "SDP must be Unicode text (no lone surrogates)") from None
+    if size > MAX_SDP_BYTES:
         raise ApiError(413, "sdp_too_large", f"SDP is limited to {MAX_SDP_BYTES} bytes")
     if not sdp.lstrip().startswith("v=0"):
         raise ApiError(400, "bad_sdp", "SDP must start with 'v=0'")
+    _check_attributes(sdp.splitlines())
     sections = sum(1 for line in sdp.splitlines() if line.startswith("m="))
     if sections > max_sections:
         raise ApiError(
@@ -50,6 +63,39 @@ def check_offer_sdp(sdp: object, max_sections: int) -> str:
         message = "the offer's first audio section has no opus/48000: the agent sends Opus"
         raise ApiError(400, "no_opus", message)
     return sdp
+
+
+def _check_attributes(lines: list[str]) -> None:
+    """400 for attributes aiortc would choke on, each cheap to send in 64 KiB:
+    - candidates and ssrc lines past what a browser sends: aioice adds candidates one by one,
+      re-sorting its check list each time, and aiortc's parser goes over ssrc lines likewise
+      (quadratic, on the event loop that paces every session: 1000 candidates stalled it
+      180-360 ms, 2600 ssrc lines 75 ms; and each candidate is an address aioice sends
+      STUN checks to);
+    - header extension ids outside RFC 8285's 1-255 and mids longer than a two-byte header
+      extension holds: answered 200, then the first RTP packet failed an assertion in
+      aiortc's header packing, and the session never sent a packet."""
+    candidates = sum(1 for line in lines if line.startswith("a=candidate:"))
+    if candidates > MAX_CANDIDATES:
+        raise ApiError(
+            400, "bad_sdp", f"the offer has {candidates} ICE candidates, at most {MAX_CANDIDATES}"
+        )
+    ssrc_lines = sum(1 for line in lines if line.startswith("a=ssrc:"))
+    if ssrc_lines > MAX_SSRC_LINES:
+        raise ApiError(
+            400, "bad_sdp", f"the offer has {ssrc_lines} a=ssrc lines, at most {MAX_SSRC_LINES}"
+        )
+    for line in lines:
+        if line.startswith("a=extmap:"):
+            ident = line[len("a=extmap:") :].split(" ", 1)[0].split("/", 1)[0]
+            if not (_DIGITS.fullmatch(ident) and 1 <= int(ident) <= MAX_EXTENSION_ID):
+                raise ApiError(
+                    400,
+                    "bad_sdp",
+                    f"header extension id {ident[:20]!r} is not 1-{MAX_EXTENSION_ID} (RFC 8285)",
+                )
+        elif line.startswith("a=mid:") and len(line[len("a=mid:") :].encode()) > MAX_MID_BYTES:
+            raise ApiError(400, "bad_sdp", f"an a=mid is limited to {MAX_MID_BYTES} bytes")
 
 
 def check_dtls_fingerprints(sdp: str) -> None:
@@ -187,12 +233,17 @@ def add_mdns_fallback(sdp: str, peer_ip: str | None, host_ips: Callable[[], list
         return sdp
     newline = "\r\n" if "\r\n" in sdp else "\n"
     out: list[str] = []
+    # The twins count against the offer's candidate limit too: a server with many addresses
+    # would otherwise multiply a legal offer's mDNS candidates past what aioice adds cheaply.
+    budget = MAX_CANDIDATES
     for line in sdp.splitlines():
         out.append(line)
         parts = line.split()
         # a=candidate:<foundation> <component> <transport> <priority> <address> <port> typ <t>
         if len(parts) >= 8 and line.startswith("a=candidate:") and parts[4].endswith(".local"):
-            for index, address in enumerate(addresses):
+            twins = addresses[:budget]
+            budget -= len(twins)
+            for index, address in enumerate(twins):
                 twin = list(parts)
                 twin[0] = f"{parts[0]}m{index}"[:44]
                 priority = parts[3]

@@ -409,3 +409,85 @@ async def test_an_offer_aiortc_cannot_answer_is_a_400_not_a_500(live_server: Liv
     ):
         assert r.status == 400, await r.text()
         assert (await r.json())["error"]["code"] == "bad_sdp"
+
+
+TWCC_URI = "http://www.ietf.org/id/draft-holmer-rmcat-transport-wide-cc-extensions-01"
+
+
+def _many_candidates(sdp: str, count: int) -> str:
+    """The offer with exactly ``count`` host candidates (in place of its own)."""
+    sdp = "".join(line for line in sdp.splitlines(True) if not line.startswith("a=candidate:"))
+    lines = "".join(
+        f"a=candidate:{i} 1 udp {2_000_000_000 - i} 127.0.{i >> 8}.{i & 255} {40_000 + i} "
+        "typ host\r\n"
+        for i in range(1, count + 1)
+    )
+    at = sdp.index("a=mid:")
+    return sdp[:at] + lines + sdp[at:]
+
+
+def _with_line(sdp: str, line: str) -> str:
+    return sdp.replace("a=mid:0\r\n", f"a=mid:0\r\n{line}\r\n", 1)
+
+
+@pytest.mark.parametrize(
+    ("rewrite", "words"),
+    [
+        # ~1000 candidates fit in 64 KiB; aioice adds them quadratically on the event loop.
+        (lambda sdp: _many_candidates(sdp, 65), "65 ICE candidates"),
+        (
+            lambda sdp: _with_line(sdp, "\r\n".join(f"a=ssrc:{i} cname:x" for i in range(256))),
+            "at most 256",
+        ),
+        # Answered, then aiortc failed to pack the id into the first packet: never a sound.
+        (lambda sdp: _with_line(sdp, f"a=extmap:300 {TWCC_URI}"), "'300' is not 1-255"),
+        (lambda sdp: _with_line(sdp, f"a=extmap:0 {TWCC_URI}"), "'0' is not 1-255"),
+        (lambda sdp: sdp.replace("a=mid:0", "a=mid:" + "m" * 256), "a=mid is limited"),
+        # JSON may carry a lone surrogate; the answer echoing the mid could not be sent.
+        (lambda sdp: sdp.replace("a=mid:0", "a=mid:\ud800"), "lone surrogates"),
+    ],
+    ids=["candidates", "ssrc-lines", "extmap-300", "extmap-0", "long-mid", "surrogate"],
+)
+async def test_an_offer_built_to_hurt_the_server_is_refused(
+    live_server: LiveServer, rewrite: Any, words: str
+) -> None:
+    sdp = rewrite(await _sections_offer(1))
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(live_server.url + "/offer", json={"type": "offer", "sdp": sdp}) as resp,
+    ):
+        assert resp.status == 400, await resp.text()
+        error = await _error(resp)
+    assert error["code"] == "bad_sdp" and words in error["message"], error
+
+
+async def test_the_most_candidates_a_browser_could_send_are_answered(
+    live_server: LiveServer,
+) -> None:
+    """The limit leaves room: 64 candidates (and an extension id of 255) are answered."""
+    sdp = _with_line(_many_candidates(await _sections_offer(1), 64), f"a=extmap:255 {TWCC_URI}")
+    async with aiohttp.ClientSession() as http:
+        async with http.post(live_server.url + "/offer", json={"type": "offer", "sdp": sdp}) as r:
+            assert r.status == 200, await r.text()
+            session_id = (await r.json())["session_id"]
+        async with http.delete(f"{live_server.url}/sessions/{session_id}") as r:
+            assert r.status == 204
+
+
+async def test_a_whep_body_that_decodes_to_a_lone_surrogate_is_a_400_and_leaves_no_session(
+    live_server: LiveServer,
+) -> None:
+    """UTF-7 is a text codec Python knows: the body decoded to a lone surrogate in the mid,
+    which the answer echoed and could not encode: a 500 after the session was registered
+    (holding a place until the connect timeout)."""
+    from signaling.keys import SESSIONS
+
+    sdp = (await _sections_offer(1)).replace("a=mid:0", "a=mid:\ud800")
+    headers = {"Content-Type": "application/sdp; charset=utf-7"}
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(live_server.url + "/whep", data=sdp.encode("utf-7"), headers=headers) as resp,
+    ):
+        assert resp.status == 400, await resp.text()
+        assert (await _error(resp))["code"] == "bad_sdp"
+    assert len(live_server.app[SESSIONS]) == 0

@@ -8,7 +8,7 @@ import uuid
 
 import aiohttp
 
-from signaling.sdp import add_mdns_fallback
+from signaling.sdp import MAX_CANDIDATES, add_mdns_fallback
 from tests.conftest import LiveServer
 from tests.rtc_client import RtcClient
 
@@ -27,6 +27,22 @@ def test_a_local_browser_gets_twins_on_this_machines_addresses() -> None:
     sdp = "v=0\n" + CANDIDATE.format(addr="x.local") + "\n"
     lines = add_mdns_fallback(sdp, "127.0.0.1", lambda: ["10.0.0.5", "10.0.0.6"]).splitlines()
     assert [line.split()[4] for line in lines[1:]] == ["x.local", "10.0.0.5", "10.0.0.6"]
+
+
+def test_twins_stay_within_the_offers_candidate_limit() -> None:
+    """A legal offer's 64 mDNS candidates, on a server with 20 addresses, were given 1280
+    twins: what the candidate limit keeps from aioice's quadratic adding."""
+    sdp = "v=0\r\n" + "".join(
+        CANDIDATE.format(addr=f"h{i}.local") + "\r\n" for i in range(MAX_CANDIDATES)
+    )
+    addresses = [f"10.0.0.{i}" for i in range(20)]
+    lines = add_mdns_fallback(sdp, "127.0.0.1", lambda: addresses).splitlines()
+    twins = [line for line in lines if line.startswith("a=candidate:") and "local" not in line]
+    assert len(twins) == MAX_CANDIDATES
+    assert twins[:20] == [
+        f"a=candidate:1m{i} 1 udp {2113937150 - i} 10.0.0.{i} 54321 typ host generation 0"
+        for i in range(20)
+    ]
 
 
 def test_plain_candidates_are_left_alone() -> None:
