@@ -429,6 +429,14 @@ class Config:
     def __post_init__(self) -> None:
         for url in self.ice_servers:
             _check_ice_server(url)
+        # A TURN server takes no call without credentials, and the browser's
+        # RTCPeerConnection refuses such an entry outright: every Connect would fail.
+        turn = [u for u in self.ice_servers if u.startswith(("turn:", "turns:"))]
+        if turn and not (self.ice_username and self.ice_credential):
+            raise ValueError(
+                f"the TURN server {turn[0]!r} (--ice-server) needs --ice-username and "
+                "--ice-credential"
+            )
         if not 0 <= self.port <= 65535:
             raise ValueError(
                 f"the port (--port) must be 0-65535 (0: any free one), got {self.port}"

@@ -11,10 +11,14 @@ from typing import Any
 
 
 class ProtocolError(Exception):
-    def __init__(self, code: str, message: str) -> None:
+    """A message refused as malformed. ``request_id``: the id it carried, when that much of
+    it was valid, so the client can tell which of its requests the error answers."""
+
+    def __init__(self, code: str, message: str, request_id: str | None = None) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
+        self.request_id = request_id
 
 
 @dataclass(frozen=True)
@@ -80,25 +84,34 @@ def parse_message(raw: str | bytes, max_bytes: int) -> Message:
         raise ProtocolError("bad_message", "message needs a string 'type'")
     match kind:
         case "say":
-            return Say(_string(obj, "text"), _optional_id(obj))
+            request_id = _optional_id(obj)
+            return Say(_string(obj, "text", request_id), request_id)
         case "text.delta":
-            return TextDelta(_string(obj, "delta"), _optional_id(obj))
+            request_id = _optional_id(obj)
+            return TextDelta(_string(obj, "delta", request_id), request_id)
         case "text.end":
             return TextEnd()
         case "interrupt":
             return Interrupt()
         case "chat":
-            return Chat(_string(obj, "text"), _optional_id(obj))
+            request_id = _optional_id(obj)
+            return Chat(_string(obj, "text", request_id), request_id)
         case "config":
             return ConfigUpdate(_config_fields(obj))
     raise ProtocolError("unknown_type", f"unknown message type {kind[:40]!r}")
 
 
-def _string(obj: dict[str, Any], key: str) -> str:
+def _string(obj: dict[str, Any], key: str, request_id: str | None) -> str:
     value = obj.get(key)
     if not isinstance(value, str):
-        raise ProtocolError("bad_message", f"'{key}' must be a string")
+        raise ProtocolError("bad_message", f"'{key}' must be a string", request_id)
     return value
+
+
+def answered_id(message: Message | None, exc: Exception) -> str | None:
+    """The id an error refusing a message carries: the message's own, or, for one refused
+    as malformed, the valid id it came with."""
+    return getattr(message, "id", None) or getattr(exc, "request_id", None)
 
 
 def _optional_id(obj: dict[str, Any]) -> str | None:

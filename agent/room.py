@@ -55,6 +55,7 @@ from agent.protocol import (
     Say,
     TextDelta,
     TextEnd,
+    answered_id,
     parse_message,
 )
 from agent.receive_buffer import install_receive_buffer
@@ -297,7 +298,7 @@ class Room:
 
     def last_speech(self, now: float) -> float:
         """When anyone here last talked: ``now`` while the agent or a speaker is talking."""
-        if self.pipeline.busy or any(feed is not None and feed.active for feed in self.slots):
+        if self.pipeline.sounding or any(feed is not None and feed.active for feed in self.slots):
             self._last_speech = now
         return self._last_speech
 
@@ -632,7 +633,9 @@ class RoomMember:
             )
             self._apply(message)
         except (ProtocolError, SpeechError) as exc:
-            self.send_error(exc.code, exc.message, getattr(message, "id", None))
+            if isinstance(message, TextDelta):  # the rest of its stream goes with it
+                self.pipeline.refuse_rest(message.id, owner=self.participant_id)
+            self.send_error(exc.code, exc.message, answered_id(message, exc))
         except Exception:
             log.exception("room %s: message handling failed", self.room.name)
             self.send_error("internal", "the server could not handle this message")

@@ -27,6 +27,7 @@ from agent.protocol import (
     Say,
     TextDelta,
     TextEnd,
+    answered_id,
     parse_message,
 )
 from agent.speech import Event, SpeechError, SpeechPipeline
@@ -189,7 +190,9 @@ class AgentSession:
             admit_speech(message, self.pipeline.opens_stream, self.hooks)
             self.apply(message)
         except (ProtocolError, SpeechError) as exc:
-            self.send_error(exc.code, exc.message, getattr(message, "id", None))
+            if isinstance(message, TextDelta):  # the rest of its stream goes with it
+                self.pipeline.refuse_rest(message.id)
+            self.send_error(exc.code, exc.message, answered_id(message, exc))
         except Exception:  # a bug must not take the session down; say so and log it
             log.exception("session %s: message handling failed", self.id)
             self.send_error("internal", "the server could not handle this message")

@@ -76,6 +76,9 @@ class Utterance:
     synth_started_at: float | None = None
     # The voice when the utterance was accepted: a later `config` applies to later ones.
     voice: VoiceOptions = field(default_factory=VoiceOptions)
+    # The engine's failure on it (tts_failed...), sent with its end: events go out when the
+    # listener hears them, and before its start the client may not even know its id.
+    failure: Event | None = None
 
 
 @dataclass
@@ -119,9 +122,10 @@ class SpeechPipeline:
         self._stream_owner = CLIENT  # ... and who writes it
         self._segmenter: Segmenter | None = None
         self._stream_ended = asyncio.Event()  # set when an open stream ends (stream_free)
-        # Each writer's interrupted stream (writer -> its id), whose further deltas are
-        # dropped until its end: several writers can each have one (a client, a reply, room
-        # participants). One entry per writer at most; its end or next stream removes it.
+        # Each writer's interrupted or refused stream (writer -> its id), whose further
+        # deltas are dropped until its end: several writers can each have one (a client, a
+        # reply, room participants). One entry per writer at most; its end or next stream
+        # removes it.
         self._discarding: dict[str, str] = {}
         self._wakeup = asyncio.Event()
         self._worker: asyncio.Task[None] | None = None
@@ -182,7 +186,7 @@ class SpeechPipeline:
         interrupted = self._discarding.get(owner)
         if interrupted is not None:
             if utterance_id is None or utterance_id == interrupted:
-                return None  # the rest of an interrupted answer: not spoken, by design
+                return None  # the rest of an interrupted or refused stream: not spoken
             del self._discarding[owner]
         if self._stream is not None and (
             self._stream_owner != owner or utterance_id not in (None, self._stream.id)
@@ -205,6 +209,22 @@ class SpeechPipeline:
         for segment in self._spoken(segmenter.push(delta)):
             utt.segments.put_nowait(segment)
         return utt.id
+
+    def refuse_rest(self, utterance_id: str | None, owner: str = CLIENT) -> None:
+        """A delta of ``owner``'s was refused (rate_limited, queue_full, text_too_long...):
+        the rest of its stream is dropped up to its ``text.end``, as an interrupted one's
+        is. Otherwise its next delta opened the stream, and "Do not | press the red button!"
+        was spoken from the middle of the sentence. What an open stream had taken before
+        the refusal is spoken."""
+        stream = self._stream
+        if stream is not None and self._stream_owner == owner:
+            if utterance_id not in (None, stream.id):
+                return  # its own other stream is open: each of these deltas is refused
+            self.text_end(owner)
+            self._discarding[owner] = stream.id
+        else:
+            # "" stands for an id-less stream: no id is empty, so only id-less deltas match.
+            self._discarding[owner] = utterance_id or ""
 
     def opens_stream(self, utterance_id: str | None, owner: str = CLIENT) -> bool:
         """Would a text delta with this id from ``owner`` start a new utterance (rather than
@@ -287,7 +307,17 @@ class SpeechPipeline:
 
     @property
     def busy(self) -> bool:
+        """Speaking, or with anything to speak: an open text stream counts, however long
+        its writer has been quiet (a barge-in cuts it, a shutdown lets it finish)."""
         return bool(self._active) or bool(self._queue)
+
+    @property
+    def sounding(self) -> bool:
+        """Audio being made or played: what keeps a session in use. An open text stream
+        whose writer went quiet is not (its writer's messages are, when they come), nor
+        are utterances queued behind it: a stream never ended must not hold the session
+        past its idle timeout."""
+        return self.buffer.producing or len(self.buffer) > 0
 
     @property
     def audible(self) -> str | None:
@@ -344,6 +374,8 @@ class SpeechPipeline:
         utt.ended = True
         if utt in self._active:
             self._active.remove(utt)
+        if utt.failure is not None:  # also when interrupted before its end was heard
+            self._emit(utt.failure)
         self._emit({"type": "speech.ended", "id": utt.id, "interrupted": interrupted})
 
     # --- the worker ----------------------------------------------------------------------
@@ -361,7 +393,7 @@ class SpeechPipeline:
                 raise
             except Exception as exc:
                 log.exception("speech worker failed on utterance %s", utt.id)
-                self._emit_failure(utt, exc)
+                self._record_failure(utt, exc)
                 failed = True
             finally:
                 self.buffer.producing = False
@@ -393,9 +425,15 @@ class SpeechPipeline:
                 await self.buffer.put(pcm, due)
 
         while True:
+            if utt.segments.empty():
+                # Waiting on the stream's writer (a client still typing, an LLM thinking),
+                # not on the engine: the silence meanwhile is no underrun, and nothing is
+                # being made (sounding).
+                self.buffer.producing = False
             segment = await utt.segments.get()
             if segment is None:
                 break
+            self.buffer.producing = True
             if utt.synth_started_at is None:
                 utt.synth_started_at = time.monotonic()
             # The segment's place on the utterance's audio timeline, counted in engine samples
@@ -439,7 +477,7 @@ class SpeechPipeline:
                     log.info("engine refused utterance %s: %s", utt.id, exc)
                 else:
                     log.warning("engine failed on utterance %s: %s", utt.id, exc, exc_info=True)
-                self._emit_failure(utt, exc)
+                self._record_failure(utt, exc)
                 if engine_samples == segment_start:
                     # Not a sample of this segment was made: its caption would announce
                     # text nobody hears (and a reply's history would record it as said).
@@ -451,7 +489,7 @@ class SpeechPipeline:
         self._fire_now(pending_marks)
         return False
 
-    def _emit_failure(self, utt: Utterance, exc: Exception) -> None:
+    def _record_failure(self, utt: Utterance, exc: Exception) -> None:
         self.stats.engine_errors += 1
         if isinstance(exc, RequestError):  # e.g. unknown_voice: the client has to change it
             code, message = exc.code, str(exc)
@@ -460,7 +498,7 @@ class SpeechPipeline:
             code, message = "tts_unavailable", f"speech engine unavailable: {exc}"
         else:
             code, message = "tts_failed", f"speech engine failed: {exc}"
-        self._emit({"type": "error", "code": code, "message": message, "id": utt.id})
+        utt.failure = {"type": "error", "code": code, "message": message, "id": utt.id}
 
     def _fire_now(self, marks: list[tuple[int, Callable[[], None]]]) -> None:
         """Marks that never got a frame (no audio produced) fire in playout order."""

@@ -402,7 +402,7 @@ class SessionRegistry:
             # (the agent silent) and the listeners hearing them are in use too.
             peer.life.active_since(peer.session.room.last_speech(now))
         else:
-            if peer.session.pipeline.busy:
+            if peer.session.pipeline.sounding:  # not merely a stream left open
                 peer.life.active()
             # The user talking (VAD) is in use too, answered or not: no abandoned tab.
             peer.life.active_since(peer.session.conversation.user_heard_at(now))

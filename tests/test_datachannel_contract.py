@@ -1,0 +1,233 @@
+"""The data-channel contract under a demanding client: errors that name the request, a
+refused stream dropped whole, events sent when heard, the idle timeout, withdrawn questions."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncGenerator
+from typing import Any
+
+import aiohttp
+import pytest
+
+from agent.config import Config, LifecycleSettings, SpeechSettings
+from agent.engine import PCM, EngineError, VoiceOptions
+from agent.session import AgentSession
+from agent.speech import SpeechPipeline
+from tests.conftest import LiveServer
+from tests.doubles import ToneEngine
+from tests.rtc_client import RtcClient
+from tests.test_conversation_units import RecordingBrain
+from tests.test_speech_pipeline import Drain, wait_for
+
+Event = dict[str, Any]
+
+
+def msg(**fields: Any) -> str:
+    return json.dumps(fields)
+
+
+class FailsOnBoom(ToneEngine):
+    """Speaks tones, but raises at once (no audio) for text containing "boom"."""
+
+    async def synthesize(
+        self, text: str, voice: VoiceOptions, *, continuation: bool = False
+    ) -> AsyncGenerator[PCM, None]:
+        if "boom" in text:
+            raise EngineError("the engine's worker crashed")
+        async for chunk in super().synthesize(text, voice, continuation=continuation):
+            yield chunk
+
+
+async def test_an_utterances_engine_error_is_not_sent_before_it_is_heard() -> None:
+    """Server events are sent when the listener hears them (README). An utterance B that
+    failed at once behind a playing A had its ``tts_failed`` sent while A was still
+    buffered: before A's end and B's start, naming an id the client had not seen yet."""
+    events: list[Event] = []
+    pipeline = SpeechPipeline(FailsOnBoom(), SpeechSettings(), events.append)
+    pipeline.start()
+    pipeline.say("one two three four five six", "A")  # 1.5 s, buffered (nothing plays yet)
+    pipeline.say("boom", "B")
+    await asyncio.sleep(0.2)
+    drain = Drain(pipeline)  # now the listener hears it
+    await wait_for(lambda: {"type": "speech.ended", "id": "B", "interrupted": True} in events)
+    drain.stop()
+    await pipeline.close()
+    order = [(e["type"], e["id"]) for e in events if e["type"] != "speech.segment"]
+    assert order == [
+        ("speech.started", "A"),
+        ("speech.ended", "A"),
+        ("speech.started", "B"),
+        ("error", "B"),
+        ("speech.ended", "B"),
+    ], order
+
+
+async def test_a_refused_chat_or_say_error_carries_the_id_the_client_sent() -> None:
+    """An ``error``'s ``id`` is the request's (README). A chat/say/delta whose text was
+    missing or not a string was refused with ``bad_message`` and no id, although the id
+    it carried was valid: the client could not tell which request failed."""
+    session = AgentSession("s", ToneEngine(seconds_per_word=0.05), Config())
+    events: list[Event] = []
+    session.outbox.send = events.append  # type: ignore[method-assign]
+    session.handle_message(msg(type="chat", id="q1"))
+    session.handle_message(msg(type="say", text=None, id="s1"))
+    session.handle_message(msg(type="text.delta", delta=7, id="d1"))
+    session.pipeline.discard()
+    session.conversation.discard()
+    assert [(e["code"], e.get("id")) for e in events] == [
+        ("bad_message", "q1"),
+        ("bad_message", "s1"),
+        ("bad_message", "d1"),
+    ]
+
+
+# --- through the real server -------------------------------------------------------------
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    "server_config",
+    [Config(host="127.0.0.1", port=0, lifecycle=LifecycleSettings(idle_timeout_s=1.5))],
+)
+async def test_a_stream_left_open_does_not_defeat_the_idle_timeout(
+    live_server: LiveServer,
+) -> None:
+    """A session with no client message and no speech for --idle-timeout is closed
+    (README). A client that opened a text stream (its LLM call died, no text.end) and went
+    quiet kept its session, and a --max-sessions place, for good: an open stream counted
+    as speech. Now only audio being made or played does."""
+    async with aiohttp.ClientSession() as http:
+        client = RtcClient(live_server.url, http)
+        await client.connect()
+        try:
+            client.send({"type": "text.delta", "delta": "One two! ", "id": "s"})
+            await client.wait_event(lambda e: e["type"] == "speech.segment")
+            started = time.monotonic()
+            event = await client.wait_event(lambda e: e["type"] == "session.closed", 6)
+            assert event == {"type": "session.closed", "reason": "idle_timeout"}
+        finally:
+            await client.close()
+    assert time.monotonic() - started <= 4.0
+
+
+async def test_a_question_withdrawn_by_interrupt_is_not_answered_by_the_next_reply() -> None:
+    """The client's interrupt (a Stop button) withdraws the question of a reply nobody
+    heard (README, Conversation). It stayed in the history, so the next chat's reply was
+    asked both (LLMBrain joins them into one user message) and answered it anyway."""
+    session = AgentSession("s", ToneEngine(seconds_per_word=0.05), Config())
+    events: list[Event] = []
+    session.outbox.send = events.append  # type: ignore[method-assign]
+    brain = RecordingBrain(think_s=0.3)
+    session.conversation._brain = brain  # type: ignore[assignment]
+    session.pipeline.start()
+    drain = Drain(session.pipeline)
+    try:
+        session.handle_message(msg(type="chat", text="Tell me a very long story.", id="q1"))
+        await wait_for(lambda: brain.asked)
+        session.handle_message(msg(type="interrupt"))  # Stop: nothing of the reply heard
+        await asyncio.sleep(0.05)
+        session.handle_message(msg(type="chat", text="What time is it?", id="q2"))
+        await wait_for(lambda: len(brain.asked) == 2)
+        assert brain.asked[1] == [{"role": "user", "content": "What time is it?"}]
+    finally:
+        drain.stop()
+        await session.close()
+
+
+async def test_waiting_for_a_clients_next_delta_is_not_counted_as_underruns() -> None:
+    """voice_agent_underruns_total counts ticks with no speech ready while an utterance is
+    being generated (README, Metrics). A stream whose client had not finished its first
+    sentence has nothing to generate, yet each silent tick was counted: 50 a second."""
+    events: list[Event] = []
+    pipeline = SpeechPipeline(ToneEngine(), SpeechSettings(), events.append)
+    pipeline.start()
+    pipeline.text_delta("The client is still typing its first sentence", "s")
+    await asyncio.sleep(0.05)  # the worker takes the stream and waits for a sentence
+    for _ in range(50):  # one second of track ticks
+        assert pipeline.buffer.pop() is None
+    underruns = pipeline.buffer.underruns
+    await pipeline.close()
+    assert underruns == 0
+
+
+async def test_the_rest_of_a_refused_stream_is_not_spoken_from_mid_sentence() -> None:
+    """A stream whose opening delta was refused (rate_limited here; queue_full and
+    stream_open alike) was not remembered: its next delta opened the stream instead, and
+    "Do not press the red button!" was spoken as "press the red button!". The rest of a
+    refused stream is now dropped up to its text.end, as an interrupted one's is."""
+    calls = 0
+
+    def admit() -> float:
+        nonlocal calls
+        calls += 1
+        return 5.0 if calls == 1 else 0.0  # the first speech request is over the limit
+
+    from agent.hooks import SessionHooks
+
+    session = AgentSession(
+        "s", ToneEngine(seconds_per_word=0.01), Config(), hooks=SessionHooks(admit_speech=admit)
+    )
+    events: list[Event] = []
+    session.outbox.send = events.append  # type: ignore[method-assign]
+    session.pipeline.start()
+    drain = Drain(session.pipeline)
+    session.handle_message(msg(type="text.delta", delta="Do not ", id="x"))
+    session.handle_message(msg(type="text.delta", delta="press the red button! ", id="x"))
+    session.handle_message(msg(type="text.end"))
+    await asyncio.sleep(0.3)
+    drain.stop()
+    await session.close()
+    assert [e["code"] for e in events if e["type"] == "error"][:1] == ["rate_limited"]
+    spoken = [e["text"] for e in events if e["type"] == "speech.segment"]
+    assert spoken == [], spoken
+
+
+async def test_a_stream_refused_for_length_speaks_what_came_before_and_drops_the_rest() -> None:
+    """Past --max-text-chars a delta was refused but the stream stayed open, and a shorter
+    delta after it was taken: the words spoken had a hole in the middle. Now the stream
+    ends at the refusal: what came before is spoken, the rest dropped up to its text.end;
+    the next stream is spoken whole."""
+    session = AgentSession("s", ToneEngine(seconds_per_word=0.01), Config())
+    events: list[Event] = []
+    session.outbox.send = events.append  # type: ignore[method-assign]
+    session.pipeline.start()
+    drain = Drain(session.pipeline)
+    limit = session.pipeline.settings.max_text_chars
+    try:
+        session.handle_message(msg(type="text.delta", delta="First part. ", id="x"))
+        session.handle_message(msg(type="text.delta", delta="y" * limit, id="x"))
+        session.handle_message(msg(type="text.delta", delta="Missing middle. "))
+        session.handle_message(msg(type="text.end"))
+        session.handle_message(msg(type="text.delta", delta="Next stream.", id="z"))
+        session.handle_message(msg(type="text.end"))
+        await wait_for(lambda: {"type": "speech.ended", "id": "z", "interrupted": False} in events)
+    finally:
+        drain.stop()
+        await session.close()
+    errors = [(e["code"], e.get("id")) for e in events if e["type"] == "error"]
+    assert errors == [("text_too_long", "x")], errors
+    spoken = [(e["id"], e["text"]) for e in events if e["type"] == "speech.segment"]
+    assert spoken == [("x", "First part."), ("z", "Next stream.")], spoken
+
+
+async def test_an_engine_error_cut_by_an_interrupt_still_reaches_the_client() -> None:
+    """Held for the utterance's end, a failure is sent with it also when an interrupt
+    ends it first: the engine's trouble is not lost."""
+    events: list[Event] = []
+    pipeline = SpeechPipeline(FailsOnBoom(), SpeechSettings(), events.append)
+    pipeline.start()
+    pipeline.say("one two three four five six seven eight", "A")  # buffered, unheard
+    pipeline.say("boom", "B")
+    await wait_for(lambda: pipeline.stats.engine_errors == 1)
+    pipeline.interrupt()
+    await pipeline.close()
+    order = [(e["type"], e["id"]) for e in events]
+    assert order == [
+        ("speech.ended", "A"),
+        ("error", "B"),
+        ("speech.ended", "B"),
+    ], order
+    assert events[1]["code"] == "tts_failed"
