@@ -9,6 +9,7 @@ const SESSION_URL = (id) => `/sessions/${encodeURIComponent(id)}`;
 const ICE_GATHER_TIMEOUT_MS = 2000; // non-trickle: send the offer after gathering or this long
 const CONNECT_TIMEOUT_MS = 15000; // offer posted -> data channel open
 const HANGUP_WAIT_MS = 1000; // how long Hang up waits for DELETE /sessions/{id}
+const ICE_SERVERS_TIMEOUT_MS = 5000; // GET /ice-servers; then the call goes on with none
 const STATS_INTERVAL_MS = 1000;
 // Reconnect: a lost connection is resumed with the session token (same session, queued
 // speech kept); "disconnected" for this long counts as lost.
@@ -72,6 +73,10 @@ const session = {
   disconnectTimer: null,
   micStream: null, // the microphone, while a call uses it
   inRoom: false, // the call is a room seat (its answer named a participant): no barge-in setting
+  // A call being set up with no peer connection yet (fetching /ice-servers): Connect is
+  // pending and Hang up cancels it.
+  opening: false,
+  noStt: false, // the server said it has no speech-to-text: turns will get no transcript
 };
 const texts = new Map(); // client id -> text we asked the agent to say
 const items = new Map(); // utterance id -> transcript <li>
@@ -144,7 +149,7 @@ function setState(name, detail = "") {
   ui.state.textContent = name;
   ui.state.dataset.state = name;
   ui.state.title = detail;
-  const live = session.pc !== null;
+  const live = session.pc !== null || session.opening;
   const open = name === "connected";
   ui.connect.disabled = live;
   ui.mic.disabled = live; // the microphone is chosen per call
@@ -258,7 +263,8 @@ async function iceServers() {
   // The server's own STUN/TURN list (empty by default, which works on localhost and a LAN),
   // so both ends gather the same kinds of candidates.
   try {
-    const resp = await fetch("/ice-servers", { headers: apiHeaders() });
+    const request = fetch("/ice-servers", { headers: apiHeaders() });
+    const resp = await withTimeout(request, ICE_SERVERS_TIMEOUT_MS, "fetching /ice-servers");
     if (resp.ok) {
       const body = await resp.json();
       if (Array.isArray(body.iceServers)) return body.iceServers;
@@ -348,8 +354,18 @@ function connect() {
   // too, or its session would sit there detached until its grace period ran out.
   if (session.id && session.token) endOnServer(session.id);
   endCall(); // a new call: a resume of the last one, if pending, stops
-  connecting = doConnect().finally(() => { connecting = null; });
-  return connecting;
+  return track(doConnect());
+}
+
+// The connect in progress: a later Connect click waits for it rather than starting another.
+// A teardown forgets it: a try stuck on a server that never answers (its offer, say) must
+// not make every later Connect wait for it.
+function track(promise) {
+  const tracked = promise.finally(() => {
+    if (connecting === tracked) connecting = null;
+  });
+  connecting = tracked;
+  return tracked;
 }
 
 async function doConnect(resume = null) {
@@ -366,14 +382,18 @@ async function doConnect(resume = null) {
 
   const stale = () => session.generation !== generation;
   const call = session.call;
-  const servers = await iceServers();
-  if (stale()) return;
-  const pc = new RTCPeerConnection({ iceServers: servers });
-  session.pc = pc;
+  session.opening = true; // shown at once: /ice-servers may be slow to answer
   setState("connecting");
 
   try {
-    // A failure from here on tears the call down, which also stops the microphone.
+    // A failure from here on tears the call down, which also stops the microphone. The
+    // constructor is in it too: it throws on an ICE list it refuses (a TURN URL without
+    // credentials), which left the page "idle" with nothing said.
+    const servers = await iceServers();
+    if (stale()) return;
+    const pc = new RTCPeerConnection({ iceServers: servers });
+    session.pc = pc;
+    session.opening = false;
     const micTrack = await openMic(stale);
     if (stale()) return;
     addAudio(pc, micTrack);
@@ -440,9 +460,15 @@ function endCall() {
   session.id = null;
   session.inRoom = false;
   session.call += 1;
+  session.noStt = false;
   for (const li of items.values()) {
+    const user = li.dataset.role === "user";
     if (li.dataset.status === "speaking") setItemStatus(li, "interrupted", "cut off");
+    // The user's turn under way, or waiting for its transcript: none will come now.
+    else if (user && ["listening", "transcribing"].includes(li.dataset.status)) setItemStatus(li, "empty", "cut off");
   }
+  // An id the next call uses again (a greeting's, said over HTTP) is a new item there.
+  items.clear();
 }
 
 // keepToken: the connection goes but the call lives on (a resume follows): the token and
@@ -455,8 +481,11 @@ function teardown(finalState, { notifyServer = false, keepToken = false } = {}) 
   session.generation += 1;
   session.hangingUp = false;
   session.pc = null;
+  session.opening = false;
   session.channel = null;
+  connecting = null; // its try is stale now, whenever it returns
   stopStats();
+  drawPlots(); // the figures shown stop reading as live
   closeMic();
   ui.listening.hidden = true;
   if (channel) {
@@ -481,7 +510,7 @@ function endOnServer(id) {
 // close locally; closing first would let the server drop the session and answer 404.
 // Also while a lost connection is being resumed: that resume stops.
 async function hangup() {
-  if (!session.pc && !session.token) return; // no call, none being resumed
+  if (!session.pc && !session.token && !session.opening) return; // no call, none being resumed
   const { id } = session;
   ui.hangup.disabled = true;
   session.hangingUp = true; // the channel closing now is expected, not news
@@ -505,6 +534,12 @@ async function hangup() {
 function lostConnection() {
   const token = session.token;
   if (!token || session.hangingUp || !session.pc) return false;
+  if (session.inRoom) {
+    // A room seat is not resumed (the server refuses it: not_resumable), as on the room page.
+    teardown("closed", { notifyServer: true });
+    showAlert("The connection to the room was lost: Connect to join it again.");
+    return true;
+  }
   teardown("reconnecting", { keepToken: true });
   resumeSession(token, session.call);
   return true;
@@ -519,15 +554,14 @@ async function resumeSession(token, call) {
     await new Promise((resolve) => setTimeout(resolve, 500 * attempt));
     if (!current() || session.pc || connecting) return;
     try {
-      connecting = doConnect(token).finally(() => { connecting = null; });
-      await connecting;
+      await track(doConnect(token));
       return;
     } catch (err) {
       if (!current()) return;
-      // 404/410: the session is gone (grace period over); 401/403: this token will not
-      // do (expired during the call, or not for this room), whatever the try; anything
-      // else: try again.
-      if (err instanceof ServerError && [401, 403, 404, 410].includes(err.status)) break;
+      // 404/410: the session is gone (grace period over); 400 (not_resumable...), 401/403:
+      // this token will not do (expired during the call, or not for this room), whatever
+      // the try; anything else: try again.
+      if (err instanceof ServerError && [400, 401, 403, 404, 410].includes(err.status)) break;
     }
   }
   if (!current()) return;
@@ -618,8 +652,11 @@ function onChannelMessage(ev) {
 function handleEvent(msg) {
   switch (msg.type) {
     case "speech.started": {
+      // An id said again in this call (a repeated HTTP say) once its item ended: a new item.
+      const old = items.get(String(msg.id ?? ""));
+      if (old && ["done", "interrupted"].includes(old.dataset.status)) items.delete(String(msg.id));
       const li = ensureItem(msg.id);
-      setItemStatus(li, "speaking", "speaking");
+      if (li.dataset.status !== "error") setItemStatus(li, "speaking", "speaking");
       break;
     }
     case "speech.segment": {
@@ -638,7 +675,9 @@ function handleEvent(msg) {
     }
     case "speech.ended": {
       const li = ensureItem(msg.id);
-      if (msg.interrupted) setItemStatus(li, "interrupted", "interrupted");
+      // An engine failure (tts_failed, sent just before this end) keeps its mark.
+      if (li.dataset.status === "error") { /* kept */ }
+      else if (msg.interrupted) setItemStatus(li, "interrupted", "interrupted");
       else setItemStatus(li, "done", "done");
       cancelCaptions(msg.id); // a caption still waiting for its audio would outlive it
       if (session.captionFor === msg.id) setCaption(null, "");
@@ -652,7 +691,9 @@ function handleEvent(msg) {
     }
     case "user.speech.ended": {
       ui.listening.hidden = true;
-      setItemStatus(ensureUserItem(msg.id), "transcribing", "transcribing");
+      // Without speech-to-text (said once, on the first turn) no transcript will come.
+      if (session.noStt) setItemStatus(ensureUserItem(msg.id), "empty", "not transcribed");
+      else setItemStatus(ensureUserItem(msg.id), "transcribing", "transcribing");
       break;
     }
     case "user.transcript": {
@@ -663,9 +704,11 @@ function handleEvent(msg) {
       break;
     }
     case "error": {
+      if (msg.code === "stt_unavailable") session.noStt = true;
       const id = msg.id === undefined || msg.id === null ? null : String(msg.id);
-      const turn = id !== null && items.get(id);
-      if (turn && turn.dataset.role === "user") setItemStatus(turn, "error", msg.code ?? "error");
+      const item = id === null ? undefined : items.get(id);
+      const turn = item && item.dataset.role === "user" ? item : null;
+      if (turn) setItemStatus(turn, "error", msg.code ?? "error");
       const code = msg.code ?? "error";
       // A reply that failed (llm_failed, llm_empty...) names the question it answers: the
       // Ask's item (or the voice turn's) is marked, as no answer will follow it.
@@ -673,9 +716,10 @@ function handleEvent(msg) {
       if (question && question.dataset.role === "user") setItemStatus(question, "error", code);
       const text = `${code}: ${msg.message ?? ""}`;
       showAlert(`The agent reported an error. ${text}`);
-      if (id !== null && !turn && texts.has(id)) {
+      if (id !== null && !turn && (item || texts.has(id))) {
         // A say of ours refused (rate_limited, empty_text, queue_full...): the box emptied
-        // as it went out, so its item shows what was typed, marked with the refusal.
+        // as it went out, so its item shows what was typed, marked with the refusal. An
+        // utterance the engine failed on (tts_failed, sent as it ends) is marked so too.
         const li = ensureItem(id);
         setItemStatus(li, "error", code);
         li.dataset.code = code;
@@ -1009,8 +1053,9 @@ function formatValue(metric, v) {
   return metric.unit ? `${text} ${metric.unit}` : text;
 }
 
-function drawPlot({ metric, canvas, value }, points) {
-  const current = points.length ? points[points.length - 1] : null;
+function drawPlot({ metric, canvas, value }, points, live) {
+  // Between calls (and resume tries) the last figures are history, not the present.
+  const current = live && points.length ? points[points.length - 1] : null;
   value.textContent = formatValue(metric, current);
 
   const dpr = window.devicePixelRatio || 1;
@@ -1068,8 +1113,9 @@ function drawPlot({ metric, canvas, value }, points) {
 
 function drawPlots() {
   const recent = stats.slice(-PLOT_POINTS);
+  const live = session.pc !== null;
   for (const plot of plots) {
-    drawPlot(plot, recent.map((s) => (s[plot.metric.key] ?? null)));
+    drawPlot(plot, recent.map((s) => (s[plot.metric.key] ?? null)), live);
   }
 }
 

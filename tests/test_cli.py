@@ -359,7 +359,9 @@ def test_the_edges_of_those_ranges_are_accepted(
     ray = build(["serve", "--tts", "ray://auto", "--tts-target-streams", "0.5"]).ray
     assert ray.target_streams == 0.5
     ice = ["stun:a.example", "stun:b.example:19302", "turns:c.example:443?transport=tcp"]
-    assert build(["serve", *(f"--ice-server={url}" for url in ice)]).ice_servers == tuple(ice)
+    credentials = ["--ice-username", "u", "--ice-credential", "c"]
+    flags = [*(f"--ice-server={url}" for url in ice), *credentials]
+    assert build(["serve", *flags]).ice_servers == tuple(ice)
     # The Config refuses them itself, whoever builds it.
     for bad in ({"port": 70000}, {"log_level": "verbose"}, {"workers": 0}):
         with pytest.raises(ValueError):

@@ -66,4 +66,20 @@ def test_a_url_aiortc_parses_but_skips_is_refused_at_start(url: str) -> None:
     ],
 )
 def test_every_url_form_the_readme_lists_is_accepted(url: str) -> None:
-    assert Config(ice_servers=(url,)).ice_servers == (url,)
+    config = Config(ice_servers=(url,), ice_username="u", ice_credential="c")
+    assert config.ice_servers == (url,)
+
+
+@pytest.mark.parametrize(("username", "credential"), [(None, None), ("u", None), (None, "c")])
+def test_a_turn_server_without_credentials_is_refused_at_start(
+    username: str | None, credential: str | None
+) -> None:
+    """Chromium's RTCPeerConnection throws on a TURN entry without credentials: every
+    Connect failed, while the server ran on. STUN needs none."""
+    with pytest.raises(ValueError, match="needs --ice-username and --ice-credential"):
+        Config(
+            ice_servers=("stun:a.example", "turn:relay.example"),
+            ice_username=username,
+            ice_credential=credential,
+        )
+    assert Config(ice_servers=("stun:a.example",)).ice_servers == ("stun:a.example",)

@@ -434,7 +434,8 @@ async def test_ice_servers_are_answered_while_no_worker_takes_new_sessions() -> 
     """/ice-servers went only to a worker that takes new sessions: with every breaker open it
     was 503 not_ready, and the page resumed live sessions without STUN/TURN."""
     turn = ("turn:turn.example.com:3478",)
-    async with front_with_a_broken_worker(1, ice_servers=turn) as (url, http, pool):
+    credentials = {"ice_username": "u", "ice_credential": "c"}
+    async with front_with_a_broken_worker(1, ice_servers=turn, **credentials) as (url, http, pool):
         assert not any(worker.ready for worker in pool.workers)
         async with http.get(url + "/ice-servers") as resp:
             assert resp.status == 200, await resp.text()

@@ -1,0 +1,275 @@
+"""The browser client through a call's rough edges (headless Chromium, the real server):
+engine failures, a server with no speech-to-text, ids said again, hang-ups mid-turn, a
+server slow to answer, a room seat lost, and the figures after the call."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import pytest_asyncio
+
+from agent.config import Config
+from tests import test_browser
+from tests.doubles import FailingEngine, ToneEngine
+from tests.test_browser import (
+    CHROMIUM,
+    CHROMIUM_ARGS,
+    AgentPage,
+    connect,
+    say_in_ui,
+    transcript_item,
+)
+
+# test_browser's fixtures, used here by name.
+browser = test_browser.browser
+agent_page = test_browser.agent_page
+
+pytestmark = [pytest.mark.browser, pytest.mark.timeout(90)]
+
+# Events fed to the page as if they came from the server (its own channel's listener).
+FEED_JS = """
+(msgs) => {
+  const channel = window.voiceAgent.channel;
+  for (const m of msgs) {
+    channel.dispatchEvent(new MessageEvent('message', {data: JSON.stringify(m)}));
+  }
+}
+"""
+ITEMS_JS = """
+() => [...document.querySelectorAll('#transcript li')].map((li) => ({
+  id: li.dataset.id, status: li.dataset.status, role: li.dataset.role ?? 'agent',
+  text: li.querySelector('.text').textContent, badge: li.querySelector('.badge').textContent,
+}))
+"""
+VALUES_JS = """
+() => Object.fromEntries([...document.querySelectorAll('#stats .value')]
+  .map((v) => [v.id.replace('stat-', ''), v.textContent]))
+"""
+
+
+@pytest.fixture
+def tone_engine(request: Any) -> ToneEngine:
+    engine = FailingEngine()
+    engine.mode = getattr(request, "param", "ok")
+    return engine
+
+
+@pytest.mark.parametrize("tone_engine", ["start", "midway"], indirect=True)
+async def test_a_say_the_engine_fails_stays_marked_as_failed(agent_page: AgentPage) -> None:
+    """The utterance the engine failed on was struck through as if the user had
+    interrupted it: its ``speech.ended`` (``interrupted``) replaced the error mark."""
+    ap = agent_page
+    await connect(ap)
+    await say_in_ui(ap, "this will fail at some point")
+    await ap.page.wait_for_function(
+        "() => window.voiceAgent.events.some((e) => e.type === 'speech.ended')", timeout=10_000
+    )
+    kinds = await ap.page.evaluate("() => window.voiceAgent.events.map((e) => e.type)")
+    assert kinds[-2:] == ["error", "speech.ended"], kinds  # the failure comes with the end
+    said = await ap.page.evaluate("() => [...window.voiceAgent.texts.keys()].pop()")
+    item = await transcript_item(ap, said)
+    assert item is not None and item["status"] == "error", (kinds, item, ap.context())
+    items = await ap.page.evaluate(ITEMS_JS)
+    assert [i["badge"] for i in items] == ["tts_failed"], items  # one item, no extra one
+
+
+async def test_a_connect_whose_peer_connection_cannot_be_built_says_so(
+    agent_page: AgentPage,
+) -> None:
+    """Chromium's RTCPeerConnection throws on a TURN URL without credentials: Connect did
+    nothing at all (the page stayed "idle", no alert, the error only in the console). The
+    server refuses such a list at start now; a proxy could still hand one out."""
+    ap = agent_page
+    body = json.dumps({"iceServers": [{"urls": "turn:127.0.0.1:3478"}]})
+    await ap.page.route(
+        "**/ice-servers",
+        lambda route: route.fulfill(status=200, content_type="application/json", body=body),
+    )
+    await ap.page.set_checked("#mic", False)
+    await ap.page.click("#connect")
+    await ap.page.wait_for_selector('#state[data-state="failed"]')
+    assert await ap.page.is_visible("#alert"), ap.context()
+    assert await ap.page.is_enabled("#connect")
+
+
+async def test_connect_shows_at_once_and_hang_up_cancels_a_server_slow_to_answer(
+    agent_page: AgentPage,
+) -> None:
+    """While /ice-servers went unanswered the page said "idle", Hang up was disabled, and
+    Connect clicks did nothing. An offer never answered left every later Connect waiting
+    on it, after Hang up too."""
+    ap = agent_page
+    held: list[Any] = []
+
+    async def hang(route: Any) -> None:
+        held.append(route)  # never answered: a server whose event loop is stuck
+
+    await ap.page.set_checked("#mic", False)
+    for path in ("**/ice-servers", "**/offer"):
+        await ap.page.route(path, hang)
+        await ap.page.click("#connect")
+        await ap.page.wait_for_timeout(300 if path.endswith("servers") else 6000)
+        assert await ap.page.get_attribute("#state", "data-state") == "connecting", path
+        assert await ap.page.is_disabled("#connect") and await ap.page.is_enabled("#hangup")
+        await ap.page.click("#hangup")
+        await ap.page.wait_for_selector('#state[data-state="closed"]')
+        assert await ap.page.is_enabled("#connect"), path
+        await ap.page.unroute(path)
+    assert len(held) == 2, held
+    await connect(ap)  # not stuck behind the tries still waiting on their answers
+
+
+@pytest_asyncio.fixture
+async def two_turn_page(tmp_path: Path) -> AsyncIterator[AgentPage]:
+    """The main page of a server with no --stt-url (the default), Chromium's microphone
+    playing two spoken turns."""
+    from playwright.async_api import async_playwright
+
+    from signaling.keys import SESSIONS
+    from tests.clips import SPEECH_WAV, read_wav, write_wav
+    from tests.conftest import serve
+
+    speech, rate = read_wav(SPEECH_WAV)
+    lead = np.zeros(int(2.5 * rate), dtype=np.float32)
+    gap = np.zeros(int(1.5 * rate), dtype=np.float32)
+    wav = tmp_path / "mic.wav"
+    write_wav(wav, np.concatenate([lead, speech, gap, speech, gap, gap]), rate)
+    args = [*CHROMIUM_ARGS, f"--use-file-for-fake-audio-capture={wav}%noloop"]
+    async with serve(Config(host="127.0.0.1"), ToneEngine()) as server, async_playwright() as pw:
+        await server.app[SESSIONS].vad_pool.load()
+        chromium = await pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=args)
+        try:
+            page = await chromium.new_page()
+            page.set_default_timeout(15_000)
+            ap = AgentPage(page)
+            page.on("console", lambda m: ap.log.append(f"console.{m.type}: {m.text}"))
+            page.on("pageerror", lambda e: ap.log.append(f"pageerror: {e}"))
+            await page.goto(server.url + "/")
+            await page.wait_for_function("() => window.voiceAgent !== undefined")
+            yield ap
+        finally:
+            await chromium.close()
+
+
+@pytest.mark.timeout(120)
+async def test_turns_on_a_server_without_speech_to_text_do_not_wait_for_a_transcript(
+    two_turn_page: AgentPage,
+) -> None:
+    """The server says ``stt_unavailable`` once, on the first turn: every later turn stayed
+    "transcribing" for good, waiting for a transcript that never comes."""
+    ap = two_turn_page
+    await connect(ap, mic=True)
+    await ap.page.wait_for_function(
+        "() => window.voiceAgent.events.filter((e) => e.type === 'user.speech.ended').length >= 2",
+        timeout=30_000,
+    )
+    turns = [i for i in await ap.page.evaluate(ITEMS_JS) if i["role"] == "user"]
+    assert [(t["status"], t["badge"]) for t in turns] == [
+        ("error", "stt_unavailable"),
+        ("empty", "not transcribed"),
+    ], turns
+
+
+async def test_a_user_turn_cut_by_hang_up_does_not_stay_under_way(agent_page: AgentPage) -> None:
+    """Hang up marked the agent's utterance cut off, but left the user's turn "speaking"
+    or "transcribing" for good."""
+    ap = agent_page
+    await connect(ap)
+    await ap.page.evaluate(
+        FEED_JS,
+        [
+            {"type": "user.speech.started", "id": "turn-a"},
+            {"type": "user.speech.ended", "id": "turn-a", "duration_ms": 900},
+            {"type": "user.speech.started", "id": "turn-b"},
+        ],
+    )
+    await ap.page.click("#hangup")
+    await ap.page.wait_for_selector('#state[data-state="closed"]')
+    turns = {i["id"]: (i["status"], i["badge"]) for i in await ap.page.evaluate(ITEMS_JS)}
+    assert turns == {"turn-a": ("empty", "cut off"), "turn-b": ("empty", "cut off")}, turns
+
+
+async def _http_say(ap: AgentPage, url: str, text: str, id_: str) -> None:
+    session_id = await ap.page.evaluate("() => window.voiceAgent.sessionId")
+    resp = await ap.page.request.post(
+        f"{url}/sessions/{session_id}/say", data={"text": text, "id": id_}
+    )
+    assert resp.status == 202, await resp.text()
+    await ap.page.wait_for_function(
+        "(id) => window.voiceAgent.events.filter((e) => e.type === 'speech.ended' && e.id === id)"
+        ".length > 0",
+        arg=id_,
+        timeout=10_000,
+    )
+
+
+async def test_an_id_said_again_gets_an_item_of_its_own(
+    agent_page: AgentPage, live_server: Any
+) -> None:
+    """A server's greeting said with the same id in each call (HTTP say) was appended to
+    the first call's item: "Welcome back. Welcome back." So was one said twice in a call."""
+    ap = agent_page
+    await connect(ap)
+    await _http_say(ap, live_server.url, "Welcome back.", "greeting")
+    await ap.page.evaluate("() => { window.voiceAgent.events.length = 0; }")
+    await _http_say(ap, live_server.url, "Welcome back.", "greeting")  # again, same call
+    await ap.page.click("#hangup")
+    await ap.page.wait_for_selector('#state[data-state="closed"]')
+    await connect(ap)
+    await _http_say(ap, live_server.url, "Welcome back.", "greeting")
+    items = await ap.page.evaluate(ITEMS_JS)
+    assert [(i["text"], i["status"]) for i in items] == [("Welcome back.", "done")] * 3, items
+
+
+async def test_a_room_seat_lost_on_the_main_page_is_not_resumed(
+    browser: Any,
+    live_server: Any,
+) -> None:
+    """The main page in a room (?room=) took a lost seat for a resumable call: it sent
+    resume offers the server refuses (not_resumable, a 400, tried again), then "failed"."""
+    context = await browser.new_context()
+    try:
+        page = await context.new_page()
+        ap = AgentPage(page)
+        page.on("console", lambda m: ap.log.append(f"console.{m.type}: {m.text}"))
+        resumes: list[str] = []
+        page.on(
+            "request",
+            lambda r: (
+                resumes.append(r.url)
+                if r.url.endswith("/offer") and "resume" in (r.post_data or "")
+                else None
+            ),
+        )
+        await page.goto(live_server.url + "/?room=r")
+        await page.wait_for_function("() => window.voiceAgent !== undefined")
+        await connect(ap)
+        # The connection lost on the client's side, as a network drop would.
+        await page.evaluate("() => window.voiceAgent.channel.close()")
+        await page.wait_for_selector('#state[data-state="closed"]')
+        await page.wait_for_timeout(2000)  # a resume would have been tried by now
+        assert not resumes, resumes
+        assert "room was lost" in (await page.text_content("#alert") or ""), ap.context()
+    finally:
+        await context.close()
+
+
+async def test_the_figures_do_not_read_as_live_after_hang_up(agent_page: AgentPage) -> None:
+    """Two seconds after Hang up the page still showed "32.2 kbps", "50 /s" and an audio
+    level as current figures. Now they show "—"; the plots keep the call's history."""
+    ap = agent_page
+    await connect(ap)
+    await say_in_ui(ap, "one two three four five six seven eight nine ten")
+    await ap.page.wait_for_function(
+        "() => document.getElementById('stat-packetsPerSecond').textContent !== '—'"
+    )
+    await ap.page.click("#hangup")
+    await ap.page.wait_for_selector('#state[data-state="closed"]')
+    values = await ap.page.evaluate(VALUES_JS)
+    assert set(values.values()) == {"—"}, values
+    assert await ap.page.evaluate("() => window.voiceAgent.stats.length") > 0
