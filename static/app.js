@@ -679,8 +679,7 @@ function handleEvent(msg) {
       if (li.dataset.status === "error") { /* kept */ }
       else if (msg.interrupted) setItemStatus(li, "interrupted", "interrupted");
       else setItemStatus(li, "done", "done");
-      cancelCaptions(msg.id); // a caption still waiting for its audio would outlive it
-      if (session.captionFor === msg.id) setCaption(null, "");
+      endCaptions(msg.id, captionDelayMs());
       break;
     }
     case "user.speech.started": {
@@ -834,6 +833,24 @@ function setCaptionLater(id, text, delay) {
     if (!timers.size) captionTimers.delete(id);
     setCaption(id, text);
   }, delay);
+  timers.add(timer);
+}
+
+// The end leaves the server with the utterance's last packet, whose audio the jitter buffer
+// still holds: its caption stays until then (cleared at once, the last caption went before
+// its sound, and a sentence shorter than the buffer's delay was never shown at all).
+function endCaptions(id, delay) {
+  const clear = () => {
+    cancelCaptions(id);
+    if (session.captionFor === id) setCaption(null, "");
+  };
+  if (delay <= 0) {
+    clear();
+    return;
+  }
+  let timers = captionTimers.get(id);
+  if (!timers) captionTimers.set(id, (timers = new Set()));
+  const timer = setTimeout(clear, delay);
   timers.add(timer);
 }
 

@@ -273,3 +273,27 @@ async def test_the_figures_do_not_read_as_live_after_hang_up(agent_page: AgentPa
     values = await ap.page.evaluate(VALUES_JS)
     assert set(values.values()) == {"—"}, values
     assert await ap.page.evaluate("() => window.voiceAgent.stats.length") > 0
+
+
+async def test_the_last_caption_stays_until_its_audio_is_heard(agent_page: AgentPage) -> None:
+    """``speech.ended`` leaves the server with the last packet, which the jitter buffer
+    holds a while yet: the page cleared the caption then, so the last caption went before
+    its sound, and a sentence shorter than the buffer's delay was never shown at all."""
+    ap = agent_page
+    await connect(ap)
+    # Each feed first says the jitter buffer holds 300 ms (test_browser.FEED_JS).
+    await ap.page.evaluate(
+        test_browser.FEED_JS,
+        [
+            {"type": "speech.started", "id": "short"},
+            {"type": "speech.segment", "id": "short", "text": "Yes."},
+        ],
+    )
+    await ap.page.wait_for_timeout(150)  # a sentence of 150 ms: it ends before it is heard
+    ended = [{"type": "speech.ended", "id": "short", "interrupted": False}]
+    await ap.page.evaluate(test_browser.FEED_JS, ended)
+    await ap.page.wait_for_function("() => document.getElementById('caption').textContent")
+    assert await ap.page.text_content("#caption") == "Yes."
+    await ap.page.wait_for_function(
+        "() => document.getElementById('caption').textContent === ''", timeout=2000
+    )
