@@ -467,8 +467,11 @@ function endCall() {
     // The user's turn under way, or waiting for its transcript: none will come now.
     else if (user && ["listening", "transcribing"].includes(li.dataset.status)) setItemStatus(li, "empty", "cut off");
   }
-  // An id the next call uses again (a greeting's, said over HTTP) is a new item there.
+  // An id the next call uses again (a greeting's, said over HTTP) is a new item there. The
+  // items stay on show; the maps keep nothing of them (the oldest item's removal, which
+  // drops its text, no longer finds it here).
   items.clear();
+  texts.clear();
 }
 
 // keepToken: the connection goes but the call lives on (a resume follows): the token and

@@ -180,6 +180,7 @@ async def test_a_user_turn_cut_by_hang_up_does_not_stay_under_way(agent_page: Ag
     or "transcribing" for good."""
     ap = agent_page
     await connect(ap)
+    await ap.page.evaluate("() => window.voiceAgent.say('kept in the map while the call lasts')")
     await ap.page.evaluate(
         FEED_JS,
         [
@@ -190,8 +191,12 @@ async def test_a_user_turn_cut_by_hang_up_does_not_stay_under_way(agent_page: Ag
     )
     await ap.page.click("#hangup")
     await ap.page.wait_for_selector('#state[data-state="closed"]')
-    turns = {i["id"]: (i["status"], i["badge"]) for i in await ap.page.evaluate(ITEMS_JS)}
+    items = await ap.page.evaluate(ITEMS_JS)
+    turns = {i["id"]: (i["status"], i["badge"]) for i in items if i["role"] == "user"}
     assert turns == {"turn-a": ("empty", "cut off"), "turn-b": ("empty", "cut off")}, turns
+    # The items stay on show; the page's maps hold nothing of a call that is over.
+    sizes = "() => [window.voiceAgent.items.size, window.voiceAgent.texts.size]"
+    assert await ap.page.evaluate(sizes) == [0, 0]
 
 
 async def _http_say(ap: AgentPage, url: str, text: str, id_: str) -> None:
