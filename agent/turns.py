@@ -459,25 +459,11 @@ class Conversation:
                 self.pipeline.text_end(owner=reply.id)
 
     def _drop_slot(self, reply: Reply) -> None:
-        if reply.withdrawals != self._withdrawals:
-            self._withdraw(reply.slot)
-        elif self._remove(reply.slot):
+        # A withdrawn reply's question stays in the history, as context for the next one
+        # ("and in London?" after a withdrawn "the weather in Paris?"), as OpenAI's Realtime
+        # API and pipecat keep an interrupted turn's question; it is only not reopened.
+        if self._remove(reply.slot) and reply.withdrawals == self._withdrawals:
             self._reopen()
-
-    def _withdraw(self, slot: Message) -> None:
-        """A reply nobody heard, cut by the client's ``interrupt`` (a Stop button): the
-        questions it was to answer (the user's messages since the last reply) go with it.
-        Left in the history, the next question's reply was asked them too, and answered
-        what the user had withdrawn. A turn still being transcribed stays: the reply never
-        saw it, and its own reply comes once its words are known."""
-        at = next((i for i, m in enumerate(self.history) if m is slot), None)
-        if at is None:
-            return
-        start = at
-        while start > 0 and self.history[start - 1]["role"] == "user":
-            start -= 1
-        asked = self.history[start:at]
-        self.history[start : at + 1] = [m for m in asked if not m["content"]]
 
     def _remove(self, slot: Message) -> bool:
         for i, message in enumerate(self.history):

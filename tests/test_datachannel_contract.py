@@ -1,5 +1,5 @@
 """The data-channel contract under a demanding client: errors that name the request, a
-refused stream dropped whole, events sent when heard, the idle timeout, withdrawn questions."""
+refused stream dropped whole, events sent when heard, the idle timeout."""
 
 from __future__ import annotations
 
@@ -19,7 +19,6 @@ from agent.speech import SpeechPipeline
 from tests.conftest import LiveServer
 from tests.doubles import ToneEngine
 from tests.rtc_client import RtcClient
-from tests.test_conversation_units import RecordingBrain
 from tests.test_speech_pipeline import Drain, wait_for
 
 Event = dict[str, Any]
@@ -111,30 +110,6 @@ async def test_a_stream_left_open_does_not_defeat_the_idle_timeout(
         finally:
             await client.close()
     assert time.monotonic() - started <= 4.0
-
-
-async def test_a_question_withdrawn_by_interrupt_is_not_answered_by_the_next_reply() -> None:
-    """The client's interrupt (a Stop button) withdraws the question of a reply nobody
-    heard (README, Conversation). It stayed in the history, so the next chat's reply was
-    asked both (LLMBrain joins them into one user message) and answered it anyway."""
-    session = AgentSession("s", ToneEngine(seconds_per_word=0.05), Config())
-    events: list[Event] = []
-    session.outbox.send = events.append  # type: ignore[method-assign]
-    brain = RecordingBrain(think_s=0.3)
-    session.conversation._brain = brain  # type: ignore[assignment]
-    session.pipeline.start()
-    drain = Drain(session.pipeline)
-    try:
-        session.handle_message(msg(type="chat", text="Tell me a very long story.", id="q1"))
-        await wait_for(lambda: brain.asked)
-        session.handle_message(msg(type="interrupt"))  # Stop: nothing of the reply heard
-        await asyncio.sleep(0.05)
-        session.handle_message(msg(type="chat", text="What time is it?", id="q2"))
-        await wait_for(lambda: len(brain.asked) == 2)
-        assert brain.asked[1] == [{"role": "user", "content": "What time is it?"}]
-    finally:
-        drain.stop()
-        await session.close()
 
 
 async def test_waiting_for_a_clients_next_delta_is_not_counted_as_underruns() -> None:

@@ -177,7 +177,7 @@ def test_a_rooms_last_speech_is_its_speakers_and_its_agents(
         assert room.last_speech(100.0) == 100.0  # a speaker within their hold
         room.slots[0] = None
         assert room.last_speech(120.0) == 100.0
-        monkeypatch.setattr(type(room.pipeline), "busy", property(lambda self: True))
+        monkeypatch.setattr(type(room.pipeline), "sounding", property(lambda self: True))
         assert room.last_speech(130.0) == 130.0  # the agent talking
     finally:
         room.discard()

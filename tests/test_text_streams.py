@@ -279,6 +279,10 @@ async def test_a_room_participant_cannot_end_or_join_anothers_stream() -> None:
     )
     # A leaves mid-stream: the stream ends (what A sent is spoken), B may open the next one.
     await room.leave(a)
+    # B's refused stream is dropped up to its end (never spoken from its middle): once B
+    # ends it, B may open the next one.
+    assert not room.pipeline.opens_stream(None, owner=b.participant_id)
+    b.handle_message(msg(type="text.end"))
     assert room.pipeline.opens_stream(None, owner=b.participant_id)
     b.handle_message(msg(type="text.delta", delta="Now B. "))
     assert not of(sent["b"], "error")[2:]
