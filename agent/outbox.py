@@ -46,6 +46,7 @@ class EventOutbox:
         self.channel: RTCDataChannel | None = None
         self._expects_channel = expects_channel
         self._pending: deque[Event] = deque(maxlen=MAX_PENDING_EVENTS)
+        self._first: Event | None = None  # send_first's, waiting: never dropped
         self._owner = owner  # for the log
         self.dropped = 0  # events dropped for a client that does not read its channel
 
@@ -78,7 +79,18 @@ class EventOutbox:
         except Exception as exc:  # noqa: BLE001 - a closing transport must not break playout
             log.debug("%s: event dropped (%s)", self._owner, exc)
 
+    def send_first(self, event: Event) -> None:
+        """An event the client starts from (a room's ``room.state``): sent before the
+        events raised while its channel was not open, and never dropped for them."""
+        if self.open or not self._expects_channel:
+            self.send(event)
+        else:
+            self._first = event
+
     def flush(self) -> None:
+        if self._first is not None and self.open:
+            first, self._first = self._first, None
+            self.send(first)
         while self._pending and self.open:
             self.send(self._pending.popleft())
 

@@ -238,7 +238,9 @@ class Room:
             expects_channel=expects_channel,
         )
         self.members[member.participant_id] = member
-        member.send_event({"type": "room.state", **self.describe(member)})
+        # Kept past the pending-event bound: what the client starts from (who is here, its
+        # own id, who may instruct), which a busy room's events would otherwise push out.
+        member.outbox.send_first({"type": "room.state", **self.describe(member)})
         # One who joins while the agent speaks gets that utterance's start too, or its
         # segments and end would come with no start.
         audible = self.pipeline.audible
@@ -279,7 +281,9 @@ class Room:
             "participants": [m.describe() for m in self.members.values()],
             "max_speakers": self.settings.max_speakers,
             "instruct": self.settings.instruct,
-            "agent_speaking": bool(self.pipeline.busy),
+            # Heard now (from its speech.started to its end), as its speaker.active says:
+            # not merely a stream open or an utterance queued.
+            "agent_speaking": self.pipeline.audible is not None,
         }
 
     # --- media ---------------------------------------------------------------------------
@@ -537,7 +541,10 @@ class RoomMember:
         agent_sub = _Subscription(self.track)
         room.agent.subscribe(self.track)
         self._subs.append(agent_sub)
-        self._send_on(audio[0], agent_sub, room.agent)
+        # Only a speaker's microphone is received (on track 0). Anything else the peer might
+        # send (a listener's or WHEP guest's microphone, audio on a slot) would be decoded
+        # by aiortc into a queue nobody reads, without bound: ~200 KB/s for the whole call.
+        self._send_on(audio[0], agent_sub, room.agent, receive=self.slot is not None)
         for slot, transceiver in enumerate(audio[1 : 1 + room.settings.max_speakers]):
             sub = _Subscription(FanoutTrack(room.settings.subscriber_queue_frames))
             self._subs.append(sub)
@@ -556,9 +563,16 @@ class RoomMember:
                 log.warning("room %s: aiortc's jitter buffer left as is (+80 ms)", room.name)
             room.start_speaker(self, mic)
 
-    def _send_on(self, transceiver: Any, sub: _Subscription, source: FanoutSource | None) -> None:
+    def _send_on(
+        self,
+        transceiver: Any,
+        sub: _Subscription,
+        source: FanoutSource | None,
+        receive: bool = False,
+    ) -> None:
         transceiver.sender.replaceTrack(sub.track)
-        transceiver.direction = "sendrecv"  # the answer intersects it with the offer's
+        # The answer intersects it with the offer's direction.
+        transceiver.direction = "sendrecv" if receive else "sendonly"
         if self.room.settings.direct_send:
             sub.track.use_direct(DirectSender(transceiver))
         self._watch(transceiver.sender, sub, source)

@@ -40,8 +40,10 @@ def build_app(config: Config, engine: TTSEngine) -> web.Application:
     breaker = CircuitBreaker(engine, config.breaker)
     engine = breaker
     metrics = Metrics(engine, config.limits.max_sessions)
-    sessions = SessionRegistry(config, engine, on_closed=metrics.retire)
-    metrics.watch(sessions.peers, sessions.governor)
+    sessions = SessionRegistry(
+        config, engine, on_closed=metrics.retire, on_room_closed=metrics.retire_room
+    )
+    metrics.watch(sessions.peers, sessions.governor, sessions.rooms.rooms)
     app = web.Application(
         # Outermost first: CORS headers go on every answer, errors included; offer outcomes
         # are counted whichever layer refuses (auth too); auth runs before any handler.

@@ -71,12 +71,6 @@ def _room_counters(room: Room) -> dict[str, int]:
     }
 
 
-def _rooms(peers: Iterable[Peer]) -> list[Room]:
-    """Each open room once: its participants share it."""
-    rooms = (peer.session.room for peer in peers if isinstance(peer.session, RoomMember))
-    return list({id(room): room for room in rooms}.values())
-
-
 class Metrics:
     def __init__(self, engine: TTSEngine, max_sessions: int) -> None:
         self.registry = CollectorRegistry()
@@ -91,28 +85,33 @@ class Metrics:
         self._engine = engine
         self._max_sessions = max_sessions
         self._peers: Callable[[], Iterable[Peer]] = tuple
+        self._rooms: Callable[[], Iterable[Room]] = tuple
         self._governor: ComplexityGovernor | None = None
         self._retired: Tally[str] = Tally()
         self.registry.register(_LiveCollector(self))
 
     def watch(
-        self, peers: Callable[[], Iterable[Peer]], governor: ComplexityGovernor | None = None
+        self,
+        peers: Callable[[], Iterable[Peer]],
+        governor: ComplexityGovernor | None = None,
+        rooms: Callable[[], Iterable[Room]] = tuple,
     ) -> None:
-        """Where the live sessions (and the encoders' complexity) are read from at scrape time."""
+        """Where the live sessions, rooms (and the encoders' complexity) are read from at
+        scrape time."""
         self._peers = peers
         self._governor = governor
+        self._rooms = rooms
 
     def retire(self, peer: Peer) -> None:
         """A session is leaving: keep its counts so the totals never go down."""
         self._retired.update(_peer_counters(peer))
-        session = peer.session
-        if isinstance(session, RoomMember) and session.room.members.keys() <= {
-            session.participant_id
-        }:
-            # The room's last participant (called before it leaves): the room closes with
-            # it, and its agent's counts are kept here. While another participant remains
-            # (one still joining included) the room is live and read from that one.
-            self._retired.update(_room_counters(session.room))
+
+    def retire_room(self, room: Room) -> None:
+        """A room is closing: keep its agent's counts. Rooms are read from the room
+        registry, not through their participants: guessed from the participant leaving, a
+        room whose last registered one left while another was still joining lost its
+        counts from the totals (a counter going down), for good if that join failed."""
+        self._retired.update(_room_counters(room))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -214,7 +213,7 @@ class _LiveCollector:
         totals = Tally(metrics._retired)
         for peer in peers:
             totals.update(_peer_counters(peer))
-        for room in _rooms(peers):
+        for room in metrics._rooms():
             totals.update(_room_counters(room))
         for key, (name, doc) in _COUNTERS.items():
             yield CounterMetricFamily(name, doc, totals[key])

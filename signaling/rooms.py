@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from concurrent.futures import Executor
 
 from agent.config import Config
@@ -26,8 +27,11 @@ class RoomRegistry:
         engine: TTSEngine,
         encode_executor: Executor | None = None,
         governor: ComplexityGovernor | None = None,
+        on_closed: Callable[[Room], None] | None = None,
     ) -> None:
+        """``on_closed``: called once per room as it leaves the registry (it closes)."""
         self.config = config
+        self._on_closed = on_closed
         self.engine = engine
         self.encode_executor = encode_executor
         self.governor = governor
@@ -90,6 +94,8 @@ class RoomRegistry:
     def _forget(self, room: Room) -> None:
         if self._rooms.get(room.name) is room:
             del self._rooms[room.name]
+            if self._on_closed is not None:
+                self._on_closed(room)
 
 
 def offer_sends_audio(sdp: str) -> bool:

@@ -28,7 +28,7 @@ from agent.engine import TTSEngine
 from agent.governor import ComplexityGovernor
 from agent.hooks import SessionHooks
 from agent.logcontext import SESSION_ID, session_context
-from agent.room import RoomMember
+from agent.room import Room, RoomMember
 from agent.session import AgentSession
 from agent.threads import cores
 from agent.vad import VadPool
@@ -74,8 +74,10 @@ class SessionRegistry:
         config: Config,
         engine: TTSEngine,
         on_closed: Callable[[Peer], None] | None = None,
+        on_room_closed: Callable[[Room], None] | None = None,
     ) -> None:
-        """``on_closed`` is called once per session as it leaves the registry."""
+        """``on_closed`` is called once per session as it leaves the registry,
+        ``on_room_closed`` once per room as it closes."""
         self.config = config
         self.engine = engine
         self._on_closed = on_closed
@@ -97,7 +99,9 @@ class SessionRegistry:
         self._id_prefix = f"{WORKER_ID_PREFIX}{index}-" if index is not None else ""
         self.tokens = TokenBook()
         self._watchdog: asyncio.Task[None] | None = None
-        self.rooms = RoomRegistry(config, engine, self.encode_executor, self.governor)
+        self.rooms = RoomRegistry(
+            config, engine, self.encode_executor, self.governor, on_closed=on_room_closed
+        )
         # silero-vad for every session's microphone, loaded off the loop at startup by the
         # app, before /readyz says ready (with ChatTTS torch is imported already and loading
         # takes ~0.15 s; alone, ~3 s). Importing torch holds the GIL long enough to stall
@@ -272,6 +276,7 @@ class SessionRegistry:
             else:
                 sender = pc.addTrack(session.track)
                 transceiver = next(t for t in pc.getTransceivers() if t.sender is sender)
+            _refuse_unused_media(pc)
             for each in pc.getSenders():  # any RTCP from the peer says it is still there
                 tap_rtcp(each, life.heard)
             if peer.kind == "offer":
@@ -553,6 +558,16 @@ async def _close_quietly(pc: RTCPeerConnection) -> None:
         await close_peer_connection(pc)
     except Exception:  # see above; nothing else holds this pc
         log.debug("closing a half-negotiated peer connection failed", exc_info=True)
+
+
+def _refuse_unused_media(pc: RTCPeerConnection) -> None:
+    """Answer ``inactive`` the sections the agent sends nothing on (a second audio section
+    of a 1:1 call, one past a room's slots, video): aiortc would otherwise receive what the
+    peer sends there, decoding it (video too, at a video decoder's cost) into a queue that
+    only a reader empties, on the event loop's CPU."""
+    for transceiver in pc.getTransceivers():
+        if transceiver.sender.track is None:
+            transceiver.direction = "inactive"
 
 
 def _receiver_opus(offer: OpusOffer) -> ReceiverOpus:

@@ -10,12 +10,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from agent.config import Config, SecuritySettings
 from agent.governor import ComplexityGovernor
-from agent.room import Room
 from signaling.app import build_app
 from signaling.cli import build_parser, config_from_args
 from signaling.errors import ApiError
 from signaling.keys import CONFIG, SESSIONS
 from signaling.metrics import Metrics, _governor_metrics
+from signaling.rooms import RoomRegistry
 from signaling.routes import check_metrics_token
 from signaling.sessions import Peer
 from tests.conftest import LiveServer, raw_http, raw_status
@@ -115,10 +115,12 @@ async def test_a_rooms_underruns_and_late_ticks_count_once_and_outlive_the_room(
     its underruns and late ticks were counted for none of them, so never. Now once per
     room, and kept when the room closes with its last participant."""
     metrics = Metrics(ToneEngine(), 10)
-    room = Room("r", ToneEngine(), Config())
-    members = [room.join(f"s{i}", speaking=False, host=True, expects_channel=False) for i in (1, 2)]
+    registry = RoomRegistry(Config(), ToneEngine(), on_closed=metrics.retire_room)
+    options = {"speaking": False, "host": True, "display_name": None, "hooks": None}
+    members = [registry.join("r", f"s{i}", expects_channel=False, **options) for i in (1, 2)]
+    room = members[0].room
     peers = [Peer(None, member, "whep", room="r") for member in members]  # type: ignore[arg-type]
-    metrics.watch(lambda: list(peers))
+    metrics.watch(lambda: list(peers), rooms=registry.rooms)
     room.pipeline.buffer.underruns = 3
     room.agent_track.stats.late_rephases = 2
 
@@ -137,6 +139,7 @@ async def test_a_rooms_underruns_and_late_ticks_count_once_and_outlive_the_room(
             metrics.retire(peer)
             await member.close()
             assert counted() == (3, 2)
+        assert registry.get("r") is None  # closed with its last participant, counts kept
     finally:
         for member in members:
             await member.close()
