@@ -75,10 +75,17 @@ def _check_attributes(lines: list[str]) -> None:
     - header extension ids outside RFC 8285's 1-255 and mids longer than a two-byte header
       extension holds: answered 200, then the first RTP packet failed an assertion in
       aiortc's header packing, and the session never sent a packet."""
-    candidates = sum(1 for line in lines if line.startswith("a=candidate:"))
+    # Distinct transport addresses: browsers list the shared (BUNDLE) transport's
+    # candidates again in every section (a room page's 6 sections, 4 each), and aioice
+    # ignores one whose address it has; what costs is each new one.
+    candidates = len(
+        {_candidate_address(line) for line in lines if line.startswith("a=candidate:")}
+    )
     if candidates > MAX_CANDIDATES:
         raise ApiError(
-            400, "bad_sdp", f"the offer has {candidates} ICE candidates, at most {MAX_CANDIDATES}"
+            400,
+            "bad_sdp",
+            f"the offer has {candidates} distinct ICE candidates, at most {MAX_CANDIDATES}",
         )
     ssrc_lines = sum(1 for line in lines if line.startswith("a=ssrc:"))
     if ssrc_lines > MAX_SSRC_LINES:
@@ -96,6 +103,14 @@ def _check_attributes(lines: list[str]) -> None:
                 )
         elif line.startswith("a=mid:") and len(line[len("a=mid:") :].encode()) > MAX_MID_BYTES:
             raise ApiError(400, "bad_sdp", f"an a=mid is limited to {MAX_MID_BYTES} bytes")
+
+
+def _candidate_address(line: str) -> tuple[str, ...]:
+    """A candidate line's transport address (protocol, address, port); the line itself
+    when it has none (aiortc refuses it later)."""
+    # a=candidate:<foundation> <component> <transport> <priority> <address> <port> typ <t>
+    parts = line.split()
+    return (parts[2].lower(), parts[4].lower(), parts[5]) if len(parts) >= 6 else (line,)
 
 
 def check_dtls_fingerprints(sdp: str) -> None:
@@ -233,17 +248,23 @@ def add_mdns_fallback(sdp: str, peer_ip: str | None, host_ips: Callable[[], list
         return sdp
     newline = "\r\n" if "\r\n" in sdp else "\n"
     out: list[str] = []
-    # The twins count against the offer's candidate limit too: a server with many addresses
-    # would otherwise multiply a legal offer's mDNS candidates past what aioice adds cheaply.
-    budget = MAX_CANDIDATES
-    for line in sdp.splitlines():
+    # The twins count against the offer's candidate limit too (distinct addresses, as
+    # check_offer_sdp counts them): a server with many addresses would otherwise multiply a
+    # legal offer's mDNS candidates past what aioice adds cheaply.
+    lines = sdp.splitlines()
+    seen = {_candidate_address(line) for line in lines if line.startswith("a=candidate:")}
+    for line in lines:
         out.append(line)
         parts = line.split()
         # a=candidate:<foundation> <component> <transport> <priority> <address> <port> typ <t>
         if len(parts) >= 8 and line.startswith("a=candidate:") and parts[4].endswith(".local"):
-            twins = addresses[:budget]
-            budget -= len(twins)
-            for index, address in enumerate(twins):
+            twins: list[tuple[int, str]] = []
+            for index, address in enumerate(addresses):
+                key = (parts[2].lower(), address.lower(), parts[5])
+                if key in seen or len(seen) < MAX_CANDIDATES:
+                    seen.add(key)
+                    twins.append((index, address))
+            for index, address in twins:
                 twin = list(parts)
                 twin[0] = f"{parts[0]}m{index}"[:44]
                 priority = parts[3]

@@ -434,7 +434,7 @@ def _with_line(sdp: str, line: str) -> str:
     ("rewrite", "words"),
     [
         # ~1000 candidates fit in 64 KiB; aioice adds them quadratically on the event loop.
-        (lambda sdp: _many_candidates(sdp, 65), "65 ICE candidates"),
+        (lambda sdp: _many_candidates(sdp, 65), "65 distinct ICE candidates"),
         (
             lambda sdp: _with_line(sdp, "\r\n".join(f"a=ssrc:{i} cname:x" for i in range(256))),
             "at most 256",
@@ -466,6 +466,27 @@ async def test_the_most_candidates_a_browser_could_send_are_answered(
 ) -> None:
     """The limit leaves room: 64 candidates (and an extension id of 255) are answered."""
     sdp = _with_line(_many_candidates(await _sections_offer(1), 64), f"a=extmap:255 {TWCC_URI}")
+    async with aiohttp.ClientSession() as http:
+        async with http.post(live_server.url + "/offer", json={"type": "offer", "sdp": sdp}) as r:
+            assert r.status == 200, await r.text()
+            session_id = (await r.json())["session_id"]
+        async with http.delete(f"{live_server.url}/sessions/{session_id}") as r:
+            assert r.status == 204
+
+
+async def test_a_room_offer_repeating_its_candidates_in_every_section_is_answered(
+    live_server: LiveServer,
+) -> None:
+    """Chromium lists the shared transport's candidates again in each section: a room page
+    with many slots was refused for its sections times its candidates (e.g. 72 of 64)."""
+    candidates = "".join(
+        f"a=candidate:{i} 1 udp {2_000_000_000 - i} 127.0.0.1 {40_000 + i} typ host\r\n"
+        for i in range(5)
+    )
+    lines = (await _sections_offer(15)).splitlines(True)  # and the data channel: 16
+    lines = [line for line in lines if not line.startswith("a=candidate:")]
+    sdp = "".join(line + candidates if line.startswith("a=mid:") else line for line in lines)
+    assert sdp.count("a=candidate:") == 80
     async with aiohttp.ClientSession() as http:
         async with http.post(live_server.url + "/offer", json={"type": "offer", "sdp": sdp}) as r:
             assert r.status == 200, await r.text()

@@ -31,18 +31,36 @@ def test_a_local_browser_gets_twins_on_this_machines_addresses() -> None:
 
 def test_twins_stay_within_the_offers_candidate_limit() -> None:
     """A legal offer's 64 mDNS candidates, on a server with 20 addresses, were given 1280
-    twins: what the candidate limit keeps from aioice's quadratic adding."""
-    sdp = "v=0\r\n" + "".join(
-        CANDIDATE.format(addr=f"h{i}.local") + "\r\n" for i in range(MAX_CANDIDATES)
-    )
+    twins: what the candidate limit keeps from aioice's quadratic adding. Twins count
+    with the offer's own candidates (distinct addresses, as the limit counts them)."""
+
+    def offer(count: int) -> str:
+        return "v=0\r\n" + "".join(
+            CANDIDATE.format(addr=f"h{i}.local").replace("54321", str(50_000 + i)) + "\r\n"
+            for i in range(count)
+        )
+
+    def twins(sdp: str) -> list[str]:
+        lines = add_mdns_fallback(sdp, "127.0.0.1", lambda: addresses).splitlines()
+        return [line for line in lines if line.startswith("a=candidate:") and ".local" not in line]
+
     addresses = [f"10.0.0.{i}" for i in range(20)]
-    lines = add_mdns_fallback(sdp, "127.0.0.1", lambda: addresses).splitlines()
-    twins = [line for line in lines if line.startswith("a=candidate:") and "local" not in line]
-    assert len(twins) == MAX_CANDIDATES
-    assert twins[:20] == [
-        f"a=candidate:1m{i} 1 udp {2113937150 - i} 10.0.0.{i} 54321 typ host generation 0"
+    assert twins(offer(MAX_CANDIDATES)) == []  # at the limit already: no room for one more
+    made = twins(offer(MAX_CANDIDATES // 2))
+    assert len(made) == MAX_CANDIDATES // 2  # the room left: the first candidate's 20, ...
+    assert made[:20] == [
+        f"a=candidate:1m{i} 1 udp {2113937150 - i} 10.0.0.{i} 50000 typ host generation 0"
         for i in range(20)
     ]
+
+
+def test_a_candidate_repeated_in_every_section_gets_its_twin_in_each() -> None:
+    """Browsers repeat the BUNDLE transport's candidates in each section: each copy gets
+    the same twin, which is one address more, not one per section."""
+    section = "m=audio 9 UDP/TLS/RTP/SAVPF 111\r\n" + CANDIDATE.format(addr="x.local") + "\r\n"
+    sdp = "v=0\r\n" + section * 20
+    lines = add_mdns_fallback(sdp, "127.0.0.1", lambda: ["10.0.0.5"]).splitlines()
+    assert sum(1 for line in lines if " 10.0.0.5 " in line) == 20
 
 
 def test_plain_candidates_are_left_alone() -> None:
