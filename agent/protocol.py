@@ -12,13 +12,21 @@ from typing import Any
 
 class ProtocolError(Exception):
     """A message refused as malformed. ``request_id``: the id it carried, when that much of
-    it was valid, so the client can tell which of its requests the error answers."""
+    it was valid, so the client can tell which of its requests the error answers;
+    ``message_type``: its type, when known (a malformed ``text.delta`` refuses its stream)."""
 
-    def __init__(self, code: str, message: str, request_id: str | None = None) -> None:
+    def __init__(
+        self,
+        code: str,
+        message: str,
+        request_id: str | None = None,
+        message_type: str | None = None,
+    ) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
         self.request_id = request_id
+        self.message_type = message_type
 
 
 @dataclass(frozen=True)
@@ -87,8 +95,12 @@ def parse_message(raw: str | bytes, max_bytes: int) -> Message:
             request_id = _optional_id(obj)
             return Say(_string(obj, "text", request_id), request_id)
         case "text.delta":
-            request_id = _optional_id(obj)
-            return TextDelta(_string(obj, "delta", request_id), request_id)
+            try:
+                request_id = _optional_id(obj)
+            except ProtocolError as exc:
+                exc.message_type = kind
+                raise
+            return TextDelta(_string(obj, "delta", request_id, kind), request_id)
         case "text.end":
             return TextEnd()
         case "interrupt":
@@ -101,11 +113,18 @@ def parse_message(raw: str | bytes, max_bytes: int) -> Message:
     raise ProtocolError("unknown_type", f"unknown message type {kind[:40]!r}")
 
 
-def _string(obj: dict[str, Any], key: str, request_id: str | None) -> str:
+def _string(
+    obj: dict[str, Any], key: str, request_id: str | None, message_type: str | None = None
+) -> str:
     value = obj.get(key)
     if not isinstance(value, str):
-        raise ProtocolError("bad_message", f"'{key}' must be a string", request_id)
+        raise ProtocolError("bad_message", f"'{key}' must be a string", request_id, message_type)
     return value
+
+
+def refused_delta(message: Message | None, exc: Exception) -> bool:
+    """Was the refused message a text delta (parsed, or malformed)?"""
+    return isinstance(message, TextDelta) or getattr(exc, "message_type", None) == "text.delta"
 
 
 def answered_id(message: Message | None, exc: Exception) -> str | None:

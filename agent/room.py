@@ -57,6 +57,7 @@ from agent.protocol import (
     TextEnd,
     answered_id,
     parse_message,
+    refused_delta,
 )
 from agent.receive_buffer import install_receive_buffer
 from agent.speech import Event, SpeechError, SpeechPipeline
@@ -647,8 +648,8 @@ class RoomMember:
             )
             self._apply(message)
         except (ProtocolError, SpeechError) as exc:
-            if isinstance(message, TextDelta):  # the rest of its stream goes with it
-                self.pipeline.refuse_rest(message.id, owner=self.participant_id)
+            if refused_delta(message, exc):  # the rest of its stream goes with it
+                self.pipeline.refuse_rest(answered_id(message, exc), owner=self.participant_id)
             self.send_error(exc.code, exc.message, answered_id(message, exc))
         except Exception:
             log.exception("room %s: message handling failed", self.room.name)

@@ -29,6 +29,7 @@ from agent.protocol import (
     TextEnd,
     answered_id,
     parse_message,
+    refused_delta,
 )
 from agent.speech import Event, SpeechError, SpeechPipeline
 from agent.track import OpusPacketTrack
@@ -190,8 +191,8 @@ class AgentSession:
             admit_speech(message, self.pipeline.opens_stream, self.hooks)
             self.apply(message)
         except (ProtocolError, SpeechError) as exc:
-            if isinstance(message, TextDelta):  # the rest of its stream goes with it
-                self.pipeline.refuse_rest(message.id)
+            if refused_delta(message, exc):  # the rest of its stream goes with it
+                self.pipeline.refuse_rest(answered_id(message, exc))
             self.send_error(exc.code, exc.message, answered_id(message, exc))
         except Exception:  # a bug must not take the session down; say so and log it
             log.exception("session %s: message handling failed", self.id)

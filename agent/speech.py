@@ -122,11 +122,14 @@ class SpeechPipeline:
         self._stream_owner = CLIENT  # ... and who writes it
         self._segmenter: Segmenter | None = None
         self._stream_ended = asyncio.Event()  # set when an open stream ends (stream_free)
-        # Each writer's interrupted or refused stream (writer -> its id), whose further
-        # deltas are dropped until its end: several writers can each have one (a client, a
-        # reply, room participants). One entry per writer at most; its end or next stream
-        # removes it.
+        # Each writer's interrupted stream (writer -> its id), whose further deltas are
+        # dropped until its end: several writers can each have one (a client, a reply, room
+        # participants). One entry per writer at most; its end or next stream removes it.
         self._discarding: dict[str, str] = {}
+        # Each writer's refused stream (writer -> its id, "" for an id-less one), whose
+        # further deltas are refused (stream_refused) until its end, rather than opening
+        # the stream from the middle of a sentence. As above, one per writer.
+        self._refused: dict[str, str] = {}
         self._wakeup = asyncio.Event()
         self._worker: asyncio.Task[None] | None = None
         # The context the worker first started in (a session's, or a room's empty one): a
@@ -186,8 +189,17 @@ class SpeechPipeline:
         interrupted = self._discarding.get(owner)
         if interrupted is not None:
             if utterance_id is None or utterance_id == interrupted:
-                return None  # the rest of an interrupted or refused stream: not spoken
+                return None  # the rest of an interrupted answer: not spoken, by design
             del self._discarding[owner]
+        refused = self._refused.get(owner)
+        if refused is not None:
+            if utterance_id is None or utterance_id == refused:
+                raise SpeechError(
+                    "stream_refused",
+                    "this text stream was refused (its first error says why): end it with "
+                    "text.end, then send it again from its start",
+                )
+            del self._refused[owner]
         if self._stream is not None and (
             self._stream_owner != owner or utterance_id not in (None, self._stream.id)
         ):
@@ -211,28 +223,30 @@ class SpeechPipeline:
         return utt.id
 
     def refuse_rest(self, utterance_id: str | None, owner: str = CLIENT) -> None:
-        """A delta of ``owner``'s was refused (rate_limited, queue_full, text_too_long...):
-        the rest of its stream is dropped up to its ``text.end``, as an interrupted one's
-        is. Otherwise its next delta opened the stream, and "Do not | press the red button!"
-        was spoken from the middle of the sentence. What an open stream had taken before
-        the refusal is spoken."""
+        """A delta of ``owner``'s was refused (rate_limited, queue_full, stream_open,
+        text_too_long, a malformed one...): the rest of its stream is refused too
+        (``stream_refused``) up to its ``text.end``. Otherwise its next delta opened the
+        stream, and "Do not | press the red button!" was spoken from the middle of the
+        sentence. What an open stream had taken before the refusal is spoken."""
         stream = self._stream
         if stream is not None and self._stream_owner == owner:
             if utterance_id not in (None, stream.id):
                 return  # its own other stream is open: each of these deltas is refused
             self.text_end(owner)
-            self._discarding[owner] = stream.id
+            self._refused[owner] = stream.id
         else:
             # "" stands for an id-less stream: no id is empty, so only id-less deltas match.
-            self._discarding[owner] = utterance_id or ""
+            self._refused[owner] = utterance_id or ""
 
     def opens_stream(self, utterance_id: str | None, owner: str = CLIENT) -> bool:
         """Would a text delta with this id from ``owner`` start a new utterance (rather than
         continue one, be dropped, or be refused)?"""
         if self._stream is not None:
             return False
-        interrupted = self._discarding.get(owner)
-        return interrupted is None or utterance_id not in (None, interrupted)
+        return all(
+            ended is None or utterance_id not in (None, ended)
+            for ended in (self._discarding.get(owner), self._refused.get(owner))
+        )
 
     async def stream_free(self, owner: str) -> None:
         """Return once ``owner`` may open a text stream: no other writer's is open. A brain's
@@ -243,9 +257,10 @@ class SpeechPipeline:
             await self._stream_ended.wait()
 
     def text_end(self, owner: str = CLIENT) -> str | None:
-        """End ``owner``'s text stream (or forget its interrupted one)."""
+        """End ``owner``'s text stream (or forget its interrupted or refused one)."""
         if self._stream is None or self._stream_owner != owner:
-            if self._discarding.pop(owner, None) is not None:
+            interrupted = self._discarding.pop(owner, None)
+            if self._refused.pop(owner, None) is not None or interrupted is not None:
                 return None
             raise SpeechError("no_stream", "text.end without a text.delta stream")
         utt, segmenter = self._stream, self._segmenter
@@ -290,6 +305,10 @@ class SpeechPipeline:
     async def close(self) -> None:
         self._closed = True
         self.buffer.clear()
+        for utt in self._active:  # failures held for an end that will not come now
+            if utt.failure is not None:
+                failure, utt.failure = utt.failure, None
+                self._emit(failure)
         worker, self._worker = self._worker, None
         if worker is not None:
             worker.cancel()

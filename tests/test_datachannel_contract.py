@@ -151,13 +151,44 @@ async def test_the_rest_of_a_refused_stream_is_not_spoken_from_mid_sentence() ->
     drain = Drain(session.pipeline)
     session.handle_message(msg(type="text.delta", delta="Do not ", id="x"))
     session.handle_message(msg(type="text.delta", delta="press the red button! ", id="x"))
+    session.handle_message(msg(type="text.end"))  # accepted: it ends the refused stream
+    # Sent again from its start, as the error says: spoken whole.
+    session.handle_message(msg(type="text.delta", delta="Do not ", id="x"))
+    session.handle_message(msg(type="text.delta", delta="press the red button!", id="x"))
     session.handle_message(msg(type="text.end"))
-    await asyncio.sleep(0.3)
+    await wait_for(lambda: any(e["type"] == "speech.ended" for e in events))
     drain.stop()
     await session.close()
-    assert [e["code"] for e in events if e["type"] == "error"][:1] == ["rate_limited"]
+    errors = [(e["code"], e.get("id")) for e in events if e["type"] == "error"]
+    assert errors == [("rate_limited", "x"), ("stream_refused", "x")], errors
     spoken = [e["text"] for e in events if e["type"] == "speech.segment"]
-    assert spoken == [], spoken
+    assert spoken == ["Do not press the red button!"], spoken
+
+
+async def test_a_stream_refused_while_anothers_was_open_stays_refused_until_its_end() -> None:
+    """Refused stream_open (a room participant's, the brain's reply's stream was open), a
+    client's next delta opened its stream from mid-sentence once that stream ended. A
+    malformed delta refuses its stream alike."""
+    from agent.speech import SpeechError
+
+    for first in ({"delta": "Do not "}, {"delta": ["not", "a", "string"]}):
+        session = AgentSession("s", ToneEngine(seconds_per_word=0.01), Config())
+        events: list[Event] = []
+        session.outbox.send = events.append  # type: ignore[method-assign]
+        session.pipeline.start()
+        session.pipeline.text_delta("Someone else's. ", owner="reply-1")  # open meanwhile
+        session.handle_message(msg(type="text.delta", **first))
+        session.pipeline.text_end(owner="reply-1")
+        session.handle_message(msg(type="text.delta", delta="press the red button! "))
+        assert not session.pipeline.opens_stream(None)
+        session.handle_message(msg(type="text.end"))
+        assert session.pipeline.opens_stream(None)
+        with pytest.raises(SpeechError, match=r"without a text\.delta"):  # ended: no_stream now
+            session.pipeline.text_end()
+        await session.close()
+        codes = [e["code"] for e in events if e["type"] == "error"]
+        expected = "stream_open" if isinstance(first["delta"], str) else "bad_message"
+        assert codes == [expected, "stream_refused"], (first, codes)
 
 
 async def test_a_stream_refused_for_length_speaks_what_came_before_and_drops_the_rest() -> None:
@@ -183,7 +214,7 @@ async def test_a_stream_refused_for_length_speaks_what_came_before_and_drops_the
         drain.stop()
         await session.close()
     errors = [(e["code"], e.get("id")) for e in events if e["type"] == "error"]
-    assert errors == [("text_too_long", "x")], errors
+    assert errors == [("text_too_long", "x"), ("stream_refused", None)], errors
     spoken = [(e["id"], e["text"]) for e in events if e["type"] == "speech.segment"]
     assert spoken == [("x", "First part."), ("z", "Next stream.")], spoken
 
@@ -206,3 +237,14 @@ async def test_an_engine_error_cut_by_an_interrupt_still_reaches_the_client() ->
         ("speech.ended", "B"),
     ], order
     assert events[1]["code"] == "tts_failed"
+
+
+async def test_an_engine_error_held_for_its_end_is_sent_when_the_session_closes_first() -> None:
+    events: list[Event] = []
+    pipeline = SpeechPipeline(FailsOnBoom(), SpeechSettings(), events.append)
+    pipeline.start()
+    pipeline.say("one two three four five six seven eight", "A")  # buffered, unheard
+    pipeline.say("boom", "B")
+    await wait_for(lambda: pipeline.stats.engine_errors == 1)
+    await pipeline.close()
+    assert [(e["type"], e.get("code"), e["id"]) for e in events] == [("error", "tts_failed", "B")]
