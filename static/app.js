@@ -629,6 +629,9 @@ function interrupt() {
 // Data channel: server -> client events
 
 function onChannelMessage(ev) {
+  // Hang up ended the call (its items are cut off and forgotten) while its DELETE is on its
+  // way: what the server still says of it would make items anew.
+  if (session.hangingUp) return;
   let msg;
   const raw = typeof ev.data === "string" ? ev.data : new TextDecoder().decode(ev.data);
   try {
@@ -657,7 +660,7 @@ function handleEvent(msg) {
     case "speech.started": {
       // An id said again in this call (a repeated HTTP say) once its item ended: a new item.
       const old = items.get(String(msg.id ?? ""));
-      if (old && ["done", "interrupted"].includes(old.dataset.status)) items.delete(String(msg.id));
+      if (old && ["done", "interrupted", "error"].includes(old.dataset.status)) items.delete(String(msg.id));
       const li = ensureItem(msg.id);
       if (li.dataset.status !== "error") setItemStatus(li, "speaking", "speaking");
       break;

@@ -302,3 +302,44 @@ async def test_the_last_caption_stays_until_its_audio_is_heard(agent_page: Agent
     await ap.page.wait_for_function(
         "() => document.getElementById('caption').textContent === ''", timeout=2000
     )
+
+
+async def test_events_while_hang_up_waits_for_its_delete_make_no_new_items(
+    agent_page: AgentPage,
+) -> None:
+    """Hang up ends the call (its items cut off) and then waits up to 1 s for its DELETE,
+    the channel still open: what the server said meanwhile made a second item for the
+    same utterance."""
+    ap = agent_page
+    await connect(ap)
+    await ap.page.evaluate(FEED_JS, [{"type": "speech.started", "id": "u1"}])
+
+    async def slow_delete(route: Any) -> None:
+        await ap.page.evaluate(FEED_JS, [{"type": "speech.segment", "id": "u1", "text": "Hi."}])
+        await route.continue_()
+
+    await ap.page.route("**/sessions/*", slow_delete)
+    await ap.page.click("#hangup")
+    await ap.page.wait_for_selector('#state[data-state="closed"]')
+    items = await ap.page.evaluate(ITEMS_JS)
+    assert [(i["id"], i["status"]) for i in items] == [("u1", "interrupted")], items
+
+
+async def test_an_id_said_again_after_its_failure_gets_an_item_of_its_own(
+    agent_page: AgentPage,
+) -> None:
+    ap = agent_page
+    await connect(ap)
+    failed = [
+        {"type": "speech.started", "id": "g"},
+        {"type": "error", "code": "tts_failed", "message": "engine failed", "id": "g"},
+        {"type": "speech.ended", "id": "g", "interrupted": True},
+    ]
+    again = [
+        {"type": "speech.started", "id": "g"},
+        {"type": "speech.segment", "id": "g", "text": "Hello."},
+        {"type": "speech.ended", "id": "g", "interrupted": False},
+    ]
+    await ap.page.evaluate(FEED_JS, failed + again)
+    items = await ap.page.evaluate(ITEMS_JS)
+    assert [(i["id"], i["status"]) for i in items] == [("g", "error"), ("g", "done")], items
