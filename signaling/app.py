@@ -123,10 +123,16 @@ def product_app(config: Config) -> web.Application:
     return build_app(config, create_engine(config))
 
 
+# How long a stopping runner waits for requests still being handled (after the drain):
+# aiohttp's 60 s let one client trickling an offer's body hold the exit a minute past
+# --drain-deadline, past an orchestrator's grace period (SIGKILL).
+RUNNER_SHUTDOWN_S = 2.0
+
+
 def runner_options() -> dict[str, Any]:
     """What every runner of the app passes (web.run_app / web.AppRunner): an access log
-    that cannot leak tokens."""
-    return {"access_log_class": AccessLogger}
+    that cannot leak tokens, and a short wait for requests still in flight at exit."""
+    return {"access_log_class": AccessLogger, "shutdown_timeout": RUNNER_SHUTDOWN_S}
 
 
 async def _engine_lifecycle(app: web.Application) -> AsyncIterator[None]:

@@ -257,7 +257,10 @@ class SessionRegistry:
         """A new peer connection carrying ``peer``'s session, answered (not yet connected)."""
         session = peer.session
         pc = RTCPeerConnection(self._rtc_configuration())
-        life = Liveness()
+        # A new connection's own liveness, but the session's use goes on: a resume is no
+        # use of it (else a forgotten tab on a flaky network, resuming by itself, was never
+        # closed for idleness).
+        life = Liveness(last_activity=peer.life.last_activity)
         if isinstance(session, AgentSession):
             # Fired inside setRemoteDescription for an offer that sends audio (a microphone).
             pc.on("track", lambda track: self._on_track(session, pc, track, life))

@@ -323,3 +323,34 @@ async def test_tap_rtcp_sees_every_rtcp_packet_and_passes_it_on() -> None:
     tap_rtcp(sender, lambda: heard.append(1))  # type: ignore[arg-type]
     await sender._handle_rtcp_packet("rr")
     assert heard == [1] and passed == ["rr"]
+
+
+RESUMED_IDLE = LifecycleSettings(
+    connect_timeout_s=5, rtcp_timeout_s=3.0, resume_grace_s=5.0, idle_timeout_s=4.0
+)
+
+
+@pytest.mark.parametrize(
+    "server_config", [Config(host="127.0.0.1", port=0, lifecycle=RESUMED_IDLE)]
+)
+async def test_a_resume_does_not_restart_the_idle_timer(live_server: LiveServer) -> None:
+    """Only a client message (data channel, POST say) or speech keeps a session from
+    --idle-timeout (README, Idle); a resume is neither, but it started the timer afresh:
+    a forgotten tab on a flaky network, resuming by itself, was never closed."""
+    async with aiohttp.ClientSession() as http:
+        first = RtcClient(live_server.url, http)
+        await first.connect()
+        connected = time.monotonic()
+        sid = first.session_id
+        assert sid is not None
+        await asyncio.sleep(2.5)  # nothing sent, nothing said
+        await first.close()
+        await wait_for(http, live_server.url, sid, detached, 5)
+        second = RtcClient(live_server.url, http)
+        await second.connect(resume=first.session_token)
+        try:
+            await wait_for(http, live_server.url, sid, gone, 10)
+            idle_for = time.monotonic() - connected
+        finally:
+            await second.close()
+    assert idle_for <= RESUMED_IDLE.idle_timeout_s + 1.5, f"closed after {idle_for:.1f} s of no use"

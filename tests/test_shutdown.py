@@ -213,3 +213,34 @@ async def test_a_detached_session_does_not_hold_the_drain_to_its_deadline(
         took = time.monotonic() - started
     assert took < 2.0, f"drain waited {took:.1f} s for a session nobody can resume"
     assert len(live_server.app[SESSIONS]) == 0
+
+
+async def test_a_slow_request_body_does_not_hold_the_exit_past_the_deadline() -> None:
+    """Speech plays on until idle or --drain-deadline, the last events get up to 1 s, then
+    every peer is closed and the process exits 0 (README, Shutdown). A client still sending
+    an offer's body (a slow uplink, or on purpose) held the exit 60 s more (aiohttp's
+    default wait for requests in flight)."""
+    server = ServerProcess(["tests.serve_tone"], ["--drain-deadline", "1"])
+    try:
+        await server.ready()
+        _reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        writer.write(
+            b"POST /offer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b'Content-Length: 2000\r\n\r\n{"type": "offer", '
+        )
+        await writer.drain()
+        await asyncio.sleep(0.5)  # the handler is reading the body
+        signalled = time.monotonic()
+        server.terminate()
+        loop = asyncio.get_running_loop()
+        try:
+            status = await loop.run_in_executor(None, server.proc.wait, 10)
+        except subprocess.TimeoutExpired:
+            status = None
+        took = time.monotonic() - signalled
+        writer.close()
+    finally:
+        if server.proc.poll() is None:
+            server.proc.kill()
+    assert status == 0, f"still running {took:.1f} s after SIGTERM (drain deadline 1 s)"
+    assert took <= 1 + 3, f"exited {took:.1f} s after SIGTERM (drain deadline 1 s)"
