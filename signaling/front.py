@@ -146,6 +146,9 @@ async def post_offer(request: web.Request) -> web.StreamResponse:
 
     resume = text("resume")
     if resume is not None:
+        # Refused while draining, as one process refuses it (its worker may have exited
+        # already: its sessions were all detached, so it had nothing to wait for).
+        request.app[DRAIN].check()
         # A session token names its worker like a session id does.
         answer = await _forward(request, _session_worker(request, resume), body)
     else:
@@ -161,6 +164,7 @@ async def post_whep(request: web.Request) -> web.StreamResponse:
         request.app[LIMITS].check_offer(request.remote)
     resume = request.headers.get(SESSION_TOKEN_HEADER)
     if resume is not None:
+        request.app[DRAIN].check()  # as for /offer's resume
         answer = await _forward(request, _session_worker(request, resume))
     else:
         room = request.query.get("room") or claims(request).room
@@ -273,7 +277,10 @@ def _retry_after(refusal: dict[str, Any]) -> int:
 
 def _session_worker(request: web.Request, session_id_or_token: str) -> Worker:
     worker = request.app[POOL].for_session(session_id_or_token)
-    if worker is None or not worker.alive:
+    # A worker not polled ready since it (re)started holds no session (new ones go only to
+    # workers seen ready): a dead worker's sessions are unknown while its successor starts,
+    # not "worker_unavailable", which sent the page retrying a session that is gone.
+    if worker is None or not worker.alive or not worker.answered_at:
         raise ApiError(404, "unknown_session", "no session has this id or token")
     return worker
 

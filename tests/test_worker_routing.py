@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
@@ -91,6 +92,8 @@ async def front_and_worker(
         await web.UnixSite(worker_runner, worker.socket_path).start()
         worker.process = _Running()  # type: ignore[assignment]
         worker.ready = ready
+        if ready:  # as a status poll that found it ready leaves it
+            worker.answered_at = time.monotonic()
         worker.http = aiohttp.ClientSession(
             connector=aiohttp.UnixConnector(path=worker.socket_path)
         )
@@ -718,3 +721,79 @@ async def test_the_fronts_readyz_while_draining_says_when_to_ask_again() -> None
             assert resp.status == 503
             assert (await resp.json())["error"]["code"] == "shutting_down"
             assert int(resp.headers["Retry-After"]) >= 1
+
+
+def _restarting(pool: WorkerPool) -> None:
+    """Worker 0 died and was spawned again (workers.py _spawn): the new process is still
+    importing its way to its socket; its old sessions died with the old process."""
+    worker = pool.workers[0]
+    os.unlink(worker.socket_path)  # the new process has not bound it yet
+    worker.ready = False
+    worker.sessions = 0
+    worker.status = {}
+    worker.answered_at = 0.0
+
+
+async def test_a_dead_worker_s_session_is_unknown_while_its_worker_restarts() -> None:
+    """A dead worker's sessions died with it: requests for their ids get 404
+    unknown_session (README, Scaling out). While its successor started (~5 s) they got 503
+    worker_unavailable, and the page kept retrying a session that was gone."""
+    pools: list[WorkerPool] = []
+    config = Config(host="127.0.0.1", port=0, listen=ListenSettings(enabled=False))
+    async with (
+        front_and_worker(config, workers=2, pools=pools) as url,
+        aiohttp.ClientSession() as http,
+    ):
+        _restarting(pools[0])
+        sid = "w0-" + "a" * 32
+        async with http.get(f"{url}/sessions/{sid}") as resp:
+            got = (resp.status, (await resp.json())["error"]["code"])
+        assert got == (404, "unknown_session"), got
+
+
+async def test_a_resume_for_a_dead_worker_s_session_is_not_told_to_retry() -> None:
+    pools: list[WorkerPool] = []
+    config = Config(host="127.0.0.1", port=0, listen=ListenSettings(enabled=False))
+    offer = await an_offer()
+    async with (
+        front_and_worker(config, workers=2, pools=pools) as url,
+        aiohttp.ClientSession() as http,
+    ):
+        _restarting(pools[0])
+        body = {"type": "offer", "sdp": offer, "resume": "w0-" + "b" * 43}
+        async with http.post(url + "/offer", json=body) as resp:
+            got = (resp.status, (await resp.json())["error"]["code"])
+        # One process that restarted answers such a token 404 (the browser then stops).
+        assert got == (404, "unknown_session"), got
+
+
+class _Exited:
+    pid = 1
+    exitcode = 0
+
+    def is_alive(self) -> bool:
+        return False
+
+
+async def test_a_resume_during_the_front_s_drain_is_told_shutting_down() -> None:
+    """Offers, WHEP posts and resumes get 503 shutting_down while draining (README,
+    Shutdown). Under the front, a worker whose sessions were all detached finishes its
+    drain at once and exits (the front does not restart it while closing): a resume then
+    got 404."""
+
+    pools: list[WorkerPool] = []
+    apps: list[web.Application] = []
+    config = Config(host="127.0.0.1", port=0, listen=ListenSettings(enabled=False))
+    offer = await an_offer()
+    async with (
+        front_and_worker(config, workers=2, pools=pools, apps=apps) as url,
+        aiohttp.ClientSession() as http,
+    ):
+        apps[0][DRAIN].draining = True  # the front got SIGTERM
+        for worker_app in apps[1:]:
+            worker_app[DRAIN].draining = True  # ...and passed it on
+        pools[0].workers[0].process = _Exited()  # type: ignore[assignment]
+        body = {"type": "offer", "sdp": offer, "resume": "w0-" + "b" * 43}
+        async with http.post(url + "/offer", json=body) as resp:
+            got = (resp.status, (await resp.json())["error"]["code"])
+        assert got == (503, "shutting_down"), got
