@@ -193,13 +193,14 @@ class SpeechPipeline:
             del self._discarding[owner]
         refused = self._refused.get(owner)
         if refused is not None:
-            if utterance_id is None or utterance_id == refused:
+            if self._continues_refused(refused, utterance_id, owner):
                 raise SpeechError(
                     "stream_refused",
                     "this text stream was refused (its first error says why): end it with "
                     "text.end, then send it again from its start",
                 )
-            del self._refused[owner]
+            if self._stream is None or self._stream_owner != owner:
+                del self._refused[owner]  # a new stream (a new id): the refused one is left
         if self._stream is not None and (
             self._stream_owner != owner or utterance_id not in (None, self._stream.id)
         ):
@@ -231,22 +232,31 @@ class SpeechPipeline:
         stream = self._stream
         if stream is not None and self._stream_owner == owner:
             if utterance_id not in (None, stream.id):
-                return  # its own other stream is open: each of these deltas is refused
+                # A second stream of its own while one is open: that one goes on (its
+                # id-less deltas included), this one is refused up to a text.end.
+                self._refused[owner] = utterance_id
+                return
             self.text_end(owner)
             self._refused[owner] = stream.id
         else:
             # "" stands for an id-less stream: no id is empty, so only id-less deltas match.
             self._refused[owner] = utterance_id or ""
 
+    def _continues_refused(self, refused: str, utterance_id: str | None, owner: str) -> bool:
+        """Is a delta with this id the rest of ``owner``'s refused stream? Its id, or no id
+        while the writer has no stream of its own open (an open one takes id-less deltas)."""
+        own_open = self._stream is not None and self._stream_owner == owner
+        return utterance_id == refused or (utterance_id is None and not own_open)
+
     def opens_stream(self, utterance_id: str | None, owner: str = CLIENT) -> bool:
         """Would a text delta with this id from ``owner`` start a new utterance (rather than
         continue one, be dropped, or be refused)?"""
         if self._stream is not None:
             return False
-        return all(
-            ended is None or utterance_id not in (None, ended)
-            for ended in (self._discarding.get(owner), self._refused.get(owner))
-        )
+        interrupted, refused = self._discarding.get(owner), self._refused.get(owner)
+        if interrupted is not None and utterance_id in (None, interrupted):
+            return False
+        return refused is None or not self._continues_refused(refused, utterance_id, owner)
 
     async def stream_free(self, owner: str) -> None:
         """Return once ``owner`` may open a text stream: no other writer's is open. A brain's

@@ -248,3 +248,28 @@ async def test_an_engine_error_held_for_its_end_is_sent_when_the_session_closes_
     await wait_for(lambda: pipeline.stats.engine_errors == 1)
     await pipeline.close()
     assert [(e["type"], e.get("code"), e["id"]) for e in events] == [("error", "tts_failed", "B")]
+
+
+async def test_a_second_stream_refused_while_the_writers_own_is_open_stays_refused() -> None:
+    """A delta with a new id while the client's own stream was open was refused
+    (stream_open), and after that stream's end its next delta opened it mid-sentence."""
+    session = AgentSession("s", ToneEngine(seconds_per_word=0.01), Config())
+    events: list[Event] = []
+    session.outbox.send = events.append  # type: ignore[method-assign]
+    session.pipeline.start()
+    drain = Drain(session.pipeline)
+    session.handle_message(msg(type="text.delta", delta="First one ", id="x"))
+    session.handle_message(msg(type="text.delta", delta="Do not ", id="y"))  # refused
+    session.handle_message(msg(type="text.delta", delta="goes on."))  # x's, id-less
+    session.handle_message(msg(type="text.end"))  # x's end
+    session.handle_message(msg(type="text.delta", delta="press the red button! ", id="y"))
+    session.handle_message(msg(type="text.end"))  # y's end
+    session.handle_message(msg(type="text.delta", delta="Fresh start.", id="y"))
+    session.handle_message(msg(type="text.end"))
+    await wait_for(lambda: len([e for e in events if e["type"] == "speech.ended"]) == 2)
+    drain.stop()
+    await session.close()
+    errors = [(e["code"], e.get("id")) for e in events if e["type"] == "error"]
+    assert errors == [("stream_open", "y"), ("stream_refused", "y")], errors
+    spoken = [(e["id"], e["text"]) for e in events if e["type"] == "speech.segment"]
+    assert spoken == [("x", "First one goes on."), ("y", "Fresh start.")], spoken
