@@ -249,7 +249,12 @@ async def _delete(request: web.Request) -> web.Response:
 async def post_say(request: web.Request) -> web.Response:
     peer = _peer(request)
     require_speaker(request)
-    if isinstance(peer.session, RoomMember) and not peer.session.may_instruct:
+    # Both the session's participant and the caller: a speaker's token that learnt a
+    # host's session id must not instruct the agent of a hosts-only room through it.
+    if isinstance(peer.session, RoomMember) and not (
+        peer.session.may_instruct
+        and (peer.session.room.settings.instruct == "everyone" or claims(request).role == "host")
+    ):
         raise ApiError(403, "forbidden", "only hosts may instruct the agent in this room")
     request.app[LIMITS].check_speech(request.remote)
     body = await _json_body(request)

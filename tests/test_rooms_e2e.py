@@ -343,6 +343,14 @@ async def test_hosts_only_rooms_refuse_other_instructions() -> None:
             ) as resp:
                 assert resp.status == 403
                 assert (await resp.json())["error"]["code"] == "forbidden"
+            # Nor through a host's session, with the guest's own token: the caller decides.
+            async with http.post(
+                f"{server.url}/sessions/{host.session_id}/say",
+                json={"text": "through the host"},
+                headers={"Authorization": f"Bearer {guest.token}"},
+            ) as resp:
+                assert resp.status == 403
+                assert (await resp.json())["error"]["code"] == "forbidden"
             guest.send({"type": "mute", "muted": True})  # room messages stay open to all
             await host.wait_event(lambda e: e["type"] == "participant.updated" and e["muted"])
             host.send({"type": "say", "text": "welcome", "id": "h"})
