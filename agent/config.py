@@ -131,6 +131,10 @@ class SpeechSettings:
     max_text_chars: int = 5_000
     # Largest data-channel message accepted (bytes).
     max_message_bytes: int = 16_384
+    # A client's (or room participant's) text stream with no delta for this long is ended
+    # as if its text.end came: one left open (an LLM call that died) held every later say
+    # and reply of the session, of a whole room, for good. Longer than the LLM timeout.
+    stream_idle_timeout_s: float = 30.0
 
 
 # The devices ChatTTS may load on (torch's names); "auto": CUDA when present, else CPU.

@@ -60,7 +60,7 @@ from agent.protocol import (
     refused_delta,
 )
 from agent.receive_buffer import install_receive_buffer
-from agent.speech import Event, SpeechError, SpeechPipeline
+from agent.speech import STREAM_TIMEOUT_MESSAGE, Event, SpeechError, SpeechPipeline
 from agent.track import OpusPacketTrack
 from agent.turns import Conversation
 
@@ -167,6 +167,10 @@ class Room:
             for feed in list(self.slots):
                 if feed is not None:
                     feed.check_hold(now)
+            writer = self.pipeline.end_stalled_stream(now, self.members)
+            member = self.members.get(writer) if writer is not None else None
+            if member is not None:
+                member.send_error("stream_timeout", STREAM_TIMEOUT_MESSAGE)
 
     async def close(self) -> None:
         self.closed = True

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable, Coroutine
 from concurrent.futures import Executor
 from typing import TYPE_CHECKING, Any
@@ -31,7 +32,7 @@ from agent.protocol import (
     parse_message,
     refused_delta,
 )
-from agent.speech import Event, SpeechError, SpeechPipeline
+from agent.speech import CLIENT, STREAM_TIMEOUT_MESSAGE, Event, SpeechError, SpeechPipeline
 from agent.track import OpusPacketTrack
 from agent.turns import Conversation
 
@@ -127,10 +128,15 @@ class AgentSession:
             await asyncio.sleep(interval if send_stats else 1.0)
             try:
                 self.network.tick()
+                self._end_stalled_stream()
                 if send_stats and self.outbox.open:
                     self.send_event({"type": "stats", **self.network_stats()})
             except Exception:  # stats must never end the session
                 log.exception("session %s: stats failed", self.id)
+
+    def _end_stalled_stream(self) -> None:
+        if self.pipeline.end_stalled_stream(time.monotonic(), (CLIENT,)) is not None:
+            self.send_error("stream_timeout", STREAM_TIMEOUT_MESSAGE)
 
     def listen(
         self,

@@ -16,7 +16,7 @@ import logging
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from contextlib import aclosing, suppress
 from dataclasses import dataclass, field
 from functools import partial
@@ -47,6 +47,11 @@ MAX_SEGMENT_CHARS = 200
 # brain reply, a room participant). Only the stream's writer may continue or end it, so a
 # stray ``text.end`` or id-less delta cannot cut or join someone else's utterance.
 CLIENT = "client"
+# What a writer whose stream end_stalled_stream ended is told (error ``stream_timeout``).
+STREAM_TIMEOUT_MESSAGE = (
+    "the text stream had no delta for too long: ended as if its text.end came (what it sent "
+    "is spoken); its later deltas are refused until its text.end"
+)
 
 
 def discard_event(event: Event) -> None:
@@ -120,6 +125,7 @@ class SpeechPipeline:
         self._active: list[Utterance] = []
         self._stream: Utterance | None = None  # the open text.delta utterance
         self._stream_owner = CLIENT  # ... and who writes it
+        self._stream_fed_at = 0.0  # ... and when its last delta came (monotonic)
         self._segmenter: Segmenter | None = None
         self._stream_ended = asyncio.Event()  # set when an open stream ends (stream_free)
         # Each writer's interrupted stream (writer -> its id), whose further deltas are
@@ -218,6 +224,7 @@ class SpeechPipeline:
             self._segmenter = Segmenter(max_chars=MAX_SEGMENT_CHARS)
         utt, segmenter = self._stream, self._segmenter
         assert segmenter is not None
+        self._stream_fed_at = time.monotonic()
         utt.chars += len(delta)
         for segment in self._spoken(segmenter.push(delta)):
             utt.segments.put_nowait(segment)
@@ -247,6 +254,21 @@ class SpeechPipeline:
         while the writer has no stream of its own open (an open one takes id-less deltas)."""
         own_open = self._stream is not None and self._stream_owner == owner
         return utterance_id == refused or (utterance_id is None and not own_open)
+
+    def end_stalled_stream(self, now: float, writers: Container[str]) -> str | None:
+        """End the open stream of one of ``writers`` that had no delta for
+        ``stream_idle_timeout_s``, as its text.end would (what it sent is spoken); its
+        later deltas are refused (``stream_refused``) up to its own text.end. Returns its
+        writer, to be told (``stream_timeout``); None if nothing was ended."""
+        stream, owner = self._stream, self._stream_owner
+        timeout = self.settings.stream_idle_timeout_s
+        if stream is None or owner not in writers or timeout <= 0:
+            return None
+        if now - self._stream_fed_at < timeout:
+            return None
+        self.text_end(owner)
+        self._refused[owner] = stream.id
+        return owner
 
     def opens_stream(self, utterance_id: str | None, owner: str = CLIENT) -> bool:
         """Would a text delta with this id from ``owner`` start a new utterance (rather than

@@ -273,3 +273,41 @@ async def test_a_second_stream_refused_while_the_writers_own_is_open_stays_refus
     assert errors == [("stream_open", "y"), ("stream_refused", "y")], errors
     spoken = [(e["id"], e["text"]) for e in events if e["type"] == "speech.segment"]
     assert spoken == [("x", "First one goes on."), ("y", "Fresh start.")], spoken
+
+
+async def test_a_stream_left_open_is_ended_after_its_idle_timeout() -> None:
+    """A stream whose writer went quiet (its LLM call died, no text.end) held every later
+    say and reply of the session for good (a room's, for everyone in it). After
+    stream_idle_timeout_s it is ended as its text.end would: what it sent is spoken, the
+    writer is told (stream_timeout), and its later deltas are refused up to its end."""
+    settings = SpeechSettings(stream_idle_timeout_s=0.3)
+    session = AgentSession("s", ToneEngine(seconds_per_word=0.01), Config(speech=settings))
+    events: list[Event] = []
+    session.outbox.send = events.append  # type: ignore[method-assign]
+    session.start()  # its once-a-second tick ends the stalled stream
+    drain = Drain(session.pipeline)
+    try:
+        session.handle_message(msg(type="text.delta", delta="Hello there. And then", id="x"))
+        session.handle_message(msg(type="say", text="Queued behind it.", id="q"))
+        await wait_for(lambda: any(e.get("code") == "stream_timeout" for e in events), 3)
+        await wait_for(lambda: {"type": "speech.ended", "id": "q", "interrupted": False} in events)
+        session.handle_message(msg(type="text.delta", delta="more of x"))  # refused
+        session.handle_message(msg(type="text.end"))  # accepted: x's end
+    finally:
+        drain.stop()
+        await session.close()
+    spoken = [(e["id"], e["text"]) for e in events if e["type"] == "speech.segment"]
+    assert spoken == [("x", "Hello there."), ("x", "And then"), ("q", "Queued behind it.")]
+    errors = [(e["code"], e.get("id")) for e in events if e["type"] == "error"]
+    assert errors == [("stream_timeout", None), ("stream_refused", None)], errors
+
+
+async def test_only_a_listed_writers_stream_that_went_quiet_is_ended() -> None:
+    pipeline = SpeechPipeline(ToneEngine(), SpeechSettings(stream_idle_timeout_s=30), print)
+    pipeline.text_delta("A reply being written", owner="reply-1")
+    now = time.monotonic()
+    assert pipeline.end_stalled_stream(now + 60, ("client",)) is None  # not the client's
+    assert pipeline.end_stalled_stream(now + 10, ("reply-1",)) is None  # not quiet for long
+    assert pipeline.end_stalled_stream(now + 60, ("reply-1",)) == "reply-1"
+    assert pipeline.opens_stream("another", owner="reply-1")
+    pipeline.discard()

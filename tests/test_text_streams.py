@@ -428,3 +428,27 @@ async def test_a_repeated_mute_tells_the_room_only_of_a_change() -> None:
     assert [e["muted"] for e in updates] == [True, False]
     await room.leave(a)
     await room.leave(b)
+
+
+async def test_a_room_participants_stream_left_open_is_ended_for_everyone_else() -> None:
+    """A participant's stream left open held the room's agent for everyone: every other
+    participant's chat waited for it for good. It is ended after its idle timeout (what it
+    sent is spoken), its writer told, and the chat is answered."""
+    settings = SpeechSettings(stream_idle_timeout_s=0.5)
+    room = Room("r", ToneEngine(seconds_per_word=0.02), Config(speech=settings))
+    room.start()
+    a = room.join("sa", speaking=False, host=True, expects_channel=False)
+    b = room.join("sb", speaking=False, host=True, expects_channel=False)
+    sent_a: list[Event] = []
+    sent_b: list[Event] = []
+    a.outbox.send = sent_a.append  # type: ignore[method-assign]
+    b.outbox.send = sent_b.append  # type: ignore[method-assign]
+    try:
+        a.handle_message(msg(type="text.delta", id="a1", delta="Hello everyone, "))
+        b.handle_message(msg(type="chat", text="What is two plus two?"))
+        await wait_for(lambda: len(of(sent_b, "speech.ended")) == 2, timeout=10)
+        assert spoken(sent_b) == ["Hello everyone,", "What is two plus two?"]  # echo brain
+        assert [e["code"] for e in of(sent_a, "error")] == ["stream_timeout"]
+        assert not of(sent_b, "error")
+    finally:
+        await room.close()
