@@ -279,7 +279,10 @@ class SessionRegistry:
             else:
                 sender = pc.addTrack(session.track)
                 transceiver = next(t for t in pc.getTransceivers() if t.sender is sender)
-            _refuse_unused_media(pc)
+            # The microphone a 1:1 session listens to may be on any audio section (a client
+            # that offers recvonly first, then its microphone sendonly): that one stays.
+            inbound = session.inbound if isinstance(session, AgentSession) else None
+            _refuse_unused_media(pc, inbound.track if inbound is not None else None)
             for each in pc.getSenders():  # any RTCP from the peer says it is still there
                 tap_rtcp(each, life.heard)
             if peer.kind == "offer":
@@ -563,13 +566,14 @@ async def _close_quietly(pc: RTCPeerConnection) -> None:
         log.debug("closing a half-negotiated peer connection failed", exc_info=True)
 
 
-def _refuse_unused_media(pc: RTCPeerConnection) -> None:
-    """Answer ``inactive`` the sections the agent sends nothing on (a second audio section
-    of a 1:1 call, one past a room's slots, video): aiortc would otherwise receive what the
-    peer sends there, decoding it (video too, at a video decoder's cost) into a queue that
-    only a reader empties, on the event loop's CPU."""
+def _refuse_unused_media(pc: RTCPeerConnection, listened: object | None) -> None:
+    """Answer ``inactive`` the sections the agent neither sends on nor listens to (a second
+    audio section of a 1:1 call, one past a room's slots, video): aiortc would otherwise
+    receive what the peer sends there, decoding it (video too, at a video decoder's cost)
+    into a queue that only a reader empties, on the event loop's CPU. ``listened``: the
+    microphone track the session listens to."""
     for transceiver in pc.getTransceivers():
-        if transceiver.sender.track is None:
+        if transceiver.sender.track is None and transceiver.receiver.track is not listened:
             transceiver.direction = "inactive"
 
 

@@ -9,6 +9,7 @@ import asyncio
 
 import aiohttp
 import pytest
+from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import VideoStreamTrack
 
 from agent.config import RoomSettings
@@ -85,3 +86,35 @@ async def test_video_and_a_second_audio_of_a_call_are_answered_inactive(
     directions = sorted((kind, direction) for kind, direction, _ in receiving)
     assert directions == [("audio", "inactive"), ("audio", "sendrecv"), ("video", "inactive")]
     assert max(queued for *_, queued in receiving) <= MAX_QUEUED_FRAMES, receiving
+
+
+async def test_a_microphone_on_the_second_audio_section_is_heard(live_server: LiveServer) -> None:
+    """A client that offers the agent's voice recvonly first, then its microphone
+    sendonly (addTransceiver twice): the microphone's section was answered inactive as
+    one the agent sends nothing on, and the session listened to a silent track."""
+    pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+    try:
+        pc.addTransceiver("audio", direction="recvonly")  # the agent's voice
+        mic_t = pc.addTransceiver(ToneMicrophone(1000.0), direction="sendonly")
+        channel = pc.createDataChannel("agent")
+        opened = asyncio.Event()
+        channel.on("open", opened.set)
+        await pc.setLocalDescription(await pc.createOffer())
+        async with (
+            aiohttp.ClientSession() as http,
+            http.post(
+                live_server.url + "/offer", json={"sdp": pc.localDescription.sdp, "type": "offer"}
+            ) as resp,
+        ):
+            assert resp.status == 200, await resp.text()
+            data = await resp.json()
+        await pc.setRemoteDescription(RTCSessionDescription(sdp=data["sdp"], type="answer"))
+        await asyncio.wait_for(opened.wait(), 10)
+        await asyncio.sleep(2.0)
+        peer = live_server.app[SESSIONS].get(data["session_id"])
+        inbound = peer.session.inbound
+        server_t = next(t for t in peer.pc.getTransceivers() if t.receiver.track is inbound.track)
+        state = (server_t.currentDirection, mic_t.currentDirection, inbound.stats.frames)
+    finally:
+        await pc.close()
+    assert state[2] > 0, f"the session listens to a track answered {state[0]!r}: deaf ({state})"
