@@ -652,7 +652,8 @@ class RoomMember:
             )
             self._apply(message)
         except (ProtocolError, SpeechError) as exc:
-            if refused_delta(message, exc):  # the rest of its stream goes with it
+            # The rest of its stream goes with it (already so for a stream_refused one).
+            if refused_delta(message, exc) and exc.code != "stream_refused":
                 self.pipeline.refuse_rest(answered_id(message, exc), owner=self.participant_id)
             self.send_error(exc.code, exc.message, answered_id(message, exc))
         except Exception:

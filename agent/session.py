@@ -197,7 +197,8 @@ class AgentSession:
             admit_speech(message, self.pipeline.opens_stream, self.hooks)
             self.apply(message)
         except (ProtocolError, SpeechError) as exc:
-            if refused_delta(message, exc):  # the rest of its stream goes with it
+            # The rest of its stream goes with it (already so for a stream_refused one).
+            if refused_delta(message, exc) and exc.code != "stream_refused":
                 self.pipeline.refuse_rest(answered_id(message, exc))
             self.send_error(exc.code, exc.message, answered_id(message, exc))
         except Exception:  # a bug must not take the session down; say so and log it

@@ -47,6 +47,7 @@ MAX_SEGMENT_CHARS = 200
 # brain reply, a room participant). Only the stream's writer may continue or end it, so a
 # stray ``text.end`` or id-less delta cannot cut or join someone else's utterance.
 CLIENT = "client"
+MAX_REFUSED_STREAMS = 16  # refused stream ids remembered per writer (agent/speech.py)
 # What a writer whose stream end_stalled_stream ended is told (error ``stream_timeout``).
 STREAM_TIMEOUT_MESSAGE = (
     "the text stream had no delta for too long: ended as if its text.end came (what it sent "
@@ -132,10 +133,11 @@ class SpeechPipeline:
         # dropped until its end: several writers can each have one (a client, a reply, room
         # participants). One entry per writer at most; its end or next stream removes it.
         self._discarding: dict[str, str] = {}
-        # Each writer's refused stream (writer -> its id, "" for an id-less one), whose
-        # further deltas are refused (stream_refused) until its end, rather than opening
-        # the stream from the middle of a sentence. As above, one per writer.
-        self._refused: dict[str, str] = {}
+        # Each writer's refused streams (writer -> their ids, in order; "" while id-less
+        # deltas continue one), whose further deltas are refused (stream_refused) until the
+        # writer's text.end, rather than opening a stream from the middle of a sentence.
+        # At most MAX_REFUSED_STREAMS ids per writer.
+        self._refused: dict[str, dict[str, None]] = {}
         self._wakeup = asyncio.Event()
         self._worker: asyncio.Task[None] | None = None
         # The context the worker first started in (a session's, or a room's empty one): a
@@ -205,8 +207,10 @@ class SpeechPipeline:
                     "this text stream was refused (its first error says why): end it with "
                     "text.end, then send it again from its start",
                 )
-            if self._stream is None or self._stream_owner != owner:
-                del self._refused[owner]  # a new stream (a new id): the refused one is left
+            if self._stream is None:
+                # A new stream (a new id): id-less deltas continue it from now on, not the
+                # refused ones, whose own ids stay refused.
+                refused.pop("", None)
         if self._stream is not None and (
             self._stream_owner != owner or utterance_id not in (None, self._stream.id)
         ):
@@ -241,19 +245,32 @@ class SpeechPipeline:
             if utterance_id not in (None, stream.id):
                 # A second stream of its own while one is open: that one goes on (its
                 # id-less deltas included), this one is refused up to a text.end.
-                self._refused[owner] = utterance_id
+                self._refuse(owner, utterance_id)
                 return
             self.text_end(owner)
-            self._refused[owner] = stream.id
+            self._refuse(owner, stream.id, "")
         else:
-            # "" stands for an id-less stream: no id is empty, so only id-less deltas match.
-            self._refused[owner] = utterance_id or ""
+            # "": id-less deltas continue the refused stream (ids are never empty).
+            self._refuse(owner, utterance_id or "", "")
 
-    def _continues_refused(self, refused: str, utterance_id: str | None, owner: str) -> bool:
-        """Is a delta with this id the rest of ``owner``'s refused stream? Its id, or no id
-        while the writer has no stream of its own open (an open one takes id-less deltas)."""
+    def _refuse(self, owner: str, *ids: str) -> None:
+        refused = self._refused.setdefault(owner, {})
+        for utterance_id in ids:
+            refused.pop(utterance_id, None)
+            refused[utterance_id] = None  # the newest last
+        while len(refused) > MAX_REFUSED_STREAMS:  # a writer refused again and again
+            del refused[next(iter(refused))]
+
+    def _continues_refused(
+        self, refused: dict[str, None], utterance_id: str | None, owner: str
+    ) -> bool:
+        """Is a delta with this id the rest of one of ``owner``'s refused streams? One of
+        their ids; or no id while id-less deltas continue one and the writer has no stream
+        of its own open (an open one takes id-less deltas)."""
+        if utterance_id is not None:
+            return utterance_id in refused
         own_open = self._stream is not None and self._stream_owner == owner
-        return utterance_id == refused or (utterance_id is None and not own_open)
+        return "" in refused and not own_open
 
     def end_stalled_stream(self, now: float, writers: Container[str]) -> str | None:
         """End the open stream of one of ``writers`` that had no delta for
@@ -267,7 +284,7 @@ class SpeechPipeline:
         if now - self._stream_fed_at < timeout:
             return None
         self.text_end(owner)
-        self._refused[owner] = stream.id
+        self._refuse(owner, stream.id, "")
         return owner
 
     def opens_stream(self, utterance_id: str | None, owner: str = CLIENT) -> bool:
@@ -292,7 +309,7 @@ class SpeechPipeline:
         """End ``owner``'s text stream (or forget its interrupted or refused one)."""
         if self._stream is None or self._stream_owner != owner:
             interrupted = self._discarding.pop(owner, None)
-            if self._refused.pop(owner, None) is not None or interrupted is not None:
+            if self._refused.pop(owner, None) or interrupted is not None:
                 return None
             raise SpeechError("no_stream", "text.end without a text.delta stream")
         utt, segmenter = self._stream, self._segmenter

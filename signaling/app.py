@@ -125,8 +125,9 @@ def product_app(config: Config) -> web.Application:
 
 # How long a stopping runner waits for requests still being handled (after the drain):
 # aiohttp's 60 s let one client trickling an offer's body hold the exit a minute past
-# --drain-deadline, past an orchestrator's grace period (SIGKILL).
-RUNNER_SHUTDOWN_S = 2.0
+# --drain-deadline, past an orchestrator's grace period (SIGKILL). Long enough for an
+# offer being answered to get its 503 (ICE gathering against a silent STUN server: 5 s).
+RUNNER_SHUTDOWN_S = 6.0
 
 
 def runner_options() -> dict[str, Any]:

@@ -77,15 +77,17 @@ def _check_attributes(lines: list[str]) -> None:
       aiortc's header packing, and the session never sent a packet."""
     # Distinct transport addresses: browsers list the shared (BUNDLE) transport's
     # candidates again in every section (a room page's 6 sections, 4 each), and aioice
-    # ignores one whose address it has; what costs is each new one.
-    candidates = len(
-        {_candidate_address(line) for line in lines if line.startswith("a=candidate:")}
-    )
+    # ignores one whose address it has; what costs is each new one. Without BUNDLE, aiortc
+    # gives sections transports of their own, each adding its section's candidates: every
+    # line counts.
+    listed = [_candidate_address(line) for line in lines if line.startswith("a=candidate:")]
+    bundled = any(line.startswith("a=group:BUNDLE") for line in lines)
+    candidates = len(set(listed)) if bundled else len(listed)
     if candidates > MAX_CANDIDATES:
         raise ApiError(
             400,
             "bad_sdp",
-            f"the offer has {candidates} distinct ICE candidates, at most {MAX_CANDIDATES}",
+            f"the offer has {candidates} ICE candidates to add, at most {MAX_CANDIDATES}",
         )
     ssrc_lines = sum(1 for line in lines if line.startswith("a=ssrc:"))
     if ssrc_lines > MAX_SSRC_LINES:

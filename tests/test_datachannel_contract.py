@@ -15,7 +15,7 @@ import pytest
 from agent.config import Config, LifecycleSettings, SpeechSettings
 from agent.engine import PCM, EngineError, VoiceOptions
 from agent.session import AgentSession
-from agent.speech import SpeechPipeline
+from agent.speech import SpeechError, SpeechPipeline
 from tests.conftest import LiveServer
 from tests.doubles import ToneEngine
 from tests.rtc_client import RtcClient
@@ -169,8 +169,6 @@ async def test_a_stream_refused_while_anothers_was_open_stays_refused_until_its_
     """Refused stream_open (a room participant's, the brain's reply's stream was open), a
     client's next delta opened its stream from mid-sentence once that stream ended. A
     malformed delta refuses its stream alike."""
-    from agent.speech import SpeechError
-
     for first in ({"delta": "Do not "}, {"delta": ["not", "a", "string"]}):
         session = AgentSession("s", ToneEngine(seconds_per_word=0.01), Config())
         events: list[Event] = []
@@ -311,3 +309,58 @@ async def test_only_a_listed_writers_stream_that_went_quiet_is_ended() -> None:
     assert pipeline.end_stalled_stream(now + 60, ("reply-1",)) == "reply-1"
     assert pipeline.opens_stream("another", owner="reply-1")
     pipeline.discard()
+
+
+async def test_a_stream_ended_for_stalling_keeps_a_second_refused_stream_refused() -> None:
+    """One marker per writer: a second refused stream's was overwritten when the open
+    one was ended (idle timeout, text_too_long), and its rest then opened mid-sentence."""
+    p = SpeechPipeline(ToneEngine(), SpeechSettings(stream_idle_timeout_s=30), print)
+    p.text_delta("First one ", "s")
+    with pytest.raises(SpeechError, match="still open"):
+        p.text_delta("Do not ", "t")  # stream_open
+    p.refuse_rest("t")  # as the session does: t refused up to its end
+    with pytest.raises(SpeechError) as exc:
+        p.text_delta("press ", "t")
+    assert exc.value.code == "stream_refused"
+    # s goes quiet and is ended by the idle timeout
+    assert p.end_stalled_stream(time.monotonic() + 60, ("client",)) == "client"
+    # t's rest must still be refused (it was never ended) ...
+    assert not p.opens_stream("t"), "t's rest would open a stream mid-sentence"
+    p.discard()
+
+
+async def test_a_refused_open_stream_keeps_a_second_refused_stream_refused() -> None:
+    p = SpeechPipeline(ToneEngine(), SpeechSettings(max_text_chars=20), print)
+    p.text_delta("First one ", "s")
+    with pytest.raises(SpeechError, match="still open"):
+        p.text_delta("Do not ", "t")
+    p.refuse_rest("t")
+    with pytest.raises(SpeechError) as exc:
+        p.text_delta("x" * 30, "s")  # text_too_long on s
+    assert exc.value.code == "text_too_long"
+    p.refuse_rest("s")
+    assert not p.opens_stream("t"), "t's rest would open a stream mid-sentence"
+    p.discard()
+
+
+async def test_an_id_less_delta_of_a_refused_stream_keeps_its_id_refused() -> None:
+    """A stream 'x' refused (stream_open: a reply was streaming); the client went on with
+    id-less deltas (each stream_refused, which re-marked the stream id-less), then one
+    with its id again: opened mid-sentence."""
+
+    session = AgentSession("s", ToneEngine(seconds_per_word=0.01), Config())
+    events: list[Event] = []
+    session.outbox.send = events.append  # type: ignore[method-assign]
+    session.pipeline.start()
+    session.pipeline.text_delta("Someone else's. ", owner="reply-1")
+    session.handle_message(msg(type="text.delta", delta="Do not ", id="x"))  # stream_open
+    session.handle_message(msg(type="text.delta", delta="ever "))  # stream_refused
+    session.pipeline.text_end(owner="reply-1")
+    opens = session.pipeline.opens_stream("x")
+    session.handle_message(msg(type="text.delta", delta="press the red button!", id="x"))
+    codes = [e["code"] for e in events if e["type"] == "error"]
+    await session.close()
+    assert not opens and codes == ["stream_open", "stream_refused", "stream_refused"], (
+        opens,
+        codes,
+    )

@@ -434,7 +434,7 @@ def _with_line(sdp: str, line: str) -> str:
     ("rewrite", "words"),
     [
         # ~1000 candidates fit in 64 KiB; aioice adds them quadratically on the event loop.
-        (lambda sdp: _many_candidates(sdp, 65), "65 distinct ICE candidates"),
+        (lambda sdp: _many_candidates(sdp, 65), "65 ICE candidates to add"),
         (
             lambda sdp: _with_line(sdp, "\r\n".join(f"a=ssrc:{i} cname:x" for i in range(256))),
             "at most 256",
@@ -493,6 +493,31 @@ async def test_a_room_offer_repeating_its_candidates_in_every_section_is_answere
             session_id = (await r.json())["session_id"]
         async with http.delete(f"{live_server.url}/sessions/{session_id}") as r:
             assert r.status == 204
+
+
+async def test_candidates_repeated_in_sections_without_bundle_count_each_time(
+    live_server: LiveServer,
+) -> None:
+    """Without BUNDLE each section gets a transport of its own, which adds that section's
+    candidates: the same 30 addresses in 3 sections are 90 to add, past the limit."""
+    candidates = "".join(
+        f"a=candidate:{i} 1 udp {2_000_000_000 - i} 127.0.0.1 {40_000 + i} typ host\r\n"
+        for i in range(30)
+    )
+    lines = (await _sections_offer(2)).splitlines(True)  # 2 audio and the data channel
+    lines = [
+        line
+        for line in lines
+        if not line.startswith(("a=candidate:", "a=group:BUNDLE", "a=end-of-candidates"))
+    ]
+    sdp = "".join(line + candidates if line.startswith("a=mid:") else line for line in lines)
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(live_server.url + "/offer", json={"type": "offer", "sdp": sdp}) as resp,
+    ):
+        assert resp.status == 400, await resp.text()
+        error = await _error(resp)
+    assert error["code"] == "bad_sdp" and "90 ICE candidates to add" in error["message"]
 
 
 async def test_a_whep_body_that_decodes_to_a_lone_surrogate_is_a_400_and_leaves_no_session(
