@@ -167,10 +167,10 @@ class Room:
             for feed in list(self.slots):
                 if feed is not None:
                     feed.check_hold(now)
-            writer = self.pipeline.end_stalled_stream(now, self.members)
-            member = self.members.get(writer) if writer is not None else None
-            if member is not None:
-                member.send_error("stream_timeout", STREAM_TIMEOUT_MESSAGE)
+            ended = self.pipeline.end_stalled_stream(now, self.members)
+            member = self.members.get(ended[0]) if ended is not None else None
+            if ended is not None and member is not None:
+                member.send_error("stream_timeout", STREAM_TIMEOUT_MESSAGE, ended[1])
 
     async def close(self) -> None:
         self.closed = True

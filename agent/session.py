@@ -135,8 +135,9 @@ class AgentSession:
                 log.exception("session %s: stats failed", self.id)
 
     def _end_stalled_stream(self) -> None:
-        if self.pipeline.end_stalled_stream(time.monotonic(), (CLIENT,)) is not None:
-            self.send_error("stream_timeout", STREAM_TIMEOUT_MESSAGE)
+        ended = self.pipeline.end_stalled_stream(time.monotonic(), (CLIENT,))
+        if ended is not None:
+            self.send_error("stream_timeout", STREAM_TIMEOUT_MESSAGE, ended[1])
 
     def listen(
         self,

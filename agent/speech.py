@@ -272,11 +272,11 @@ class SpeechPipeline:
         own_open = self._stream is not None and self._stream_owner == owner
         return "" in refused and not own_open
 
-    def end_stalled_stream(self, now: float, writers: Container[str]) -> str | None:
+    def end_stalled_stream(self, now: float, writers: Container[str]) -> tuple[str, str] | None:
         """End the open stream of one of ``writers`` that had no delta for
         ``stream_idle_timeout_s``, as its text.end would (what it sent is spoken); its
         later deltas are refused (``stream_refused``) up to its own text.end. Returns its
-        writer, to be told (``stream_timeout``); None if nothing was ended."""
+        writer and its id, to be told (``stream_timeout``); None if nothing was ended."""
         stream, owner = self._stream, self._stream_owner
         timeout = self.settings.stream_idle_timeout_s
         if stream is None or owner not in writers or timeout <= 0:
@@ -285,7 +285,7 @@ class SpeechPipeline:
             return None
         self.text_end(owner)
         self._refuse(owner, stream.id, "")
-        return owner
+        return owner, stream.id
 
     def opens_stream(self, utterance_id: str | None, owner: str = CLIENT) -> bool:
         """Would a text delta with this id from ``owner`` start a new utterance (rather than

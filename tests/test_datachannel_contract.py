@@ -297,7 +297,7 @@ async def test_a_stream_left_open_is_ended_after_its_idle_timeout() -> None:
     spoken = [(e["id"], e["text"]) for e in events if e["type"] == "speech.segment"]
     assert spoken == [("x", "Hello there."), ("x", "And then"), ("q", "Queued behind it.")]
     errors = [(e["code"], e.get("id")) for e in events if e["type"] == "error"]
-    assert errors == [("stream_timeout", None), ("stream_refused", None)], errors
+    assert errors == [("stream_timeout", "x"), ("stream_refused", None)], errors
 
 
 async def test_only_a_listed_writers_stream_that_went_quiet_is_ended() -> None:
@@ -306,7 +306,8 @@ async def test_only_a_listed_writers_stream_that_went_quiet_is_ended() -> None:
     now = time.monotonic()
     assert pipeline.end_stalled_stream(now + 60, ("client",)) is None  # not the client's
     assert pipeline.end_stalled_stream(now + 10, ("reply-1",)) is None  # not quiet for long
-    assert pipeline.end_stalled_stream(now + 60, ("reply-1",)) == "reply-1"
+    ended = pipeline.end_stalled_stream(now + 60, ("reply-1",))
+    assert ended is not None and ended[0] == "reply-1"
     assert pipeline.opens_stream("another", owner="reply-1")
     pipeline.discard()
 
@@ -323,7 +324,7 @@ async def test_a_stream_ended_for_stalling_keeps_a_second_refused_stream_refused
         p.text_delta("press ", "t")
     assert exc.value.code == "stream_refused"
     # s goes quiet and is ended by the idle timeout
-    assert p.end_stalled_stream(time.monotonic() + 60, ("client",)) == "client"
+    assert p.end_stalled_stream(time.monotonic() + 60, ("client",)) == ("client", "s")
     # t's rest must still be refused (it was never ended) ...
     assert not p.opens_stream("t"), "t's rest would open a stream mid-sentence"
     p.discard()

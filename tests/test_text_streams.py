@@ -448,7 +448,7 @@ async def test_a_room_participants_stream_left_open_is_ended_for_everyone_else()
         b.handle_message(msg(type="chat", text="What is two plus two?"))
         await wait_for(lambda: len(of(sent_b, "speech.ended")) == 2, timeout=10)
         assert spoken(sent_b) == ["Hello everyone,", "What is two plus two?"]  # echo brain
-        assert [e["code"] for e in of(sent_a, "error")] == ["stream_timeout"]
+        assert [(e["code"], e["id"]) for e in of(sent_a, "error")] == [("stream_timeout", "a1")]
         assert not of(sent_b, "error")
     finally:
         await room.close()
