@@ -15,10 +15,12 @@ figures.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -107,6 +109,19 @@ async def open_agent_page(context: Any, url: str) -> AgentPage:
     await page.goto(url + "/")
     await page.wait_for_function("() => window.voiceAgent !== undefined")
     return result
+
+
+@contextlib.asynccontextmanager
+async def page_hearing(url: str, wav: Path) -> AsyncIterator[AgentPage]:
+    """The main page of the server at ``url`` in a Chromium whose microphone plays ``wav``
+    (once) from the moment the call opens it."""
+    args = [*CHROMIUM_ARGS, f"--use-file-for-fake-audio-capture={wav}%noloop"]
+    async with async_playwright() as pw:
+        chromium = await pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=args)
+        try:
+            yield await open_agent_page(chromium, url)
+        finally:
+            await chromium.close()
 
 
 @pytest_asyncio.fixture

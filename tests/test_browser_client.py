@@ -17,8 +17,6 @@ from agent.config import Config
 from tests import test_browser
 from tests.doubles import FailingEngine, ToneEngine
 from tests.test_browser import (
-    CHROMIUM,
-    CHROMIUM_ARGS,
     AgentPage,
     connect,
     say_in_ui,
@@ -128,8 +126,6 @@ async def test_connect_shows_at_once_and_hang_up_cancels_a_server_slow_to_answer
 async def two_turn_page(tmp_path: Path) -> AsyncIterator[AgentPage]:
     """The main page of a server with no --stt-url (the default), Chromium's microphone
     playing two spoken turns."""
-    from playwright.async_api import async_playwright
-
     from signaling.keys import SESSIONS
     from tests.clips import SPEECH_WAV, read_wav, write_wav
     from tests.conftest import serve
@@ -139,21 +135,10 @@ async def two_turn_page(tmp_path: Path) -> AsyncIterator[AgentPage]:
     gap = np.zeros(int(1.5 * rate), dtype=np.float32)
     wav = tmp_path / "mic.wav"
     write_wav(wav, np.concatenate([lead, speech, gap, speech, gap, gap]), rate)
-    args = [*CHROMIUM_ARGS, f"--use-file-for-fake-audio-capture={wav}%noloop"]
-    async with serve(Config(host="127.0.0.1"), ToneEngine()) as server, async_playwright() as pw:
+    async with serve(Config(host="127.0.0.1"), ToneEngine()) as server:
         await server.app[SESSIONS].vad_pool.load()
-        chromium = await pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=args)
-        try:
-            page = await chromium.new_page()
-            page.set_default_timeout(15_000)
-            ap = AgentPage(page)
-            page.on("console", lambda m: ap.log.append(f"console.{m.type}: {m.text}"))
-            page.on("pageerror", lambda e: ap.log.append(f"pageerror: {e}"))
-            await page.goto(server.url + "/")
-            await page.wait_for_function("() => window.voiceAgent !== undefined")
+        async with test_browser.page_hearing(server.url, wav) as ap:
             yield ap
-        finally:
-            await chromium.close()
 
 
 @pytest.mark.timeout(120)

@@ -27,22 +27,17 @@ from tests.doubles import ToneEngine
 from tests.services import FakeLLM, FakeSTT
 from tests.test_browser import (
     CHROMIUM,
-    CHROMIUM_ARGS,
     HAVE_CHROMIUM,
     INBOUND_JS,
     REQUIRE_BROWSER,
     AgentPage,
     connect,
+    page_hearing,
 )
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(120)]
 
-try:
-    from playwright.async_api import async_playwright
-except ImportError:  # pragma: no cover - depends on the machine
-    if REQUIRE_BROWSER:
-        raise
-    pytest.skip("the playwright Python package is not installed", allow_module_level=True)
+# (tests.test_browser skips this module too when playwright is not installed.)
 
 LEAD_SILENCE_S = 2.5
 WAIT_EVENT_JS = """
@@ -72,28 +67,17 @@ async def mic_page(tmp_path: Path) -> AsyncIterator[tuple[AgentPage, FakeSTT, Fa
             pytest.fail(f"Chromium not found at {CHROMIUM}")
         pytest.skip(f"Chromium not found at {CHROMIUM}")
     wav = mic_wav(tmp_path / "mic.wav")
-    args = [*CHROMIUM_ARGS, f"--use-file-for-fake-audio-capture={wav}%noloop"]
     async with FakeSTT() as stt, FakeLLM() as llm:
         assert isinstance(stt, FakeSTT) and isinstance(llm, FakeLLM)
         config = Config(
             host="127.0.0.1",
             services=ServiceSettings(stt_base_url=stt.url, llm_base_url=llm.url),
         )
-        async with serve(config, ToneEngine()) as server, async_playwright() as pw:
+        async with serve(config, ToneEngine()) as server:
             # The clip plays 2.5 s after the call starts: the model must be loaded by then.
             await server.app[SESSIONS].vad_pool.load()
-            browser = await pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=args)
-            try:
-                page = await browser.new_page()
-                page.set_default_timeout(15_000)
-                ap = AgentPage(page)
-                page.on("console", lambda m: ap.log.append(f"console.{m.type}: {m.text}"))
-                page.on("pageerror", lambda e: ap.log.append(f"pageerror: {e}"))
-                await page.goto(server.url + "/")
-                await page.wait_for_function("() => window.voiceAgent !== undefined")
+            async with page_hearing(server.url, wav) as ap:
                 yield ap, stt, llm
-            finally:
-                await browser.close()
 
 
 async def wait_event(ap: AgentPage, type_: str, timeout_s: float = 10) -> dict[str, Any]:

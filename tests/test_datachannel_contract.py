@@ -217,15 +217,21 @@ async def test_a_stream_refused_for_length_speaks_what_came_before_and_drops_the
     assert spoken == [("x", "First part."), ("z", "Next stream.")], spoken
 
 
+async def _failed_behind_unheard_speech(events: list[Event]) -> SpeechPipeline:
+    """A pipeline whose utterance B failed (no audio) behind A, buffered and unheard."""
+    pipeline = SpeechPipeline(FailsOnBoom(), SpeechSettings(), events.append)
+    pipeline.start()
+    pipeline.say("one two three four five six seven eight", "A")
+    pipeline.say("boom", "B")
+    await wait_for(lambda: pipeline.stats.engine_errors == 1)
+    return pipeline
+
+
 async def test_an_engine_error_cut_by_an_interrupt_still_reaches_the_client() -> None:
     """Held for the utterance's end, a failure is sent with it also when an interrupt
     ends it first: the engine's trouble is not lost."""
     events: list[Event] = []
-    pipeline = SpeechPipeline(FailsOnBoom(), SpeechSettings(), events.append)
-    pipeline.start()
-    pipeline.say("one two three four five six seven eight", "A")  # buffered, unheard
-    pipeline.say("boom", "B")
-    await wait_for(lambda: pipeline.stats.engine_errors == 1)
+    pipeline = await _failed_behind_unheard_speech(events)
     pipeline.interrupt()
     await pipeline.close()
     order = [(e["type"], e["id"]) for e in events]
@@ -239,11 +245,7 @@ async def test_an_engine_error_cut_by_an_interrupt_still_reaches_the_client() ->
 
 async def test_an_engine_error_held_for_its_end_is_sent_when_the_session_closes_first() -> None:
     events: list[Event] = []
-    pipeline = SpeechPipeline(FailsOnBoom(), SpeechSettings(), events.append)
-    pipeline.start()
-    pipeline.say("one two three four five six seven eight", "A")  # buffered, unheard
-    pipeline.say("boom", "B")
-    await wait_for(lambda: pipeline.stats.engine_errors == 1)
+    pipeline = await _failed_behind_unheard_speech(events)
     await pipeline.close()
     assert [(e["type"], e.get("code"), e["id"]) for e in events] == [("error", "tts_failed", "B")]
 

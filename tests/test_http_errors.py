@@ -466,12 +466,30 @@ async def test_the_most_candidates_a_browser_could_send_are_answered(
 ) -> None:
     """The limit leaves room: 64 candidates (and an extension id of 255) are answered."""
     sdp = _with_line(_many_candidates(await _sections_offer(1), 64), f"a=extmap:255 {TWCC_URI}")
+    await _answered_then_deleted(live_server.url, sdp)
+
+
+async def _answered_then_deleted(url: str, sdp: str) -> None:
     async with aiohttp.ClientSession() as http:
-        async with http.post(live_server.url + "/offer", json={"type": "offer", "sdp": sdp}) as r:
+        async with http.post(url + "/offer", json={"type": "offer", "sdp": sdp}) as r:
             assert r.status == 200, await r.text()
             session_id = (await r.json())["session_id"]
-        async with http.delete(f"{live_server.url}/sessions/{session_id}") as r:
+        async with http.delete(f"{url}/sessions/{session_id}") as r:
             assert r.status == 204
+
+
+async def _same_candidates_in_every_section(
+    audio_sections: int, count: int, *, bundle: bool
+) -> str:
+    """An offer whose every section lists the same ``count`` host candidates."""
+    candidates = "".join(
+        f"a=candidate:{i} 1 udp {2_000_000_000 - i} 127.0.0.1 {40_000 + i} typ host\r\n"
+        for i in range(count)
+    )
+    dropped = ("a=candidate:",) if bundle else ("a=candidate:", "a=group:BUNDLE")
+    lines = (await _sections_offer(audio_sections)).splitlines(True)
+    lines = [line for line in lines if not line.startswith(dropped)]
+    return "".join(line + candidates if line.startswith("a=mid:") else line for line in lines)
 
 
 async def test_a_room_offer_repeating_its_candidates_in_every_section_is_answered(
@@ -479,20 +497,9 @@ async def test_a_room_offer_repeating_its_candidates_in_every_section_is_answere
 ) -> None:
     """Chromium lists the shared transport's candidates again in each section: a room page
     with many slots was refused for its sections times its candidates (e.g. 72 of 64)."""
-    candidates = "".join(
-        f"a=candidate:{i} 1 udp {2_000_000_000 - i} 127.0.0.1 {40_000 + i} typ host\r\n"
-        for i in range(5)
-    )
-    lines = (await _sections_offer(15)).splitlines(True)  # and the data channel: 16
-    lines = [line for line in lines if not line.startswith("a=candidate:")]
-    sdp = "".join(line + candidates if line.startswith("a=mid:") else line for line in lines)
+    sdp = await _same_candidates_in_every_section(15, 5, bundle=True)  # + the data channel
     assert sdp.count("a=candidate:") == 80
-    async with aiohttp.ClientSession() as http:
-        async with http.post(live_server.url + "/offer", json={"type": "offer", "sdp": sdp}) as r:
-            assert r.status == 200, await r.text()
-            session_id = (await r.json())["session_id"]
-        async with http.delete(f"{live_server.url}/sessions/{session_id}") as r:
-            assert r.status == 204
+    await _answered_then_deleted(live_server.url, sdp)
 
 
 async def test_candidates_repeated_in_sections_without_bundle_count_each_time(
@@ -500,17 +507,7 @@ async def test_candidates_repeated_in_sections_without_bundle_count_each_time(
 ) -> None:
     """Without BUNDLE each section gets a transport of its own, which adds that section's
     candidates: the same 30 addresses in 3 sections are 90 to add, past the limit."""
-    candidates = "".join(
-        f"a=candidate:{i} 1 udp {2_000_000_000 - i} 127.0.0.1 {40_000 + i} typ host\r\n"
-        for i in range(30)
-    )
-    lines = (await _sections_offer(2)).splitlines(True)  # 2 audio and the data channel
-    lines = [
-        line
-        for line in lines
-        if not line.startswith(("a=candidate:", "a=group:BUNDLE", "a=end-of-candidates"))
-    ]
-    sdp = "".join(line + candidates if line.startswith("a=mid:") else line for line in lines)
+    sdp = await _same_candidates_in_every_section(2, 30, bundle=False)  # + the data channel
     async with (
         aiohttp.ClientSession() as http,
         http.post(live_server.url + "/offer", json={"type": "offer", "sdp": sdp}) as resp,
