@@ -15,8 +15,16 @@ from collections.abc import Callable
 from aiortc import RTCDataChannel
 
 from agent.hooks import SessionHooks
-from agent.protocol import Chat, Message, ProtocolError, Say, TextDelta, listen_on_channel
-from agent.speech import Event
+from agent.protocol import (
+    Chat,
+    Message,
+    ProtocolError,
+    Say,
+    TextDelta,
+    answered_id,
+    listen_on_channel,
+)
+from agent.speech import Event, SpeechError
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +101,21 @@ class EventOutbox:
             self.send(first)
         while self._pending and self.open:
             self.send(self._pending.popleft())
+
+
+def refusal(
+    message: Message | None,
+    exc: ProtocolError | SpeechError,
+    refuse_rest: Callable[[str | None], None],
+) -> str | None:
+    """What refusing ``message`` leaves behind; returns the id its error carries. A text
+    delta's (parsed or malformed) refuses the rest of its stream (``refuse_rest``), unless
+    the refusal is that very rule (``stream_refused``)."""
+    request_id = answered_id(message, exc)
+    is_delta = isinstance(message, TextDelta) or getattr(exc, "message_type", None) == "text.delta"
+    if is_delta and exc.code != "stream_refused":
+        refuse_rest(request_id)
+    return request_id
 
 
 def admit_speech(

@@ -122,11 +122,6 @@ def _string(
     return value
 
 
-def refused_delta(message: Message | None, exc: Exception) -> bool:
-    """Was the refused message a text delta (parsed, or malformed)?"""
-    return isinstance(message, TextDelta) or getattr(exc, "message_type", None) == "text.delta"
-
-
 def answered_id(message: Message | None, exc: Exception) -> str | None:
     """The id an error refusing a message carries: the message's own, or, for one refused
     as malformed, the valid id it came with."""

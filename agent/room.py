@@ -45,7 +45,7 @@ from agent.feedback import Applier, FeedbackTap, TransportSequence
 from agent.governor import ComplexityGovernor
 from agent.hooks import SessionHooks
 from agent.opus import FRAME_SAMPLES, OpusEncoder
-from agent.outbox import EventOutbox, admit_speech, error_event
+from agent.outbox import EventOutbox, admit_speech, error_event, refusal
 from agent.protocol import (
     Chat,
     ConfigUpdate,
@@ -55,9 +55,7 @@ from agent.protocol import (
     Say,
     TextDelta,
     TextEnd,
-    answered_id,
     parse_message,
-    refused_delta,
 )
 from agent.receive_buffer import install_receive_buffer
 from agent.speech import STREAM_TIMEOUT_MESSAGE, Event, SpeechError, SpeechPipeline
@@ -652,10 +650,8 @@ class RoomMember:
             )
             self._apply(message)
         except (ProtocolError, SpeechError) as exc:
-            # The rest of its stream goes with it (already so for a stream_refused one).
-            if refused_delta(message, exc) and exc.code != "stream_refused":
-                self.pipeline.refuse_rest(answered_id(message, exc), owner=self.participant_id)
-            self.send_error(exc.code, exc.message, answered_id(message, exc))
+            rest = partial(self.pipeline.refuse_rest, owner=self.participant_id)
+            self.send_error(exc.code, exc.message, refusal(message, exc, rest))
         except Exception:
             log.exception("room %s: message handling failed", self.room.name)
             self.send_error("internal", "the server could not handle this message")

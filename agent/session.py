@@ -18,7 +18,7 @@ from agent.direct import DirectSender
 from agent.engine import TTSEngine
 from agent.governor import ComplexityGovernor
 from agent.hooks import SessionHooks
-from agent.outbox import EventOutbox, admit_speech, error_event
+from agent.outbox import EventOutbox, admit_speech, error_event, refusal
 from agent.protocol import (
     Chat,
     ConfigUpdate,
@@ -28,9 +28,7 @@ from agent.protocol import (
     Say,
     TextDelta,
     TextEnd,
-    answered_id,
     parse_message,
-    refused_delta,
 )
 from agent.speech import CLIENT, STREAM_TIMEOUT_MESSAGE, Event, SpeechError, SpeechPipeline
 from agent.track import OpusPacketTrack
@@ -198,10 +196,8 @@ class AgentSession:
             admit_speech(message, self.pipeline.opens_stream, self.hooks)
             self.apply(message)
         except (ProtocolError, SpeechError) as exc:
-            # The rest of its stream goes with it (already so for a stream_refused one).
-            if refused_delta(message, exc) and exc.code != "stream_refused":
-                self.pipeline.refuse_rest(answered_id(message, exc))
-            self.send_error(exc.code, exc.message, answered_id(message, exc))
+            request_id = refusal(message, exc, self.pipeline.refuse_rest)
+            self.send_error(exc.code, exc.message, request_id)
         except Exception:  # a bug must not take the session down; say so and log it
             log.exception("session %s: message handling failed", self.id)
             self.send_error("internal", "the server could not handle this message")

@@ -832,12 +832,18 @@ function setCaption(id, text) {
 // kept so that the utterance's end or a teardown can cancel it: otherwise a caption could
 // appear after its speech ended or the call was hung up, and stay.
 function setCaptionLater(id, text, delay) {
+  captionTimer(id, () => setCaption(id, text), delay);
+}
+
+// `run` after `delay` ms, kept with the utterance's other caption timers until then, so
+// that cancelCaptions (its end, a teardown) can stop it.
+function captionTimer(id, run, delay) {
   let timers = captionTimers.get(id);
   if (!timers) captionTimers.set(id, (timers = new Set()));
   const timer = setTimeout(() => {
     timers.delete(timer);
     if (!timers.size) captionTimers.delete(id);
-    setCaption(id, text);
+    run();
   }, delay);
   timers.add(timer);
 }
@@ -850,14 +856,8 @@ function endCaptions(id, delay) {
     cancelCaptions(id);
     if (session.captionFor === id) setCaption(null, "");
   };
-  if (delay <= 0) {
-    clear();
-    return;
-  }
-  let timers = captionTimers.get(id);
-  if (!timers) captionTimers.set(id, (timers = new Set()));
-  const timer = setTimeout(clear, delay);
-  timers.add(timer);
+  if (delay > 0) captionTimer(id, clear, delay);
+  else clear();
 }
 
 function cancelCaptions(id) {
