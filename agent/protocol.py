@@ -75,12 +75,21 @@ _CONFIG_FIELDS: dict[str, tuple[type, float, float]] = {
 }
 MAX_VOICE_CHARS = 4096  # ChatTTS speaker strings are ~1.4 kB
 MAX_ID_CHARS = 64  # utterance ids chosen by clients
+# An oversize message is still read for its type and id, up to this many times the limit:
+# a refused text.delta must refuse the rest of its stream, or the stream goes on with a
+# hole in its middle. Past it, reading would be the cost the limit is there to avoid.
+OVERSIZE_READ_FACTOR = 16
 
 
 def parse_message(raw: str | bytes, max_bytes: int) -> Message:
     size = len(raw.encode("utf-8") if isinstance(raw, str) else raw)
     if size > max_bytes:
-        raise ProtocolError("too_large", f"message of {size} bytes exceeds {max_bytes}")
+        kind, request_id = (
+            _type_and_id(raw) if size <= max_bytes * OVERSIZE_READ_FACTOR else (None, None)
+        )
+        raise ProtocolError(
+            "too_large", f"message of {size} bytes exceeds {max_bytes}", request_id, kind
+        )
     try:
         obj = json.loads(raw)
     except (ValueError, UnicodeDecodeError, RecursionError):
@@ -111,6 +120,21 @@ def parse_message(raw: str | bytes, max_bytes: int) -> Message:
         case "config":
             return ConfigUpdate(_config_fields(obj))
     raise ProtocolError("unknown_type", f"unknown message type {kind[:40]!r}")
+
+
+def _type_and_id(raw: str | bytes) -> tuple[str | None, str | None]:
+    """The type and valid id of a message refused as too large, where it has them."""
+    try:
+        obj = json.loads(raw)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return None, None
+    if not isinstance(obj, dict):
+        return None, None
+    kind = obj.get("type") if isinstance(obj.get("type"), str) else None
+    try:
+        return kind, _optional_id(obj)
+    except ProtocolError:
+        return kind, None
 
 
 def _string(

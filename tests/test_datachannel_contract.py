@@ -217,6 +217,34 @@ async def test_a_stream_refused_for_length_speaks_what_came_before_and_drops_the
     assert spoken == [("x", "First part."), ("z", "Next stream.")], spoken
 
 
+async def test_a_delta_refused_as_too_large_refuses_the_rest_of_its_stream() -> None:
+    """A text.delta over the message limit was refused (too_large) before its type was
+    read, so the stream went on with the next delta: the words spoken had a hole where
+    the oversize delta was. Now it refuses its stream like any refused delta, and its
+    error names the stream."""
+    session = AgentSession("s", ToneEngine(seconds_per_word=0.01), Config())
+    events: list[Event] = []
+    session.outbox.send = events.append  # type: ignore[method-assign]
+    session.pipeline.start()
+    drain = Drain(session.pipeline)
+    oversize = "y " * session.config.speech.max_message_bytes
+    try:
+        session.handle_message(msg(type="text.delta", delta="First part. ", id="x"))
+        session.handle_message(msg(type="text.delta", delta=oversize, id="x"))
+        session.handle_message(msg(type="text.delta", delta="Missing middle. "))
+        session.handle_message(msg(type="text.end"))
+        session.handle_message(msg(type="text.delta", delta="Next stream.", id="z"))
+        session.handle_message(msg(type="text.end"))
+        await wait_for(lambda: {"type": "speech.ended", "id": "z", "interrupted": False} in events)
+    finally:
+        drain.stop()
+        await session.close()
+    errors = [(e["code"], e.get("id")) for e in events if e["type"] == "error"]
+    assert errors == [("too_large", "x"), ("stream_refused", None)], errors
+    spoken = [(e["id"], e["text"]) for e in events if e["type"] == "speech.segment"]
+    assert spoken == [("x", "First part."), ("z", "Next stream.")], spoken
+
+
 async def _failed_behind_unheard_speech(events: list[Event]) -> SpeechPipeline:
     """A pipeline whose utterance B failed (no audio) behind A, buffered and unheard."""
     pipeline = SpeechPipeline(FailsOnBoom(), SpeechSettings(), events.append)
