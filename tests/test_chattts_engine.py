@@ -323,6 +323,29 @@ async def test_numbers_spelled_out_past_max_new_tokens_are_all_spoken(
     assert "max_new_tokens" not in caplog.text  # no generation was cut off
 
 
+async def test_text_past_max_new_tokens_is_normalized_once(
+    capped_engine: ChatTTSEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A text spoken as several generations was normalized to cut it, then each piece
+    again by the scheduler; normalizing is not idempotent, so "Ask the Prof!" (read
+    "Prof.") was spoken "Professor". The model now gets the text as one reading makes it."""
+    sched = capped_engine.scheduler
+    assert sched is not None
+    text = "Prices: $1,234,567.89, $2,345,678.90 and $3,456,789.01. Ask the Prof!"
+    assert len(capped_engine._generations(text)) > 1
+    read: list[str] = []
+    normalizer = sched.chat.normalizer
+
+    def recording_normalizer(text: str, *args: Any) -> Any:
+        read.append(text)
+        return normalizer(text, *args)
+
+    monkeypatch.setattr(sched.chat, "normalizer", recording_normalizer)
+    await collect(capped_engine, text)
+    assert " ".join(read) == normalize_for_tts(text), read
+    assert "Professor" not in " ".join(read)
+
+
 async def test_a_later_generation_of_a_segment_does_not_queue_behind_newer_streams(
     capped_engine: ChatTTSEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -131,7 +131,6 @@ class ChatTTSEngine:
                     max_buffered_s=self.settings.max_buffered_s,
                     default_voice=self.settings.default_voice,
                     max_new_tokens=self.settings.max_new_tokens,
-                    prepare_text=normalize_for_tts,
                 )
                 self.scheduler.start()
             samples = 0
@@ -203,16 +202,16 @@ class ChatTTSEngine:
                 stream.cancel()
 
     def _generations(self, text: str) -> list[str]:
-        """The texts to generate one after the other to speak all of ``text``.
+        """The texts to generate one after the other to speak all of ``text``: its
+        normalized form, in pieces whose speech fits well within max_new_tokens.
 
-        ``text`` itself when its speech fits well within max_new_tokens (the scheduler
-        normalizes it), else its normalized form in pieces that do (normalizing those again
-        leaves them as they are).
+        Normalized here, once: normalizing is not idempotent ("Prof!" reads "Prof.", which
+        read again is "Professor"), so the scheduler takes the pieces as they are.
         """
         budget = int(self.settings.max_new_tokens * _PLANNED_SHARE)
         spoken = normalize_for_tts(text)
         if speech_tokens(spoken) <= budget:
-            return [text]
+            return [spoken]
         pieces = split_spoken(spoken, budget)
         log.debug("text of %d characters spoken as %d generations", len(text), len(pieces))
         return pieces

@@ -187,13 +187,11 @@ class Scheduler:
         max_buffered_s: float = 2.0,
         default_voice: str = "seed:2",
         max_new_tokens: int = 2048,
-        prepare_text: Any = None,
     ) -> None:
         self.chat = chat
         self.params = params
         self.max_batch = max_batch
         self.max_buffered = int(max_buffered_s * SAMPLE_RATE)
-        self._prepare_text = prepare_text
         self._gpt = BatchedGPT(chat)
         self._voices = VoiceBank(chat, default_voice, max_new_tokens)
         self._cond = threading.Condition()
@@ -336,10 +334,7 @@ class Scheduler:
             return
         try:
             voice = self._voices.resolve(s.voice)
-            text = s.text
-            if self._prepare_text is not None:
-                text = self._prepare_text(text)
-            text = self.chat.normalizer(text, True, True, None).strip()
+            text = self.chat.normalizer(s.text, True, True, None).strip()
             if not text:  # nothing speakable (ChatTTS drops what it cannot read)
                 s.finish()
                 return
