@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 VAD_WINDOW_SAMPLES = 512  # silero-vad's window at 16 kHz: 32 ms
@@ -53,8 +54,10 @@ class ListenSettings:
             )
         if not 0 <= self.receive_reorder_wait <= 14:
             raise ValueError("receive_reorder_wait must be 0-14")
-        if self.vad_threads < 1 or self.max_pending_windows < 1 or self.max_turn_s <= 0:
-            raise ValueError("vad_threads, max_pending_windows and max_turn_s must be positive")
+        if self.vad_threads < 1 or self.max_pending_windows < 1:
+            raise ValueError("vad_threads and max_pending_windows must be positive")
+        if not 0 < self.max_turn_s < math.inf:  # also refuses nan
+            raise ValueError("max_turn_s must be a positive number of seconds")
 
 
 @dataclass(frozen=True)
@@ -85,7 +88,8 @@ class ServiceSettings:
     max_history_messages: int = 40
 
     def __post_init__(self) -> None:
-        if min(self.stt_timeout_s, self.llm_timeout_s) <= 0:
-            raise ValueError("service timeouts must be positive")
+        # Not min(...) <= 0: min(15.0, nan) is 15.0, and a timeout of nan fails at once.
+        if not all(0 < t < math.inf for t in (self.stt_timeout_s, self.llm_timeout_s)):
+            raise ValueError("service timeouts must be a positive number of seconds")
         if self.llm_max_tokens < 1 or self.max_history_messages < 2:
             raise ValueError("llm_max_tokens must be >= 1 and max_history_messages >= 2")

@@ -6,10 +6,10 @@ import argparse
 import logging
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from agent.config import (
     INSTRUCT_POLICIES,
@@ -33,11 +33,20 @@ from agent.opus_rates import MAX_BITRATE as OPUS_MAX_BITRATE
 from agent.opus_rates import MIN_BITRATE as OPUS_MIN_BITRATE
 from signaling.auth import mint_token
 from signaling.conversation_flags import add_conversation_flags, conversation_settings
-from signaling.envflags import ENV_PREFIX, EnvParser, env_value
+from signaling.envflags import ENV_PREFIX, EnvParser, env_value, number
 from signaling.logs import configure_logging
 
 SEND_PATHS = ("direct", "aiortc")
 INPUT_RATE_CHOICES = ("auto", *(str(rate) for rate in OPUS_INPUT_RATES))
+
+
+# flag, type, default, help
+FlagSpec = tuple[str, Callable[[str], Any], Any, str]
+
+
+def _add_flags(parser: argparse.ArgumentParser, flags: Sequence[FlagSpec]) -> None:
+    for flag, kind, default, text in flags:
+        parser.add_argument("--" + flag, type=kind, default=default, help=text)
 
 
 def _cores() -> int:
@@ -194,15 +203,17 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         help="bearer token required by GET /metrics (default: /metrics is open)",
     )
     limits = LimitSettings()
-    for flag, kind, default, text in [
-        ("offer-rate", float, limits.offer_rate, "new sessions per second per client address"),
-        ("offer-burst", int, limits.offer_burst, "new sessions a client address may burst"),
-        ("speech-rate", float, limits.speech_rate, "speech requests per second per address"),
-        ("speech-burst", int, limits.speech_burst, "speech requests an address may burst"),
-        ("rate-limit-clients", int, limits.max_clients, "client addresses tracked per limit"),
-        ("max-sessions", int, limits.max_sessions, "concurrent sessions; more get server_full"),
-    ]:
-        serve.add_argument("--" + flag, type=kind, default=default, help=text)
+    _add_flags(
+        serve,
+        [
+            ("offer-rate", number, limits.offer_rate, "new sessions per second per client address"),
+            ("offer-burst", int, limits.offer_burst, "new sessions a client address may burst"),
+            ("speech-rate", number, limits.speech_rate, "speech requests per second per address"),
+            ("speech-burst", int, limits.speech_burst, "speech requests an address may burst"),
+            ("rate-limit-clients", int, limits.max_clients, "client addresses tracked per limit"),
+            ("max-sessions", int, limits.max_sessions, "concurrent sessions; more get server_full"),
+        ],
+    )
     _add_room_flags(serve)
 
     _add_lifecycle_flags(serve)
@@ -229,17 +240,39 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
 
 def _add_lifecycle_flags(parser: argparse.ArgumentParser) -> None:
     life, breaker = LifecycleSettings(), BreakerSettings()
-    for flag, kind, default, text in [
-        ("connect-timeout", float, life.connect_timeout_s, "seconds a peer may take to connect"),
-        ("rtcp-timeout", float, life.rtcp_timeout_s, "seconds without RTCP before a peer is lost"),
-        ("resume-grace", float, life.resume_grace_s, "seconds a lost session waits for resume"),
-        ("idle-timeout", float, life.idle_timeout_s, "seconds of no request and no speech"),
-        ("drain-deadline", float, life.drain_deadline_s, "seconds speech may finish on SIGTERM"),
-        ("breaker-failures", int, breaker.failures, "engine failures in a row that open it"),
-        ("breaker-window", float, breaker.window_s, "seconds those failures must fall within"),
-        ("breaker-cooldown", float, breaker.cooldown_s, "seconds open before a probe"),
-    ]:
-        parser.add_argument("--" + flag, type=kind, default=default, help=text)
+    _add_flags(
+        parser,
+        [
+            (
+                "connect-timeout",
+                number,
+                life.connect_timeout_s,
+                "seconds a peer may take to connect",
+            ),
+            (
+                "rtcp-timeout",
+                number,
+                life.rtcp_timeout_s,
+                "seconds without RTCP before a peer is lost",
+            ),
+            (
+                "resume-grace",
+                number,
+                life.resume_grace_s,
+                "seconds a lost session waits for resume",
+            ),
+            ("idle-timeout", number, life.idle_timeout_s, "seconds of no request and no speech"),
+            (
+                "drain-deadline",
+                number,
+                life.drain_deadline_s,
+                "seconds speech may finish on SIGTERM",
+            ),
+            ("breaker-failures", int, breaker.failures, "engine failures in a row that open it"),
+            ("breaker-window", number, breaker.window_s, "seconds those failures must fall within"),
+            ("breaker-cooldown", number, breaker.cooldown_s, "seconds open before a probe"),
+        ],
+    )
 
 
 def _add_tts_plane(parser: argparse.ArgumentParser) -> None:
@@ -252,16 +285,23 @@ def _add_tts_plane(parser: argparse.ArgumentParser) -> None:
         "local Ray instance (or RAY_ADDRESS); ray://HOST:PORT: a running Ray cluster's GCS "
         "address (this machine must be a node of it: ray start --address HOST:PORT)",
     )
-    for flag, kind, default, text in [
-        ("tts-replicas", int, ray.replicas, "Ray Serve replicas (the minimum when autoscaling)"),
-        ("tts-max-replicas", int, ray.max_replicas, "above --tts-replicas: Serve autoscales"),
-        ("tts-target-streams", float, ray.target_streams, "autoscaling: streams per replica"),
-        ("tts-max-streams", int, ray.max_streams, "streams a replica takes at once (playing)"),
-        ("tts-gpus-per-replica", float, ray.gpus_per_replica, "0.5: two replicas per GPU"),
-        ("tts-cpus-per-replica", float, ray.cpus_per_replica, "CPUs Ray reserves per replica"),
-        ("tts-lead", float, ray.lead_s, "seconds a replica may run ahead of playout"),
-    ]:
-        parser.add_argument("--" + flag, type=kind, default=default, help=text)
+    _add_flags(
+        parser,
+        [
+            (
+                "tts-replicas",
+                int,
+                ray.replicas,
+                "Ray Serve replicas (the minimum when autoscaling)",
+            ),
+            ("tts-max-replicas", int, ray.max_replicas, "above --tts-replicas: Serve autoscales"),
+            ("tts-target-streams", number, ray.target_streams, "autoscaling: streams per replica"),
+            ("tts-max-streams", int, ray.max_streams, "streams a replica takes at once (playing)"),
+            ("tts-gpus-per-replica", number, ray.gpus_per_replica, "0.5: two replicas per GPU"),
+            ("tts-cpus-per-replica", number, ray.cpus_per_replica, "CPUs Ray reserves per replica"),
+            ("tts-lead", number, ray.lead_s, "seconds a replica may run ahead of playout"),
+        ],
+    )
     parser.add_argument(
         "--ray-cpus",
         type=int,

@@ -12,27 +12,28 @@ from collections.abc import Callable
 from typing import Any
 
 from agent.conversation_config import ListenSettings, ServiceSettings
+from signaling.envflags import number
 
 _LISTEN = ListenSettings()
 _SERVICES = ServiceSettings()
 
 # flag, type, default, help, (settings class, field)
 _FLAGS: list[tuple[str, Callable[[str], Any], Any, str, str]] = [
-    ("vad-threshold", float, _LISTEN.vad_threshold, "speech probability for speech", "listen"),
-    ("vad-neg-threshold", float, _LISTEN.vad_neg_threshold, "below it: silence", "listen"),
+    ("vad-threshold", number, _LISTEN.vad_threshold, "speech probability for speech", "listen"),
+    ("vad-neg-threshold", number, _LISTEN.vad_neg_threshold, "below it: silence", "listen"),
     ("min-speech-ms", int, _LISTEN.min_speech_ms, "speech this long is the user talking", "listen"),
     ("end-of-turn-ms", int, _LISTEN.end_of_turn_silence_ms, "silence ending a turn", "listen"),
-    ("max-turn-s", float, _LISTEN.max_turn_s, "a turn is cut at this length", "listen"),
+    ("max-turn-s", number, _LISTEN.max_turn_s, "a turn is cut at this length", "listen"),
     ("vad-threads", int, _LISTEN.vad_threads, "threads running silero-vad", "listen"),
     ("stt-url", str, None, "OpenAI-compatible STT base URL, e.g. http://host:8000/v1", "services"),
     ("stt-model", str, _SERVICES.stt_model, "transcription model name", "services"),
     ("stt-language", str, None, "language hint (ISO-639-1), default: detect", "services"),
     ("stt-api-key", str, None, "STT bearer key (prefer the environment)", "services"),
-    ("stt-timeout", float, _SERVICES.stt_timeout_s, "seconds for a transcription", "services"),
+    ("stt-timeout", number, _SERVICES.stt_timeout_s, "seconds for a transcription", "services"),
     ("llm-url", str, None, "OpenAI-compatible LLM base URL; none: echo brain", "services"),
     ("llm-model", str, _SERVICES.llm_model, "chat model name", "services"),
     ("llm-api-key", str, None, "LLM bearer key (prefer the environment)", "services"),
-    ("llm-timeout", float, _SERVICES.llm_timeout_s, "max seconds between tokens", "services"),
+    ("llm-timeout", number, _SERVICES.llm_timeout_s, "max seconds between tokens", "services"),
     ("system-prompt", str, _SERVICES.system_prompt, "the LLM's system prompt", "services"),
 ]
 

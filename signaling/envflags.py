@@ -14,6 +14,7 @@ The variables of a subcommand are read when that subcommand is parsed: a bad
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
@@ -25,6 +26,16 @@ FALSE = ("0", "false", "no", "off")
 
 class EnvError(ValueError):
     """A ``VOICE_AGENT_*`` variable whose value its flag cannot take."""
+
+
+def number(raw: str) -> float:
+    """The type of every float flag: a finite number. ``float`` takes "nan" and "inf", which
+    pass every ``<= 0`` check: a timeout of nan fails at once, a turn of inf seconds cannot
+    be counted in windows (every microphone offer failed)."""
+    value = float(raw)
+    if not math.isfinite(value):
+        raise ValueError(f"{raw!r} is not a finite number")
+    return value
 
 
 def env_value(env: Mapping[str, str], name: str) -> str | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import tempfile
 from pathlib import Path
@@ -10,9 +11,10 @@ from pathlib import Path
 import pytest
 
 from agent.config import Config
+from agent.conversation_config import ListenSettings, ServiceSettings
 from signaling.auth import verify_token
 from signaling.cli import build_parser, config_from_args, main
-from signaling.envflags import env_name
+from signaling.envflags import env_name, number
 
 
 def build(argv: list[str], env: dict[str, str] | None = None):  # type: ignore[no-untyped-def]
@@ -140,6 +142,42 @@ def test_settings_the_config_refuses_exit_with_usage() -> None:
         assert exit_info.value.code == 2
 
 
+def _number_flags() -> list[str]:
+    serve = next(
+        sub
+        for action in build_parser({})._actions
+        if isinstance(action, argparse._SubParsersAction)
+        for name, sub in action.choices.items()
+        if name == "serve"
+    )
+    return [action.option_strings[-1] for action in serve._actions if action.type is number]
+
+
+def test_every_number_flag_refuses_nan_and_infinity() -> None:
+    """float() takes "nan" and "inf", which pass every ``<= 0`` check: --max-turn-s inf
+    served, then every offer with a microphone was 400 bad_sdp (a turn of inf seconds in
+    windows); --llm-timeout nan made every reply fail at once. A usage error now, from a
+    flag or its variable."""
+    flags = _number_flags()
+    assert {"--max-turn-s", "--llm-timeout", "--stt-timeout", "--idle-timeout"} <= set(flags)
+    for flag in flags:
+        for value in ("nan", "inf", "-inf"):
+            with pytest.raises(SystemExit):
+                build(["serve", flag, value])
+            with pytest.raises(SystemExit):
+                build(["serve"], {"VOICE_AGENT_" + flag[2:].upper().replace("-", "_"): value})
+
+
+def test_the_conversation_settings_refuse_non_finite_seconds() -> None:
+    for bad in (math.nan, math.inf):
+        with pytest.raises(ValueError):
+            ListenSettings(max_turn_s=bad)
+        with pytest.raises(ValueError):
+            ServiceSettings(llm_timeout_s=bad)
+        with pytest.raises(ValueError):
+            ServiceSettings(stt_timeout_s=bad)
+
+
 def test_lifecycle_and_breaker_settings() -> None:
     env = {"VOICE_AGENT_RTCP_TIMEOUT": "5", "VOICE_AGENT_BREAKER_COOLDOWN": "3"}
     config = build(
@@ -222,11 +260,11 @@ def serve_env_names() -> list[str]:
     ("variable", "value", "expected"),
     [
         ("PORT", "abc", "is not a valid int"),
-        ("OFFER_RATE", "fast", "is not a valid float"),
-        ("VAD_THRESHOLD", "high", "is not a valid float"),
+        ("OFFER_RATE", "fast", "is not a valid number"),
+        ("VAD_THRESHOLD", "high", "is not a valid number"),
         ("ROOM_MAX_SPEAKERS", "two", "is not a valid int"),
         ("BREAKER_FAILURES", "1.5", "is not a valid int"),
-        ("TTS_LEAD", "soon", "is not a valid float"),
+        ("TTS_LEAD", "soon", "is not a valid number"),
         ("RAY_CPUS", "all", "is not a valid int"),
         ("COMPILE", "maybe", "is not one of 1, true"),
     ],
@@ -316,7 +354,7 @@ def test_an_empty_or_blank_variable_is_unset(
         # Ray Serve refused it when the engine deployed: the server was up, /readyz 503.
         (["--tts=ray://auto", "--tts-target-streams", "0"], {}, "(--tts-target-streams) must be"),
         (["--tts=ray://auto", "--tts-target-streams", "-2"], {}, "(--tts-target-streams) must be"),
-        (["--tts=ray://auto", "--tts-target-streams", "nan"], {}, "(--tts-target-streams) must be"),
+        (["--tts=ray://auto", "--tts-target-streams", "nan"], {}, "invalid number value: 'nan'"),
         # An empty flag (e.g. --auth-secret "$SECRET" with SECRET unset) turned auth off.
         (["--auth-secret", ""], {}, "(--auth-secret) is empty: leave it out"),
         (["--metrics-token", ""], {}, "(--metrics-token) is empty: leave it out"),
