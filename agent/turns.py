@@ -179,20 +179,32 @@ class Conversation:
         self._trim_history()
         self._questions_asked += 1
         asked = self._questions_asked
-        task = asyncio.get_running_loop().create_task(self._turn(turn_id, asked, slot, audio))
+        task = asyncio.get_running_loop().create_task(
+            self._turn(turn_id, asked, slot, audio, self._withdrawals)
+        )
         self._turn_tasks.add(task)
         task.add_done_callback(self._turn_tasks.discard)
 
     async def _turn(
-        self, turn_id: str, asked: int, slot: Message, audio: npt.NDArray[np.float32]
+        self,
+        turn_id: str,
+        asked: int,
+        slot: Message,
+        audio: npt.NDArray[np.float32],
+        withdrawals: int,
     ) -> None:
         text = await self._transcribe(turn_id, audio)
         if text:
             slot["content"] = text
             self._after_replies(slot)
-            self._unanswered = True
-            if asked > self._question[0]:  # not an earlier turn whose transcript came late
-                self._question = (asked, turn_id)
+            # The client's interrupt while this was transcribed (Stop pressed after speaking)
+            # withdraws it as it does a question whose reply was being prepared: it stays as
+            # context, but no reply is started for it. Answered, the agent began to talk
+            # right after the user told it to stop.
+            if withdrawals == self._withdrawals:
+                self._unanswered = True
+                if asked > self._question[0]:  # not an earlier turn whose transcript came late
+                    self._question = (asked, turn_id)
         else:
             self._remove(slot)  # nothing said (a cough), or nothing known of it (a failure)
         # The last transcript to come in starts the reply, which covers every unanswered turn
@@ -298,6 +310,7 @@ class Conversation:
         from the next frame. The questions they were to answer are withdrawn with them: a
         later cough does not bring them back (a barge-in's cut does not withdraw them)."""
         self._withdrawals += 1
+        self._unanswered = False  # a question a barge-in's cut left open: withdrawn too
         self._cut()
 
     def _cut(self) -> None:

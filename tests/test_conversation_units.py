@@ -343,6 +343,51 @@ async def test_the_clients_interrupt_withdraws_the_question_a_cough_does_not_rev
         await session.close()
 
 
+async def test_the_clients_interrupt_while_a_turn_is_transcribed_withdraws_it_too() -> None:
+    """Stop pressed after speaking, while the turn was still being transcribed, cancelled
+    only replies that existed: the transcript came back and was answered, so the agent
+    began to talk right after the user told it to stop. The turn is now withdrawn too; it
+    stays in the history as context."""
+    brain = RecordingBrain()
+    stt = ScriptedSTT(("What time is it?", 0.3))
+    session, events, drain = talking_session(stt, brain)
+    try:
+        say_turn(session)
+        await asyncio.sleep(0.05)
+        assert session.conversation.in_flight
+        session.conversation.interrupt()
+        await wait_for(lambda: stt.calls == 1 and not session.conversation._turn_tasks)
+        await asyncio.sleep(0.3)
+        assert brain.asked == [], "a reply was started after the client's interrupt"
+        assert not [e for e in events if e["type"] == "speech.started"], events
+        assert session.conversation.history == [{"role": "user", "content": "What time is it?"}]
+    finally:
+        drain.stop()
+        await session.close()
+
+
+async def test_the_clients_interrupt_withdraws_a_question_a_barge_in_left_open() -> None:
+    """A barge-in that cuts a reply unheard leaves its question open for the next reply;
+    the client's interrupt after that withdraws it as well: the barge-in's own turn, then
+    transcribed, was answered with both, after Stop."""
+    brain = RecordingBrain(think_s=0.5)
+    stt = ScriptedSTT(("What time is it?", 0.0), ("Hmm", 0.3))
+    session, events, drain = talking_session(stt, brain)
+    try:
+        say_turn(session)
+        await wait_for(lambda: brain.asked)
+        say_turn(session, 0.2)  # barges in on the reply being prepared: its question stays
+        await asyncio.sleep(0.05)
+        session.conversation.interrupt()  # Stop, while "Hmm" is transcribed
+        await wait_for(lambda: stt.calls == 2 and not session.conversation._turn_tasks)
+        await asyncio.sleep(0.6)
+        assert len(brain.asked) == 1, brain.asked
+        assert not [e for e in events if e["type"] == "speech.started"], events
+    finally:
+        drain.stop()
+        await session.close()
+
+
 async def test_a_turn_is_in_flight_from_its_end_to_its_reply_s_last_word() -> None:
     """What the shutdown's drain waits for (signaling/shutdown.py): a turn being transcribed,
     then its reply being prepared, then spoken, with no gap between them. The pipeline alone
