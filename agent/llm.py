@@ -123,10 +123,15 @@ async def _whole_answer(response: aiohttp.ClientResponse, deadline: float, timeo
         raise ServiceError("llm_failed", "the LLM sent an oversized answer")
     answer = _parse(body.decode("utf-8", "replace"))
     choices = answer.get("choices")
-    message = choices[0].get("message") if isinstance(choices, list) and choices else None
-    content = message.get("content") if isinstance(message, dict) else None
+    choice = choices[0] if isinstance(choices, list) and choices else None
+    message = choice.get("message") if isinstance(choice, dict) else None
+    if not isinstance(message, dict):
+        raise ServiceError("llm_failed", "the LLM answer has no choices[0].message")
+    content = message.get("content")
+    if content is None:  # only tool calls: an empty answer, as streamed (llm_empty)
+        return ""
     if not isinstance(content, str):
-        raise ServiceError("llm_failed", "the LLM answer has no choices[0].message.content")
+        raise ServiceError("llm_failed", "the LLM answer's message content is not text")
     return content
 
 

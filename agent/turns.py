@@ -56,6 +56,7 @@ class Reply:
     slot: Message  # its place in the history; content filled when the utterance ends
     heard: list[str] = field(default_factory=list)  # captions whose audio was played
     written: list[str] = field(default_factory=list)  # deltas the pipeline took
+    chars: int = 0  # ... their length in all
     opened: bool = False  # its text stream was opened in the pipeline
     withdrawals: int = 0  # the conversation's count of explicit interrupts when it was asked
     stream_open: bool = False  # ... and not ended yet
@@ -116,7 +117,10 @@ class Conversation:
     # --- services (created on first use: a session that never talks opens no connection) --
     def _client(self) -> aiohttp.ClientSession:
         if self._http is None:
-            self._http = aiohttp.ClientSession()
+            # No total timeout: aiohttp's default (300 s) also bounds reading the body, and
+            # cut a slow but steady LLM stream. Every wait has a bound of its own
+            # (--llm-timeout between events, --stt-timeout for a transcription).
+            self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None))
         return self._http
 
     @property
@@ -422,14 +426,23 @@ class Conversation:
                         # participant's) is open: the reply waits for its end, as a say
                         # queues behind it.
                         await self.pipeline.stream_free(reply.id)
+                    delta, past_limit = self._within_limit(reply, delta)
                     # The reply owns its stream: a client's text.end or id-less delta cannot
                     # end or join it, and its own end cannot end a client's stream.
-                    self.pipeline.text_delta(delta, reply.id, owner=reply.id)
-                    reply.written.append(delta)
-                    if not reply.opened:
-                        reply.opened = reply.stream_open = True
-                        self._unopened.discard(reply.id)
-                        self._replies[reply.id] = reply
+                    if delta:  # empty: the limit was reached exactly by the last one
+                        self.pipeline.text_delta(delta, reply.id, owner=reply.id)
+                        reply.written.append(delta)
+                        reply.chars += len(delta)
+                        if not reply.opened:
+                            reply.opened = reply.stream_open = True
+                            self._unopened.discard(reply.id)
+                            self._replies[reply.id] = reply
+                    if past_limit:
+                        limit = self.pipeline.settings.max_text_chars
+                        raise SpeechError(
+                            "text_too_long",
+                            f"the reply was spoken up to the limit of {limit} characters",
+                        )
             if not reply.opened:
                 # The brain answered with no text (an empty completion, only tool calls):
                 # nothing will be spoken, and the client, who asked, would hear of nothing.
@@ -453,6 +466,17 @@ class Conversation:
         finally:
             if not reply.opened:
                 self._drop_slot(reply)
+
+    def _within_limit(self, reply: Reply, delta: str) -> tuple[str, bool]:
+        """``delta`` cut to what the reply may still say (--max-text-chars), between words
+        where it can be, and whether it was cut. One delta past the limit (a whole JSON
+        answer is one) was refused whole: nothing at all was said."""
+        room = self.pipeline.settings.max_text_chars - reply.chars
+        if len(delta) <= room:
+            return delta, False
+        head = delta[:room]
+        gap = max(head.rfind(" "), head.rfind("\n"))
+        return (head[: gap + 1] if gap > 0 else head), True
 
     def _asked(self, reply: Reply) -> None:
         if any(r is reply for r in self._unasked):

@@ -18,12 +18,17 @@ import numpy as np
 import pytest
 from aiohttp import web
 
+from agent.config import Config
 from agent.conversation_config import ListenSettings, ServiceSettings
 from agent.httpservice import ServiceError
 from agent.llm import ChatCompletions
+from agent.session import AgentSession
 from agent.stt import Transcriber
 from agent.turns import Conversation
 from agent.vad import Activity, ActivityEvent
+from tests.doubles import ToneEngine
+from tests.services import FakeLLM
+from tests.test_speech_pipeline import Drain, wait_for
 
 NESTED = "[" * 5000 + "]" * 5000  # json.loads raises RecursionError, not ValueError
 TIMEOUT_S = 0.5
@@ -180,6 +185,92 @@ async def test_a_whole_json_completion_is_spoken() -> None:
     deltas, failure, _ = await llm_deltas(whole_completion)
     assert failure is None
     assert deltas == ["Hello there."]
+
+
+def json_completion(answer: object) -> Handler:
+    async def complete(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        return web.json_response(answer)
+
+    return complete
+
+
+async def test_a_whole_json_answer_of_only_tool_calls_is_empty_as_streamed() -> None:
+    """OpenAI's whole answer to a tool call has ``content: null``: it was llm_failed ("no
+    content"), where the same answer streamed is empty, and the reply's error llm_empty."""
+    message = {"role": "assistant", "content": None, "tool_calls": [{"id": "c1"}]}
+    deltas, failure, _ = await llm_deltas(json_completion({"choices": [{"message": message}]}))
+    assert (deltas, failure) == ([], None)
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [{"choices": ["not an object"]}, {"choices": [{"message": "text"}]}, {"choices": []}],
+)
+async def test_a_malformed_whole_json_answer_is_the_llms_failure(answer: object) -> None:
+    """A choice that was not an object raised AttributeError: the client got ``internal``
+    ("the reply failed") and the log a traceback, for the LLM's bad answer."""
+    deltas, failure, _ = await llm_deltas(json_completion(answer))
+    assert deltas == []
+    assert failure is not None and failure.code == "llm_failed", failure
+
+
+async def test_a_whole_json_answer_over_the_text_limit_is_spoken_up_to_it() -> None:
+    """A whole JSON answer is one delta; over --max-text-chars the pipeline refused it whole
+    (text_too_long) before the reply's stream opened: nothing at all was said. A reply is
+    spoken up to the limit (README), cut between words, then text_too_long."""
+    text = "This is a sentence of the long answer. " * 160  # 6240 characters
+    runner, base = await serve(json_completion({"choices": [{"message": {"content": text}}]}))
+    config = Config(services=ServiceSettings(llm_base_url=base, llm_timeout_s=2.0))
+    session = AgentSession("s", ToneEngine(seconds_per_word=0.001), config)
+    events: list[dict[str, object]] = []
+    session.outbox.send = events.append  # type: ignore[method-assign, assignment]
+    session.pipeline.start()
+    drain = Drain(session.pipeline)
+    try:
+        session.conversation.ask("Tell me everything.")
+        await wait_for(lambda: any(e["type"] == "speech.ended" for e in events), timeout=30)
+    finally:
+        drain.stop()
+        await session.close()
+        await runner.cleanup()
+    errors = [e["code"] for e in events if e["type"] == "error"]
+    assert errors == ["text_too_long"], errors
+    spoken = " ".join(str(e["text"]) for e in events if e["type"] == "speech.segment")
+    limit = session.pipeline.settings.max_text_chars
+    assert text.startswith(spoken) and text[len(spoken)] == " ", spoken[-60:]  # a whole word
+    assert limit - 40 < len(spoken) <= limit, len(spoken)
+
+
+async def test_a_slow_but_steady_llm_stream_is_not_cut_by_a_total_timeout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """aiohttp's default total timeout (300 s) also bounds reading the body: a steady
+    stream (a slow local model, a reply held behind the client's own text stream) was cut
+    300 s after its request, reported as llm_timeout "sent nothing for 20 s". Here that
+    default is 1 s, with a token every 0.25 s against a 1 s --llm-timeout."""
+    monkeypatch.setattr(
+        aiohttp.client, "DEFAULT_TIMEOUT", aiohttp.ClientTimeout(total=1.0, sock_connect=30)
+    )
+    async with FakeLLM() as llm:
+        assert isinstance(llm, FakeLLM)
+        llm.replies.append([f"Word{i} " for i in range(8)] + ["end."])
+        llm.token_delay_s = 0.25
+        config = Config(services=ServiceSettings(llm_base_url=llm.url, llm_timeout_s=1.0))
+        session = AgentSession("s", ToneEngine(seconds_per_word=0.01), config)
+        events: list[dict[str, object]] = []
+        session.outbox.send = events.append  # type: ignore[method-assign, assignment]
+        session.pipeline.start()
+        drain = Drain(session.pipeline)
+        try:
+            session.conversation.ask("Tell me a story")
+            await wait_for(lambda: llm.finished == 1, timeout=8)
+            await wait_for(lambda: not session.conversation.agent_active, timeout=8)
+        finally:
+            drain.stop()
+            await session.close()
+    assert [e for e in events if e["type"] == "error"] == []
+    assert str(session.conversation.history[-1]["content"]).endswith("end.")
 
 
 @pytest.mark.parametrize(
