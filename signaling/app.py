@@ -54,7 +54,9 @@ def build_app(config: Config, engine: TTSEngine) -> web.Application:
             metrics.offer_outcome_middleware(
                 {routes.post_offer: "offer", routes.post_whep: "whep"}
             ),
-            make_auth_middleware(config.security.auth_secret, routes.PUBLIC_HANDLERS),
+            make_auth_middleware(
+                config.security.auth_secret, routes.PUBLIC_HANDLERS | {worker_status}
+            ),
         ],
         client_max_size=MAX_REQUEST_BYTES,
     )
@@ -84,30 +86,34 @@ async def forwarded_client_middleware(request: web.Request, handler: Handler) ->
     return await handler(request)
 
 
-def _add_worker_parts(app: web.Application) -> None:
-    async def status(request: web.Request) -> web.Response:
-        engine = request.app[ENGINE]
-        load_errors: list[str] = request.app[ENGINE_ERROR]
-        return web.json_response(
-            {
-                "index": request.app[CONFIG].worker_index,
-                "pid": os.getpid(),
-                # New sessions are routed here only while this worker takes them: its engine
-                # loaded, its circuit breaker closed, not draining (a worker that refuses every
-                # offer stays the least loaded and would get them all). The front's /readyz
-                # also waits for listening.
-                "ready": routes.takes_new_sessions(request.app),
-                "listening_ready": request.app[SESSIONS].listening_ready,
-                "engine": engine.name,
-                "engine_error": load_errors[0] if load_errors else engine.failure,
-                # What a new offer here is refused with (the front answers with it when no
-                # worker takes new sessions), or null.
-                "refusal": _refusal_json(routes.new_session_refusal(request.app)),
-                "sessions": request.app[SESSIONS].load,
-            }
-        )
+async def worker_status(request: web.Request) -> web.Response:
+    """What the front polls (over the worker's private socket). Public to the auth check:
+    the front has no client's token to poll with, and refused, it found every worker
+    unready for good (with --auth-secret, nothing was ever served)."""
+    engine = request.app[ENGINE]
+    load_errors: list[str] = request.app[ENGINE_ERROR]
+    return web.json_response(
+        {
+            "index": request.app[CONFIG].worker_index,
+            "pid": os.getpid(),
+            # New sessions are routed here only while this worker takes them: its engine
+            # loaded, its circuit breaker closed, not draining (a worker that refuses every
+            # offer stays the least loaded and would get them all). The front's /readyz
+            # also waits for listening.
+            "ready": routes.takes_new_sessions(request.app),
+            "listening_ready": request.app[SESSIONS].listening_ready,
+            "engine": engine.name,
+            "engine_error": load_errors[0] if load_errors else engine.failure,
+            # What a new offer here is refused with (the front answers with it when no
+            # worker takes new sessions), or null.
+            "refusal": _refusal_json(routes.new_session_refusal(request.app)),
+            "sessions": request.app[SESSIONS].load,
+        }
+    )
 
-    app.router.add_get(STATUS_PATH, status)
+
+def _add_worker_parts(app: web.Application) -> None:
+    app.router.add_get(STATUS_PATH, worker_status)
 
 
 def _refusal_json(refusal: ApiError | None) -> dict[str, Any] | None:

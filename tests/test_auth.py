@@ -2,19 +2,27 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 import jwt
 import pytest
+from aiohttp import web
 
 from agent.config import Config, SecuritySettings
+from agent.conversation_config import ListenSettings
+from signaling.app import build_app
 from signaling.auth import mint_token
 from signaling.cli import main
+from signaling.workers import WorkerPool
 from tests.conftest import LiveServer, raw_http, raw_status
+from tests.doubles import ToneEngine
 from tests.rtc_client import RtcClient
 
 SECRET = "test-secret-that-is-long-enough-0123456789"
@@ -360,3 +368,33 @@ async def test_a_token_in_a_body_in_another_charset_is_read(live_server: LiveSer
     ):
         assert resp.status == 400, await resp.text()  # past the token: the SDP's turn
         assert (await _error(resp))["code"] == "no_opus"
+
+
+async def test_the_front_finds_a_worker_ready_with_auth_on(tmp_path: Path) -> None:
+    """``serve --auth-secret`` with workers (the default: one per core): the front polls each
+    worker's status over its private socket with no client's token. The worker's auth
+    refused the poll (401), the front read "not ready" for good, and nothing was served:
+    /readyz 503 and every offer 503 not_ready. Here a real worker app and the pool's poll."""
+    config = Config(
+        host="127.0.0.1",
+        port=0,
+        workers=1,
+        listen=ListenSettings(enabled=False),
+        security=SecuritySettings(auth_secret=SECRET),
+    )
+    pool = WorkerPool(config, lambda _config: None, tmp_path)  # type: ignore[arg-type, return-value]
+    worker = pool.workers[0]
+    runner = web.AppRunner(build_app(replace(config, worker_index=0), ToneEngine()))
+    await runner.setup()
+    try:
+        await web.UnixSite(runner, worker.socket_path).start()
+        worker.http = aiohttp.ClientSession(connector=aiohttp.UnixConnector(worker.socket_path))
+        async with asyncio.timeout(10):
+            while not worker.ready:
+                await pool._poll(worker)
+                await asyncio.sleep(0.05)
+        assert worker.status["index"] == 0 and worker.answered_at > 0
+    finally:
+        if worker.http is not None:
+            await worker.http.close()
+        await runner.cleanup()
