@@ -307,8 +307,9 @@ class LimitSettings:
     max_sessions: int = 200
 
     def __post_init__(self) -> None:
-        if min(self.offer_rate, self.speech_rate) <= 0:
-            raise ValueError("rates must be positive")
+        # Not min(...) <= 0: a rate of nan passes it, and a nan bucket never runs dry.
+        if not all(0 < rate < math.inf for rate in (self.offer_rate, self.speech_rate)):
+            raise ValueError("rates must be positive numbers")
         if min(self.offer_burst, self.speech_burst, self.max_clients, self.max_sessions) < 1:
             raise ValueError("bursts, max_clients and max_sessions must be at least 1")
 

@@ -10,6 +10,7 @@ forgets that client's debt rather than letting many addresses grow the table.
 
 from __future__ import annotations
 
+import math
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -31,7 +32,7 @@ class RateLimiter:
         max_keys: int = 10_000,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        if rate <= 0 or burst < 1 or max_keys < 1:
+        if not 0 < rate < math.inf or burst < 1 or max_keys < 1:  # nan: never runs dry
             raise ValueError("rate must be positive, burst and max_keys at least 1")
         self.rate = rate
         self.burst = burst

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import math
 from typing import Any
 
 import aiohttp
@@ -352,3 +353,15 @@ def test_an_ipv6_client_is_limited_by_its_64_prefix() -> None:
     assert limits.admit_speech("2001:db8:9:9::1") == 0.0
     limits.check_speech("2001:db8:9:9::2")
     assert limits.admit_speech("2001:db8:9:9::3") > 0
+
+
+def test_a_rate_of_nan_is_refused_not_unlimited() -> None:
+    """A nan rate passed "rates must be positive" (every comparison with nan is false), and
+    a nan bucket never runs dry: the limit was silently off."""
+    for bad in (math.nan, math.inf, 0.0):
+        with pytest.raises(ValueError):
+            LimitSettings(offer_rate=bad)
+        with pytest.raises(ValueError):
+            LimitSettings(speech_rate=bad)
+        with pytest.raises(ValueError):
+            RateLimiter(bad, 2)
