@@ -7,6 +7,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeGuard
+from urllib.parse import urlsplit
 
 from agent.conversation_config import ListenSettings, ServiceSettings
 from agent.opus_rates import INPUT_RATES as OPUS_INPUT_RATES
@@ -254,6 +255,35 @@ def is_room_name(room: object) -> TypeGuard[str]:
     )
 
 
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def serialized_origin(text: str) -> str:
+    """``text`` as a browser's ``Origin`` header spells it (scheme://host[:port], lower case,
+    no default port); ValueError for what is no origin (a path, "*", no scheme)."""
+    try:
+        parts = urlsplit(text.strip().rstrip("/"))
+        port = parts.port
+    except ValueError:
+        parts, port = None, None
+    if (
+        parts is None
+        or not parts.scheme  # any: an app's own (capacitor://localhost) is an origin too
+        or not parts.hostname
+        or parts.path
+        or parts.query
+        or parts.fragment
+        or parts.username is not None
+    ):
+        raise ValueError(
+            f"CORS origin {text!r} is not an origin: give scheme://host[:port], e.g. "
+            "https://app.example.com"
+        )
+    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+    shown_port = "" if port in (None, _DEFAULT_PORTS.get(parts.scheme)) else f":{port}"
+    return f"{parts.scheme}://{host}{shown_port}"
+
+
 @dataclass(frozen=True)
 class SecuritySettings:
     """Who may use the signaling API, and from which web origins."""
@@ -278,6 +308,9 @@ class SecuritySettings:
             )
         if self.auth_secret is not None and len(self.auth_secret.encode()) < MIN_SECRET_BYTES:
             raise ValueError(f"the auth secret must be at least {MIN_SECRET_BYTES} bytes long")
+        # Browsers send an Origin serialized: scheme and host in lower case, no default port.
+        # An entry written otherwise never matched it, with no word of why.
+        object.__setattr__(self, "cors_origins", tuple(map(serialized_origin, self.cors_origins)))
         if self.metrics_token == "":
             raise ValueError(
                 "the metrics token (--metrics-token) is empty: leave it out for an open /metrics"

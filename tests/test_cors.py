@@ -21,7 +21,8 @@ class TestAllowList:
         return Config(
             host="127.0.0.1",
             security=SecuritySettings(
-                cors_origins=(ALLOWED, "https://other.example"),
+                # Written otherwise than browsers send it: still that origin.
+                cors_origins=(ALLOWED, "HTTPS://Other.Example:443/"),
                 auth_secret="s" * 32,
             ),
         )
@@ -46,6 +47,21 @@ class TestAllowList:
                 assert resp.status == 403
                 assert (await resp.json())["error"]["code"] == "forbidden"
                 assert "Access-Control-Allow-Origin" not in resp.headers
+
+    async def test_an_origin_is_allowed_however_the_list_spells_it(
+        self, live_server: LiveServer
+    ) -> None:
+        """Browsers send Origin serialized (lower case, no default port). An entry written
+        with capitals or :443 was compared as a raw string and never matched."""
+        other = "https://other.example"
+        async with (
+            aiohttp.ClientSession() as http,
+            http.options(
+                live_server.url + "/offer", headers={"Origin": other, **PREFLIGHT}
+            ) as resp,
+        ):
+            assert resp.status == 204
+            assert resp.headers["Access-Control-Allow-Origin"] == other
 
     async def test_answers_echo_only_allowed_origins_errors_included(
         self, live_server: LiveServer
@@ -103,3 +119,21 @@ async def test_no_allow_list_means_same_origin_only(live_server: LiveServer) -> 
         ) as resp:
             assert resp.status == 403
             assert "Access-Control-Allow-Origin" not in resp.headers
+
+
+@pytest.mark.parametrize("entry", ["*", "app.example", "https://app.example/path", "https://"])
+def test_an_entry_that_is_no_origin_is_refused(entry: str) -> None:
+    """ "*" (or a bare host, a path) allowed nothing, silently: now the config says so."""
+    with pytest.raises(ValueError, match="not an origin"):
+        SecuritySettings(cors_origins=(entry,))
+
+
+def test_origins_are_kept_as_browsers_send_them() -> None:
+    settings = SecuritySettings(
+        cors_origins=("HTTPS://App.Example:443", "http://[::1]:8080/", "capacitor://localhost")
+    )
+    assert settings.cors_origins == (
+        "https://app.example",
+        "http://[::1]:8080",
+        "capacitor://localhost",
+    )
