@@ -94,6 +94,10 @@ def quality_scorer() -> Callable[[np.ndarray, np.ndarray], tuple[float, float]] 
     return score
 
 
+def _name(setting: str, input_rate: int) -> str:
+    return setting if input_rate == SAMPLE_RATE else f"{setting} @{input_rate // 1000}k"
+
+
 def main() -> int:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -114,11 +118,7 @@ def main() -> int:
     speech16 = soxr.resample(speech, rate, 16_000)  # what PESQ-WB and STOI score against
     frames_at = {r: speech_frames(speech, rate, r) for r in input_rates}
     count = min(len(frames) for frames in frames_at.values())
-    table = {
-        (name if r == SAMPLE_RATE else f"{name} @{r // 1000}k", r): apply
-        for name, apply in settings().items()
-        for r in input_rates
-    }
+    table = {(_name(name, r), r): apply for name, apply in settings().items() for r in input_rates}
     times: dict[tuple[str, int], list[float]] = {key: [] for key in table}
     for _ in range(args.rounds):
         for (name, r), apply in table.items():
@@ -131,7 +131,11 @@ def main() -> int:
             encoder.close()
     score = quality_scorer()
     print(f"# libopus encode, {args.bitrate} bit/s mono, {count} frames of speech x {args.rounds}")
-    print(f"{'setting':31s} {'us/frame':>9s} {'kbit/s':>7s} {'PESQ-WB':>8s} {'STOI':>6s}")
+    # The ratio: each setting's time against complexity 9 (the default) at the same input
+    # rate, measured in the same rounds (this machine's speed cancels out).
+    print(
+        f"{'setting':31s} {'us/frame':>9s} {'x c9':>5s} {'kbit/s':>7s} {'PESQ-WB':>8s} {'STOI':>6s}"
+    )
     for (name, r), apply in table.items():
         encoder, decoder = OpusEncoder(bitrate=args.bitrate, sample_rate=r), OpusDecoder()
         apply(encoder)
@@ -143,7 +147,8 @@ def main() -> int:
             pesq_wb, stoi_ = score(speech16, decoded.astype(np.float32))
             quality = f"{pesq_wb:8.2f} {stoi_:6.3f}"
         median = float(np.median(times[name, r])) * 1e6
-        print(f"{name:31s} {median:9.0f} {kbps:7.1f} {quality}")
+        baseline = float(np.median(times[_name("complexity 9", r), r])) * 1e6
+        print(f"{name:31s} {median:9.0f} {median / baseline:5.2f} {kbps:7.1f} {quality}")
     if score is None:
         print("(quality columns: pip install pesq pystoi)")
     return 0
