@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from agent.chattts import loader
 from agent.chattts.decode import SAMPLES_PER_TOKEN, StreamingDecoder, StreamParams, chat_decode_fn
 from agent.chattts.gpt import BatchedGPT, Sampling
 from agent.chattts.loader import LoadedModel, ModelLoadError, load_chat, resolve_device
@@ -155,7 +156,7 @@ def test_loader_rejects_missing_and_tampered_models(tiny_model_dir: Path, tmp_pa
     manifest = json.loads((bad / "manifest.json").read_text())
     manifest["sha256"]["sha256_asset_Vocos_safetensors"] = "0" * 64
     (bad / "manifest.json").write_text(json.dumps(manifest))
-    with pytest.raises(ModelLoadError):
+    with pytest.raises(ModelLoadError, match=r"asset/Vocos\.safetensors is not the file"):
         load_chat(ChatTTSSettings(model_dir=bad, device="cpu"))
     # Without our manifest a directory is taken for a copy of the published model and checked
     # against ChatTTS's own hash table, which random weights fail.
@@ -240,3 +241,100 @@ def test_a_damaged_manifest_or_a_model_of_other_shapes_is_a_model_load_error(
         ModelLoadError, match=r"could not load the model from .*resized.*tiny-model"
     ):
         load_chat(ChatTTSSettings(model_dir=resized, device="cpu"))
+
+
+def test_a_file_missing_from_a_model_dir_is_named(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """The error (/readyz's engine_failed) said "see the log above"; ChatTTS named the file
+    only in an INFO line, which --log-level warning hides."""
+    partial = tmp_path / "partial"
+    shutil.copytree(tiny_model_dir, partial)
+    (partial / "asset" / "Vocos.safetensors").unlink()
+    with pytest.raises(ModelLoadError, match=r"asset/Vocos\.safetensors is missing"):
+        load_chat(ChatTTSSettings(model_dir=partial, device="cpu", threads=1))
+
+
+def test_a_device_torch_lacks_is_said_to_be_missing_not_blamed_on_the_model(
+    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--device mps without MPS, or cuda:3 on a one-GPU machine, failed inside ChatTTS, with
+    advice to rebuild or replace the model."""
+    with pytest.raises(ModelLoadError, match="MPS is not available"):
+        load_chat(ChatTTSSettings(model_dir=tiny_model_dir, device="mps", threads=1))
+    with pytest.raises(ModelLoadError, match="not a torch device"):
+        resolve_device("gpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert resolve_device("cuda:0") == torch.device("cuda:0")
+    with pytest.raises(ModelLoadError, match="1 CUDA device"):
+        resolve_device("cuda:3")
+
+
+def _interrupted_download(tiny_model_dir: Path, cache: Path) -> Path:
+    """A Hugging Face cache whose first download was stopped after two files."""
+    snapshot = cache / "models--2Noise--ChatTTS" / "snapshots" / "0123abcd"
+    (snapshot / "asset" / "gpt").mkdir(parents=True)
+    shutil.copy(tiny_model_dir / "asset" / "gpt" / "config.json", snapshot / "asset" / "gpt")
+    shutil.copy(tiny_model_dir / "asset" / "Decoder.safetensors", snapshot / "asset")
+    return snapshot
+
+
+def test_an_interrupted_download_is_resumed(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ChatTTS loads the latest snapshot without checking it and never downloads again: a
+    first start stopped mid-download failed every later start, telling the user to check
+    that the model was "an unmodified copy". The download is now resumed first."""
+    import huggingface_hub
+
+    snapshot = _interrupted_download(tiny_model_dir, tmp_path)
+    resumed: list[dict[str, Any]] = []
+
+    def snapshot_download(**kwargs: Any) -> str:
+        resumed.append(kwargs)
+        for name in loader.ASSET_FILES:  # what the real one would fetch
+            (snapshot / "asset" / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(tiny_model_dir / "asset" / name, snapshot / "asset" / name)
+        return str(snapshot)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+    loader.resume_interrupted_download(str(tmp_path))
+    assert [r["cache_dir"] for r in resumed] == [str(tmp_path)]
+    assert loader.missing_assets(snapshot) == []
+    loader.resume_interrupted_download(str(tmp_path))  # complete: nothing to do
+    assert len(resumed) == 1
+
+
+def test_an_interrupted_download_that_cannot_resume_says_so(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import huggingface_hub
+
+    snapshot = _interrupted_download(tiny_model_dir, tmp_path)
+
+    def offline(**kwargs: Any) -> str:
+        raise OSError("network is unreachable")
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", offline)
+    with pytest.raises(ModelLoadError) as caught:
+        load_chat(ChatTTSSettings(model_dir=tmp_path, device="cpu", threads=1))
+    message = str(caught.value)
+    assert "is incomplete" in message and "unmodified copy" not in message, message
+    assert str(snapshot.parent.parent) in message  # what to delete to start afresh
+
+
+def test_the_fronts_download_check_expands_a_tilde(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--model-dir=~/chattts (bash leaves a tilde after "=", as does an env file): the load
+    expanded it, the front's one download did not, found no asset/ and downloaded 1.1 GB
+    from Hugging Face into a directory literally named "~"."""
+    import ChatTTS
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "chattts" / "asset").mkdir(parents=True)
+    downloads: list[Any] = []
+    monkeypatch.setattr(
+        ChatTTS.Chat, "download_models", lambda self, **kwargs: downloads.append(kwargs)
+    )
+    loader.ensure_downloaded(ChatTTSSettings(model_dir=Path("~/chattts")))
+    assert downloads == []

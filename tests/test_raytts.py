@@ -315,9 +315,13 @@ async def test_a_voice_the_replica_refuses_is_the_clients_error_not_a_fault(
     """The replica's refusal of a voice came back as a plain EngineError ("the speech replica
     failed"), which the circuit breaker counts: one client's bad voice could open it."""
     engine, _config = ray_engine
-    with pytest.raises(UnknownVoice):
+    with pytest.raises(UnknownVoice) as refused:
         async for _ in engine.synthesize("hello there", VoiceOptions(voice="not-a-voice")):
             pass
+    # The refusal's own words reach the client: Ray's str() of it was its whole traceback,
+    # with the replica's pid, IP and file paths.
+    assert "Traceback" not in str(refused.value) and "not-a-voice" in str(refused.value)
+    assert type(refused.value) is UnknownVoice
     chunks = [c async for c in engine.synthesize("hello there", VoiceOptions())]
     assert sum(len(c) for c in chunks) > 0
 
@@ -345,9 +349,10 @@ async def test_a_dead_replica_fails_its_streams_and_serve_restarts_it(
     try:
         assert len(await anext(stream)) > 0
         os.kill(before["pid"], signal.SIGKILL)  # the replica's process dies mid-stream
-        with pytest.raises(EngineError, match="speech replica failed"):
+        with pytest.raises(EngineError, match="speech replica failed") as failed:
             async for _ in stream:
                 pass
+        assert "\n" not in str(failed.value) and "Traceback" not in str(failed.value)
     finally:
         await stream.aclose()
     # Serve notices, readiness drops, a new replica is started and readiness comes back.

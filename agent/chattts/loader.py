@@ -38,9 +38,22 @@ def resolve_device(name: str) -> torch.device:
     """``auto`` picks CUDA when present; anything else is passed to torch as is."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(name)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ModelLoadError(f"device {name!r} requested but CUDA is not available")
+    try:
+        dev = torch.device(name)
+    except RuntimeError as e:  # "Expected one of cpu, cuda, ... device type at start of ..."
+        raise ModelLoadError(f"device {name!r} is not a torch device: {e}") from None
+    # Checked here: loaded on a device torch lacks, ChatTTS fails deep inside, and the
+    # error would be blamed on the model.
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ModelLoadError(f"device {name!r} requested but CUDA is not available")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ModelLoadError(
+                f"device {name!r} requested but this machine has "
+                f"{torch.cuda.device_count()} CUDA device(s)"
+            )
+    if dev.type == "mps" and not torch.backends.mps.is_available():
+        raise ModelLoadError(f"device {name!r} requested but MPS is not available")
     return dev
 
 
@@ -52,13 +65,15 @@ def ensure_downloaded(settings: ChatTTSSettings) -> None:
     worker's half-written one. The front process fetches it once, first; the workers then
     load the finished snapshot. A local copy (``model_dir`` with ``asset/``) needs nothing.
     """
-    if settings.model_dir is not None and (Path(settings.model_dir) / "asset").is_dir():
+    model_dir = Path(settings.model_dir).expanduser() if settings.model_dir else None
+    if model_dir is not None and (model_dir / "asset").is_dir():
         return
-    if settings.model_dir is not None:
-        _not_a_file(Path(settings.model_dir).expanduser())
+    if model_dir is not None:
+        _not_a_file(model_dir)
     import ChatTTS
 
-    custom = str(Path(settings.model_dir).expanduser()) if settings.model_dir else None
+    custom = str(model_dir) if model_dir is not None else None
+    resume_interrupted_download(custom)
     log.info("fetching ChatTTS from Hugging Face (2Noise/ChatTTS) once for all workers")
     chat = ChatTTS.Chat(logging.getLogger("agent.chattts.ChatTTS"))
     if chat.download_models(source="huggingface", custom_path=custom) is None:
@@ -109,6 +124,8 @@ def load_chat(settings: ChatTTSSettings) -> LoadedModel:
             source, custom_path = "custom", str(model_dir)
         else:
             source, custom_path = "huggingface", str(model_dir)
+    if source == "huggingface":
+        resume_interrupted_download(custom_path)
     try:
         ok = chat.load(
             source=source,
@@ -139,7 +156,11 @@ def load_chat(settings: ChatTTSSettings) -> LoadedModel:
                 "the network, or pass --model-dir DIR with a local copy of the model "
                 "(`voice-agent tiny-model DIR` builds an offline smoke-test model)"
             )
-        raise ModelLoadError(f"ChatTTS failed to load from {custom_path} (see the log above)")
+        problems = asset_problems(Path(custom_path or "."), chat.sha256_map)
+        raise ModelLoadError(
+            f"ChatTTS failed to load from {custom_path}: "
+            + ("; ".join(problems) if problems else "see the log above")
+        )
     log.info("ChatTTS loaded on %s (source=%s)", device, source)
     return LoadedModel(
         chat=chat,
@@ -148,6 +169,92 @@ def load_chat(settings: ChatTTSSettings) -> LoadedModel:
         random_weights=manifest is not None,
         manifest=manifest,
     )
+
+
+# ChatTTS 0.2.5's files under asset/ (ChatTTS/utils/dl.py check_all_assets): what a local
+# copy and a finished download hold.
+ASSET_FILES = (
+    "Decoder.safetensors",
+    "DVAE.safetensors",
+    "Embed.safetensors",
+    "Vocos.safetensors",
+    "gpt/config.json",
+    "gpt/model.safetensors",
+    "tokenizer/special_tokens_map.json",
+    "tokenizer/tokenizer_config.json",
+    "tokenizer/tokenizer.json",
+)
+HF_REPO = "2Noise/ChatTTS"
+HF_PATTERNS = ["*.yaml", "*.json", "*.safetensors"]  # what ChatTTS downloads of it
+
+
+def missing_assets(base: Path) -> list[str]:
+    return [name for name in ASSET_FILES if not (base / "asset" / name).is_file()]
+
+
+def asset_problems(base: Path, sha256_map: dict[str, str]) -> list[str]:
+    """Why ChatTTS refused the copy in ``base``, file by file: ChatTTS names a missing or
+    altered file only in an INFO line of its own, which --log-level warning hides."""
+    import hashlib
+
+    problems = [f"asset/{name} is missing" for name in missing_assets(base)]
+    if problems:
+        return problems
+    for name in ASSET_FILES:
+        expected = sha256_map.get("sha256_asset_" + name.replace("/", "_").replace(".", "_"))
+        with open(base / "asset" / name, "rb") as f:
+            if expected is not None and hashlib.file_digest(f, "sha256").hexdigest() != expected:
+                problems.append(f"asset/{name} is not the file ChatTTS expects (its hash differs)")
+    return problems
+
+
+def _latest_snapshot(custom_path: str | None) -> Path | None:
+    """The snapshot ChatTTS would load from a Hugging Face cache: the latest modified one
+    (its own rule, ChatTTS core.py download_models)."""
+    import os
+
+    if custom_path is None:
+        root = Path(os.getenv("HF_HOME", os.path.expanduser("~/.cache/huggingface"))) / "hub"
+    else:
+        root = Path(custom_path)
+    snapshots = root / "models--2Noise--ChatTTS" / "snapshots"
+    try:
+        return max(snapshots.iterdir(), key=lambda p: p.stat().st_mtime, default=None)
+    except OSError:
+        return None
+
+
+def resume_interrupted_download(custom_path: str | None) -> None:
+    """Finish a Hugging Face download stopped part-way (Ctrl-C during the first start).
+    ChatTTS loads the latest snapshot directory it finds without checking it and never
+    downloads again: every later start failed, blamed on the model."""
+    snapshot = _latest_snapshot(custom_path)
+    if snapshot is None or not (missing := missing_assets(snapshot)):
+        return
+    log.warning(
+        "the ChatTTS download in %s is incomplete (%d of %d files missing): resuming it",
+        snapshot,
+        len(missing),
+        len(ASSET_FILES),
+    )
+    from huggingface_hub import snapshot_download
+
+    try:
+        snapshot_download(repo_id=HF_REPO, allow_patterns=HF_PATTERNS, cache_dir=custom_path)
+    except Exception as e:  # offline, refused, disk full: say what to do
+        raise ModelLoadError(
+            f"the ChatTTS download in {snapshot} is incomplete (missing "
+            f"{', '.join('asset/' + m for m in missing[:3])}"
+            f"{'...' if len(missing) > 3 else ''}) and could not be resumed "
+            f"({type(e).__name__}: {str(e)[:200]}): check the network and start again, or "
+            f"delete {snapshot.parent.parent} to download afresh"
+        ) from e
+    still = missing_assets(snapshot)
+    if still:
+        raise ModelLoadError(
+            f"the ChatTTS download in {snapshot} is still incomplete after resuming it "
+            f"(missing asset/{still[0]}): delete {snapshot.parent.parent} to download afresh"
+        )
 
 
 def _not_a_file(model_dir: Path) -> None:

@@ -143,10 +143,15 @@ class RayServeEngine:
             finished = True
             # ... or the replica's engine refused this request (a voice it cannot speak):
             # the client's mistake, which the circuit breaker must not count as a fault.
-            refusal = exc if isinstance(exc, RequestError) else getattr(exc, "cause", None)
-            if isinstance(refusal, RequestError):
-                raise type(refusal)(*refusal.args) from None
-            raise EngineError(f"the speech replica failed: {exc}") from exc
+            # A replica's exception arrives as a RayTaskError that is also an instance of
+            # its cause's class, whose str() is Ray's whole traceback (the replica's pid, IP
+            # and file paths): only the cause's own words go to the client.
+            cause = getattr(exc, "cause", None)
+            original = cause if isinstance(cause, BaseException) else exc
+            if isinstance(original, RequestError):
+                raise type(original)(*original.args) from None
+            log.warning("speech replica failed", exc_info=exc)
+            raise EngineError(f"the speech replica failed: {_first_line(original)}") from None
         finally:
             if not finished:
                 # aclose() (barge-in, hang-up) or task cancellation: the replica's generator
@@ -251,6 +256,11 @@ class RayServeEngine:
             self._started_ray = False
         ray.shutdown()
         self._inited_ray = False
+
+
+def _first_line(exc: BaseException, limit: int = 300) -> str:
+    lines = str(exc).strip().splitlines()
+    return (lines[0] if lines else type(exc).__name__)[:limit]
 
 
 class _DriverThread:
