@@ -84,7 +84,7 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     serve.add_argument("--engine", choices=ENGINE_NAMES, default=defaults.engine)
     serve.add_argument(
         "--model-dir",
-        type=Path,
+        type=_model_dir,
         default=None,
         help="a local ChatTTS model (default: ChatTTS's own download from Hugging Face)",
     )
@@ -496,7 +496,9 @@ def serve(config: Config) -> None:
                 # Socket paths too long under $TMPDIR: the message says what to do, which a
                 # traceback buried (after the weights' download, which now waits for it).
                 _usage_error(str(exc))
-            if config.engine == "chattts":
+            # Only where the workers load the model: speaking through Ray, the replicas on
+            # the cluster do, and a media machine has no use for 1.1 GB of weights.
+            if config.engine == "chattts" and config.tts == "local":
                 from agent.chattts.loader import ModelLoadError, ensure_downloaded
 
                 try:
@@ -515,6 +517,14 @@ def _usage_error(message: str) -> NoReturn:
     """argparse's way: the message on stderr, exit status 2."""
     sys.stderr.write(f"voice-agent: error: {message}\n")
     raise SystemExit(2)
+
+
+def _model_dir(value: str) -> Path:
+    """Not empty: ``--model-dir "$MODEL_DIR"`` with MODEL_DIR unset was ``Path("")``, the
+    working directory, taken for a Hugging Face cache and downloaded into."""
+    if not value.strip():
+        raise argparse.ArgumentTypeError("is empty: leave it out for ChatTTS's own download")
+    return Path(value)
 
 
 def _room_name(value: str) -> str:

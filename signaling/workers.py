@@ -175,7 +175,10 @@ class WorkerPool:
         config = replace(self.config, worker_index=worker.index, workers=1)
         # "All cores but one" is per process: split it, or N workers oversubscribe.
         share = max(1, (cores() - 1) // len(self.workers))
-        if config.chattts.threads == 0:
+        # Only for a model in this process: with --tts ray the replicas' threads are the
+        # cluster's business, and in their settings (the app's fingerprint) a per-process
+        # split made media servers of other sizes redeploy the shared app over each other.
+        if config.chattts.threads == 0 and config.tts == "local":
             config = replace(config, chattts=replace(config.chattts, threads=share))
         if config.opus.encode_threads < 0:
             config = replace(config, opus=replace(config.opus, encode_threads=share))

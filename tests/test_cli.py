@@ -487,3 +487,33 @@ def test_a_tmpdir_too_deep_for_the_workers_sockets_is_a_usage_error(
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and "Traceback" not in err
     assert "voice-agent: error: socket paths under" in err and "set TMPDIR" in err
+
+
+def test_an_empty_model_dir_is_a_usage_error_not_the_working_directory() -> None:
+    """``--model-dir "$MODEL_DIR"`` with MODEL_DIR unset was Path(""): the working
+    directory, taken for a Hugging Face cache and downloaded into."""
+    for value in ("", "  "):
+        with pytest.raises(SystemExit):
+            build(["serve", "--model-dir", value])
+    assert build(["serve", "--model-dir", "m"]).chattts.model_dir == Path("m")
+
+
+@pytest.mark.parametrize(("tts", "downloads"), [("local", 1), ("ray", 0)])
+def test_the_front_downloads_the_model_only_where_its_workers_load_it(
+    tts: str, downloads: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``serve --workers N --tts ray://...``: the model is on the cluster's replicas, yet the
+    media machine's front fetched the 1.1 GB model nobody there loads."""
+    import agent.chattts.loader as loader
+    import signaling.front
+    import signaling.workers
+    from agent.config import RaySettings
+    from signaling.cli import serve
+
+    calls: list[object] = []
+    monkeypatch.setattr(loader, "ensure_downloaded", calls.append)
+    monkeypatch.setattr(signaling.workers, "WorkerPool", lambda *args: object())
+    monkeypatch.setattr(signaling.front, "run_front", lambda config, pool: None)
+    ray = RaySettings(address="ray://auto") if tts == "ray" else RaySettings()
+    serve(Config(tts=tts, ray=ray, workers=2))
+    assert len(calls) == downloads

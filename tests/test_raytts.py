@@ -183,6 +183,38 @@ def test_an_autoscaling_target_serve_would_refuse_is_refused_at_start(target: fl
         RaySettings(max_replicas=4, target_streams=target)
 
 
+async def test_media_servers_of_other_sizes_agree_on_the_shared_apps_fingerprint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker's share of the cores (threads=(cores-1)//N, meant for a model in its own
+    process) went into the replicas' settings with --tts ray, so into the app's
+    fingerprint: media servers with other --workers or core counts each found the running
+    app "with other settings" and deployed over it, losing the other's streams."""
+    import signaling.workers as workers
+    from agent.raytts.deployment import fingerprint
+
+    spawned: list[Config] = []
+
+    class Process:
+        pid = 0
+
+        def __init__(self, target: Any, args: tuple[Any, ...], **kwargs: Any) -> None:
+            spawned.append(args[0])
+
+        def start(self) -> None:
+            pass
+
+    monkeypatch.setattr(workers, "cores", lambda: 16)
+    ray = RaySettings(address="ray://auto")
+    pool = workers.WorkerPool(Config(tts="ray", ray=ray, workers=4), ToneEngine, tmp_path)  # type: ignore[arg-type]
+    monkeypatch.setattr(pool._context, "Process", Process)
+    pool._spawn(pool.workers[0])
+    assert pool.workers[0].http is not None
+    await pool.workers[0].http.close()
+    one = Config(tts="ray", ray=ray, workers=1)  # another media server, one process
+    assert fingerprint(spawned[0].ray, spawned[0].chattts) == fingerprint(one.ray, one.chattts)
+
+
 def test_serve_options_come_from_the_settings() -> None:
     from agent.config import ChatTTSSettings
     from agent.raytts.deployment import deployment_options
