@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 from pathlib import Path
@@ -338,3 +339,22 @@ def test_the_fronts_download_check_expands_a_tilde(
     )
     loader.ensure_downloaded(ChatTTSSettings(model_dir=Path("~/chattts")))
     assert downloads == []
+
+
+def test_compile_off_cuda_says_it_does_nothing(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """ChatTTS drops --compile unless the device is CUDA, without a word: a user timing
+    --compile on CPU measured nothing and was not told."""
+    import ChatTTS
+
+    class Stop(Exception):
+        pass
+
+    def stop(*args: object) -> None:
+        raise Stop
+
+    monkeypatch.setattr(ChatTTS, "Chat", stop)
+    with caplog.at_level(logging.WARNING, logger="agent.chattts.loader"), pytest.raises(Stop):
+        load_chat(ChatTTSSettings(device="cpu", threads=1, compile=True))
+    assert "--compile has no effect on cpu" in caplog.text

@@ -97,6 +97,10 @@ def load_chat(settings: ChatTTSSettings) -> LoadedModel:
     import ChatTTS
 
     device = resolve_device(settings.device)
+    if settings.compile and device.type != "cuda":
+        # ChatTTS compiles its GPT on CUDA only (core.py: compile and "cuda" in device):
+        # elsewhere the flag changes nothing, and a user timing it should know.
+        log.warning("--compile has no effect on %s: ChatTTS compiles on CUDA only", device)
     if settings.threads > 0:
         torch.set_num_threads(settings.threads)
     elif device.type == "cpu":
