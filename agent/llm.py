@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import AsyncGenerator
 from typing import Any
 
@@ -28,6 +29,8 @@ from agent.httpservice import (
 )
 from agent.sse import SSEError, SSEParser
 
+log = logging.getLogger(__name__)
+
 Message = dict[str, str]
 # A line, an event's data or a whole answer larger than this is no chat completion.
 MAX_SSE_LINE = 1 << 20
@@ -41,31 +44,39 @@ class ChatCompletions:
         self._url = endpoint(settings.llm_base_url, "/chat/completions")
         self._settings = settings
         self._http = http
+        # OpenAI's reasoning models (o1, o3, gpt-5...) refuse "max_tokens" for
+        # "max_completion_tokens", which many OpenAI-compatible servers do not know yet:
+        # the old name first, the new one from the first refusal that names it.
+        self._token_limit_field = "max_tokens"
 
     async def stream(self, messages: list[Message]) -> AsyncGenerator[str, None]:
         s = self._settings
-        body = {
-            "model": s.llm_model,
-            "messages": messages,
-            "stream": True,
-            "max_tokens": s.llm_max_tokens,
-        }
-        headers = {**auth_headers(s.llm_api_key), "Accept": "text/event-stream"}
         loop = asyncio.get_running_loop()
-        # The first event is due one timeout after the request, not after the headers: each
-        # wait with a whole timeout of its own let a slow server hold the turn for two.
-        deadline = loop.time() + s.llm_timeout_s
-        try:
-            async with asyncio.timeout_at(deadline):
-                response = await self._http.post(self._url, json=body, headers=headers)
-        except TimeoutError:
-            raise _timeout(s.llm_timeout_s) from None
-        except aiohttp.ClientError as exc:
-            raise ServiceError("llm_failed", f"the LLM is unreachable: {exc}") from None
-        async with response:
-            if response.status != 200:
+        while True:
+            body = {
+                "model": s.llm_model,
+                "messages": messages,
+                "stream": True,
+                self._token_limit_field: s.llm_max_tokens,
+            }
+            # The first event is due one timeout after the request, not after the headers:
+            # each wait with a whole timeout of its own let a slow server hold the turn for two.
+            deadline = loop.time() + s.llm_timeout_s
+            response = await self._post(body, deadline)
+            if response.status == 200:
+                break
+            async with response:
                 detail = await describe_failure(response, s.llm_timeout_s)
-                raise ServiceError("llm_failed", f"the LLM failed: {detail}")
+            if (
+                response.status == 400
+                and self._token_limit_field == "max_tokens"
+                and "max_completion_tokens" in detail
+            ):
+                log.info("the LLM wants max_completion_tokens for max_tokens: asking again")
+                self._token_limit_field = "max_completion_tokens"
+                continue
+            raise ServiceError("llm_failed", f"the LLM failed: {detail}")
+        async with response:
             if response.content_type == "application/json":
                 # A server that ignores "stream": true answers with one whole completion.
                 answer = await _whole_answer(response, deadline, s.llm_timeout_s)
@@ -107,6 +118,16 @@ class ChatCompletions:
                     if not events:
                         raise ServiceError("llm_failed", "the LLM answered without any event")
                     return  # the server closed the stream (some omit [DONE])
+
+    async def _post(self, body: dict[str, Any], deadline: float) -> aiohttp.ClientResponse:
+        headers = {**auth_headers(self._settings.llm_api_key), "Accept": "text/event-stream"}
+        try:
+            async with asyncio.timeout_at(deadline):
+                return await self._http.post(self._url, json=body, headers=headers)
+        except TimeoutError:
+            raise _timeout(self._settings.llm_timeout_s) from None
+        except aiohttp.ClientError as exc:
+            raise ServiceError("llm_failed", f"the LLM is unreachable: {exc}") from None
 
 
 async def _whole_answer(response: aiohttp.ClientResponse, deadline: float, timeout_s: float) -> str:

@@ -102,6 +102,8 @@ class FakeLLM(_Server):
     # Refuse, as the chat templates of Llama 2, Mistral or Gemma do, messages whose roles do
     # not alternate user/assistant starting with the user's (after an optional system one).
     strict_roles: bool = False
+    # Refuse "max_tokens" as OpenAI's reasoning models do (o1, o3, gpt-5...).
+    refuses_max_tokens: bool = False
 
     def __post_init__(self) -> None:
         _Server.__init__(self)
@@ -120,6 +122,13 @@ class FakeLLM(_Server):
                 {"error": {"message": "rate limit reached"}}, status=self.status
             )
         assert body.get("stream") is True, body
+        if self.refuses_max_tokens and "max_tokens" in body:
+            message = (
+                "Unsupported parameter: 'max_tokens' is not supported with this model. "
+                "Use 'max_completion_tokens' instead."
+            )
+            error = {"message": message, "type": "invalid_request_error", "param": "max_tokens"}
+            return web.json_response({"error": error}, status=400)
         roles = [m["role"] for m in body["messages"] if m["role"] != "system"]
         if self.strict_roles and roles != ["user", "assistant"] * (len(roles) // 2) + (
             ["user"] if len(roles) % 2 else []

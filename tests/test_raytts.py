@@ -215,6 +215,49 @@ async def test_media_servers_of_other_sizes_agree_on_the_shared_apps_fingerprint
     assert fingerprint(spawned[0].ray, spawned[0].chattts) == fingerprint(one.ray, one.chattts)
 
 
+def test_a_replica_a_local_instance_can_never_place_is_refused() -> None:
+    """--ray-cpus 1 with --tts-cpus-per-replica 2 (or a GPU per replica on a machine with
+    none): Serve waited for the replica without end, saying nothing, /readyz not_ready."""
+    from agent.raytts.engine import unplaceable_replica
+
+    cpus = RaySettings(local_cpus=1, cpus_per_replica=2)
+    assert "needs 2 CPU" in str(unplaceable_replica({"CPU": 1.0}, cpus))
+    gpus = RaySettings(gpus_per_replica=1)
+    assert "needs 1 GPU" in str(unplaceable_replica({"CPU": 16.0}, gpus))
+    assert unplaceable_replica({"CPU": 2.0}, RaySettings(cpus_per_replica=2)) is None
+
+
+async def test_close_does_not_wait_on_a_driver_stuck_in_ray(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Shutdown cancels start() and calls close(), whose disconnect queued on the one driver
+    thread behind a call stuck in Ray (serve.run waiting for a replica that could not be
+    placed): the process did not exit on SIGTERM."""
+    import threading
+
+    import agent.raytts.engine as ray_engine_module
+
+    monkeypatch.setattr(ray_engine_module, "DISCONNECT_TIMEOUT_S", 0.5)
+    engine = RayServeEngine(RaySettings(), Config().chattts)
+    release = threading.Event()
+
+    def stuck() -> Any:
+        engine._inited_ray = True
+        release.wait(30)
+        raise RuntimeError("released")
+
+    monkeypatch.setattr(engine, "_connect_and_deploy", stuck)
+    monkeypatch.setattr(engine, "_disconnect", lambda: None)
+    start = asyncio.get_running_loop().create_task(engine.start())
+    await asyncio.sleep(0.2)
+    start.cancel()
+    try:
+        async with asyncio.timeout(3):
+            await engine.close()
+    finally:
+        release.set()
+
+
 def test_serve_options_come_from_the_settings() -> None:
     from agent.config import ChatTTSSettings
     from agent.raytts.deployment import deployment_options

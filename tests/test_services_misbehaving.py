@@ -506,3 +506,20 @@ async def test_a_transcript_is_read_in_its_declared_charset() -> None:
     finally:
         await runner.cleanup()
     assert text == "café"
+
+
+async def test_a_model_that_refuses_max_tokens_is_asked_with_max_completion_tokens() -> None:
+    """OpenAI's reasoning models (o1, o3, gpt-5...) answer 400 "Unsupported parameter:
+    'max_tokens' ... Use 'max_completion_tokens' instead": with --llm-model gpt-5-mini every
+    reply failed. The session asks again with the new name, and keeps it."""
+    async with FakeLLM() as llm:
+        assert isinstance(llm, FakeLLM)
+        llm.refuses_max_tokens = True
+        settings = ServiceSettings(llm_base_url=llm.url, llm_timeout_s=2.0, llm_max_tokens=123)
+        async with aiohttp.ClientSession() as http:
+            completions = ChatCompletions(settings, http)
+            for _ in range(2):
+                deltas = [d async for d in completions.stream([{"role": "user", "content": "hi"}])]
+                assert "".join(deltas) == "Hi there."
+    limits = [(r.get("max_tokens"), r.get("max_completion_tokens")) for r in llm.requests]
+    assert limits == [(123, None), (None, 123), (None, 123)], limits

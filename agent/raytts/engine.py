@@ -39,6 +39,12 @@ T = TypeVar("T")
 # here (not from wherever an installed copy points), so replicas run this very code.
 SOURCE_ROOT = Path(__file__).resolve().parent.parent.parent
 
+# While the app deploys: how often its state is read, and its message logged.
+DEPLOY_POLL_S = 0.5
+DEPLOY_REPORT_S = 30.0
+# How long close() waits for Ray to disconnect.
+DISCONNECT_TIMEOUT_S = 10.0
+
 # Serve application states in which no replica can take a stream.
 FAILED_STATES = ("DEPLOY_FAILED", "UNHEALTHY", "DELETING")
 
@@ -81,8 +87,13 @@ class RayServeEngine:
             if self._warm:
                 return
             if self._handle is None:
-                self._handle = await self._driver.call(self._connect_and_deploy)
-                self._status = "RUNNING"  # serve.run returns once the app is running
+                handle = await self._driver.call(self._connect_and_deploy)
+                # Waited for here, not on the driver thread: a replica that cannot be
+                # placed keeps the app DEPLOYING for good, and close() must still get
+                # the thread to disconnect.
+                await self._until_running()
+                self._handle = handle
+                self._status = "RUNNING"
             info = await self._handle.info.remote()
             self.sample_rate = int(info["sample_rate"])
             samples = 0
@@ -96,6 +107,33 @@ class RayServeEngine:
             self._warm = True
             self._watch = asyncio.get_running_loop().create_task(self._watch_status())
 
+    async def _until_running(self) -> None:
+        """Wait for the Serve app to run; say why now and then while it does not (Serve's
+        own message: "... could not be scheduled ... resources"), and fail if it cannot."""
+        from ray import serve
+
+        said_at = asyncio.get_running_loop().time()
+        while True:
+            status = await asyncio.to_thread(serve.status)
+            app = status.applications.get(self.settings.app_name)
+            state = str(getattr(app.status, "value", app.status)) if app is not None else None
+            if state == "RUNNING":
+                return
+            if state in ("DEPLOY_FAILED", "UNHEALTHY"):
+                message = app.message if app is not None else ""
+                raise EngineLoadError(
+                    f"the Ray Serve speech app did not start ({state}): {message}"
+                )
+            now = asyncio.get_running_loop().time()
+            if now - said_at >= DEPLOY_REPORT_S:
+                said_at = now
+                log.warning(
+                    "the Ray Serve speech app is still %s: %s",
+                    state,
+                    (app.message if app is not None else "") or "no replica is running yet",
+                )
+            await asyncio.sleep(DEPLOY_POLL_S)
+
     async def close(self) -> None:
         self._warm = False
         if self._watch is not None:
@@ -105,7 +143,13 @@ class RayServeEngine:
             self._watch = None
         self._handle = None
         if self._inited_ray:
-            await self._driver.call(self._disconnect)
+            try:
+                async with asyncio.timeout(DISCONNECT_TIMEOUT_S):
+                    await self._driver.call(self._disconnect)
+            except TimeoutError:
+                # The driver thread is stuck in Ray (a connect that hangs): a shutdown must
+                # not wait on it. The thread is a daemon; the process exits without it.
+                log.warning("Ray did not disconnect within %g s: leaving it", DISCONNECT_TIMEOUT_S)
         self._driver.stop()
 
     def speakable(self, text: str) -> bool:
@@ -216,12 +260,21 @@ class RayServeEngine:
         running = self._running_app(serve)
         if running is not None:
             return running
+        if self._started_ray:
+            unplaceable = unplaceable_replica(ray.cluster_resources(), self.settings)
+            if unplaceable is not None:
+                raise EngineLoadError(unplaceable)
         try:
-            return serve.run(
+            # Not waiting for it to run (start() does): see _until_running.
+            target = serve.RunTarget(
                 speech_app(self.settings, self.chattts),
                 name=self.settings.app_name,
                 route_prefix=None,
             )
+            handle: DeploymentHandle[Any] = serve.run_many(
+                [target], wait_for_applications_running=False
+            )[0]
+            return handle
         except Exception as exc:
             raise EngineLoadError(f"the Ray Serve speech app did not start: {exc}") from exc
 
@@ -256,6 +309,22 @@ class RayServeEngine:
             self._started_ray = False
         ray.shutdown()
         self._inited_ray = False
+
+
+def unplaceable_replica(resources: dict[str, float], settings: RaySettings) -> str | None:
+    """Why a replica could never be placed on a local instance with ``resources`` (Ray's
+    cluster_resources()), or None. Serve would wait for it without end, saying nothing."""
+    for kind, need, flag, offer in (
+        ("CPU", settings.cpus_per_replica, "--tts-cpus-per-replica", "--ray-cpus"),
+        ("GPU", settings.gpus_per_replica, "--tts-gpus-per-replica", "the machine's GPUs"),
+    ):
+        have = resources.get(kind, 0.0)
+        if need > have:
+            return (
+                f"a speech replica needs {need:g} {kind} ({flag}) but the local Ray instance "
+                f"has {have:g} ({offer})"
+            )
+    return None
 
 
 def _first_line(exc: BaseException, limit: int = 300) -> str:
