@@ -468,9 +468,9 @@ class Conversation:
                 self._drop_slot(reply)
 
     def _within_limit(self, reply: Reply, delta: str) -> tuple[str, bool]:
-        """``delta`` cut to what the reply may still say (--max-text-chars), between words
-        where it can be, and whether it was cut. One delta past the limit (a whole JSON
-        answer is one) was refused whole: nothing at all was said."""
+        """``delta`` cut to what the reply may still say (the text limit, max_text_chars),
+        between words where it can be, and whether it was cut. One delta past the limit (a
+        whole JSON answer is one) was refused whole: nothing at all was said."""
         room = self.pipeline.settings.max_text_chars - reply.chars
         if len(delta) <= room:
             return delta, False

@@ -190,7 +190,7 @@ async def test_a_stream_refused_while_anothers_was_open_stays_refused_until_its_
 
 
 async def test_a_stream_refused_for_length_speaks_what_came_before_and_drops_the_rest() -> None:
-    """Past --max-text-chars a delta was refused but the stream stayed open, and a shorter
+    """Past the text limit a delta was refused but the stream stayed open, and a shorter
     delta after it was taken: the words spoken had a hole in the middle. Now the stream
     ends at the refusal: what came before is spoken, the rest dropped up to its text.end;
     the next stream is spoken whole."""

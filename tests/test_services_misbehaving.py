@@ -216,9 +216,9 @@ async def test_a_malformed_whole_json_answer_is_the_llms_failure(answer: object)
 
 
 async def test_a_whole_json_answer_over_the_text_limit_is_spoken_up_to_it() -> None:
-    """A whole JSON answer is one delta; over --max-text-chars the pipeline refused it whole
-    (text_too_long) before the reply's stream opened: nothing at all was said. A reply is
-    spoken up to the limit (README), cut between words, then text_too_long."""
+    """A whole JSON answer is one delta; over the 5000-character text limit the pipeline
+    refused it whole (text_too_long) before the reply's stream opened: nothing at all was
+    said. A reply is spoken up to the limit (README), cut between words, then text_too_long."""
     text = "This is a sentence of the long answer. " * 160  # 6240 characters
     runner, base = await serve(json_completion({"choices": [{"message": {"content": text}}]}))
     config = Config(services=ServiceSettings(llm_base_url=base, llm_timeout_s=2.0))
