@@ -523,3 +523,42 @@ async def test_a_model_that_refuses_max_tokens_is_asked_with_max_completion_toke
                 assert "".join(deltas) == "Hi there."
     limits = [(r.get("max_tokens"), r.get("max_completion_tokens")) for r in llm.requests]
     assert limits == [(123, None), (None, 123), (None, 123)], limits
+
+
+async def test_the_services_are_reached_through_the_environments_proxy(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """HTTP_PROXY / HTTPS_PROXY were ignored (aiohttp's default), unlike OpenAI's SDKs: a
+    server whose only way out is a proxy could not reach a hosted LLM."""
+    seen: list[str] = []
+
+    async def proxy(request: web.Request) -> web.StreamResponse:
+        seen.append(str(request.url))  # a forward proxy is asked for the absolute URL
+        await request.read()
+        return web.json_response({"choices": [{"message": {"content": "Through the proxy."}}]})
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", proxy)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    monkeypatch.setenv("HTTP_PROXY", f"http://127.0.0.1:{port}")
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    config = Config(services=ServiceSettings(llm_base_url="http://llm.invalid/v1"))
+    session = AgentSession("s", ToneEngine(seconds_per_word=0.01), config)
+    events: list[dict[str, object]] = []
+    session.outbox.send = events.append  # type: ignore[method-assign, assignment]
+    session.pipeline.start()
+    drain = Drain(session.pipeline)
+    try:
+        session.conversation.ask("Are you there?")
+        await wait_for(lambda: any(e["type"] == "speech.ended" for e in events), timeout=10)
+    finally:
+        drain.stop()
+        await session.close()
+        await runner.cleanup()
+    assert seen == ["http://llm.invalid/v1/chat/completions"], (seen, events)
+    assert [e["text"] for e in events if e["type"] == "speech.segment"] == ["Through the proxy."]
