@@ -70,6 +70,10 @@ ROOM_TICK_S = 1.0  # feedback hold-offs (FEC off after quiet, REMB expiry)
 # quiet within speaking_hold_s plus this.
 SPEAKING_CHECK_S = 0.2
 SILENCE_DBFS = -100.0  # the level of a speaker from whom nothing arrives
+# A participant's mute changes are told to the room at most this often (the latest state
+# wins): a client toggling it as fast as its channel goes had every change broadcast to
+# every participant, the room's CPU spent on one sender's flood.
+MUTE_ANNOUNCE_INTERVAL_S = 0.2
 
 
 class RoomError(Exception):
@@ -497,6 +501,9 @@ class RoomMember:
         self.host = host
         self.name = name
         self.muted = False
+        self._announced_muted = False  # as the room last heard it
+        self._muted_announced_at = -math.inf
+        self._mute_announcement: asyncio.TimerHandle | None = None
         self.hooks = hooks or SessionHooks()
         self.pipeline = room.pipeline  # the room's agent: HTTP say speaks into the room
         queue = room.settings.subscriber_queue_frames
@@ -624,6 +631,9 @@ class RoomMember:
                 sub.tap.tick()
 
     def release_media(self) -> None:
+        if self._mute_announcement is not None:
+            self._mute_announcement.cancel()
+            self._mute_announcement = None
         for sub in self._subs:
             if sub.wish is not None:
                 sub.wish.close()
@@ -669,10 +679,23 @@ class RoomMember:
         muted = obj.get("muted")
         if not isinstance(muted, bool):
             raise ProtocolError("bad_message", "'muted' must be true or false")
-        if muted != self.muted:
-            self.muted = muted
-            self.room.broadcast({"type": "participant.updated", **self.describe()})
+        self.muted = muted
+        if self._mute_announcement is None:
+            wait = self._muted_announced_at + MUTE_ANNOUNCE_INTERVAL_S - time.monotonic()
+            if wait <= 0:
+                self._announce_mute()
+            else:  # told when the interval is up, as it is then
+                loop = asyncio.get_running_loop()
+                self._mute_announcement = loop.call_later(wait, self._announce_mute)
         return True
+
+    def _announce_mute(self) -> None:
+        self._mute_announcement = None
+        if self.muted == self._announced_muted or self.participant_id not in self.room.members:
+            return  # only a change is news (a client re-syncing its button is not)
+        self._announced_muted = self.muted
+        self._muted_announced_at = time.monotonic()
+        self.room.broadcast({"type": "participant.updated", **self.describe()})
 
     def _apply(self, message: Message) -> None:
         pipeline = self.pipeline

@@ -61,8 +61,8 @@ async def test_a_joiners_room_state_survives_events_before_its_channel_opens() -
     late = room.join("late", speaking=False, host=True, expects_channel=True)
     other = room.join("other", speaking=False, host=True, expects_channel=False)
     try:
-        for i in range(MAX_PENDING_EVENTS):  # e.g. the other one toggling mute
-            other.handle_message(msg(type="mute", muted=i % 2 == 0))
+        for _ in range(MAX_PENDING_EVENTS):  # e.g. others muting, talking, joining
+            room.broadcast({"type": "participant.updated", **other.describe()})
         channel = OpenChannel()
         late.outbox.channel = channel  # type: ignore[assignment]
         late.outbox.flush()

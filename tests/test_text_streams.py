@@ -19,7 +19,7 @@ from agent.config import Config, SpeechSettings
 from agent.conversation_config import ServiceSettings
 from agent.engine import EngineError, VoiceOptions
 from agent.llm import Message
-from agent.room import Room
+from agent.room import MUTE_ANNOUNCE_INTERVAL_S, Room
 from agent.session import AgentSession
 from agent.speech import SpeechError, SpeechPipeline
 from tests.doubles import ToneEngine
@@ -424,10 +424,35 @@ async def test_a_repeated_mute_tells_the_room_only_of_a_change() -> None:
     b.outbox.send = sent.append  # type: ignore[method-assign]
     for muted in (True, True, False, False):
         a.handle_message(msg(type="mute", muted=muted))
+    await asyncio.sleep(MUTE_ANNOUNCE_INTERVAL_S + 0.1)  # the change after the first waits
     updates = of(sent, "participant.updated")
     assert [e["muted"] for e in updates] == [True, False]
     await room.leave(a)
     await room.leave(b)
+
+
+async def test_a_mute_flood_is_told_to_the_room_as_its_latest_state() -> None:
+    """Every change of a participant's mute was broadcast to every participant at once: a
+    client toggling it as fast as its channel goes had the room's CPU spent on its flood.
+    Changes are now told at most every 0.2 s, the latest state winning."""
+    room = Room("r", ToneEngine(), Config())
+    a = room.join("sa", speaking=False, host=True, expects_channel=False)
+    b = room.join("sb", speaking=False, host=True, expects_channel=False)
+    sent: list[Event] = []
+    b.outbox.send = sent.append  # type: ignore[method-assign]
+    try:
+        for i in range(1001):
+            a.handle_message(msg(type="mute", muted=i % 2 == 0))  # ends muted
+        assert [e["muted"] for e in of(sent, "participant.updated")] == [True]
+        a.handle_message(msg(type="mute", muted=False))
+        await asyncio.sleep(MUTE_ANNOUNCE_INTERVAL_S + 0.1)
+        assert [e["muted"] for e in of(sent, "participant.updated")] == [True, False]
+        a.handle_message(msg(type="mute", muted=True))
+        await room.leave(a)  # a pending announcement dies with its participant
+        await asyncio.sleep(MUTE_ANNOUNCE_INTERVAL_S + 0.1)
+        assert [e["muted"] for e in of(sent, "participant.updated")] == [True, False]
+    finally:
+        await room.leave(b)
 
 
 async def test_a_room_participants_stream_left_open_is_ended_for_everyone_else() -> None:
