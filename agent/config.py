@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeGuard
 from urllib.parse import urlsplit
+
+import idna
 
 from agent.conversation_config import ListenSettings, ServiceSettings
 from agent.opus_rates import INPUT_RATES as OPUS_INPUT_RATES
@@ -260,7 +263,14 @@ _DEFAULT_PORTS = {"http": 80, "https": 443}
 
 def serialized_origin(text: str) -> str:
     """``text`` as a browser's ``Origin`` header spells it (scheme://host[:port], lower case,
-    no default port); ValueError for what is no origin (a path, "*", no scheme)."""
+    an IDN host in punycode, IPv6 compressed, no default port); ValueError for what is no
+    origin (a path, "*", no scheme) and for "null"."""
+    if text.strip().lower() == "null":
+        # Sent by file:// pages and sandboxed iframes of any site: allowing it allows all.
+        raise ValueError(
+            "CORS origin 'null' is refused: any site can send it (a sandboxed iframe); "
+            "serve the page from an origin and list that"
+        )
     try:
         parts = urlsplit(text.strip().rstrip("/"))
         port = parts.port
@@ -279,7 +289,13 @@ def serialized_origin(text: str) -> str:
             f"CORS origin {text!r} is not an origin: give scheme://host[:port], e.g. "
             "https://app.example.com"
         )
-    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+    try:
+        if ":" in parts.hostname:
+            host = f"[{ipaddress.ip_address(parts.hostname).compressed}]"
+        else:
+            host = idna.encode(parts.hostname, uts46=True).decode("ascii")
+    except (ValueError, idna.IDNAError):
+        raise ValueError(f"CORS origin {text!r} has a host no browser would send") from None
     shown_port = "" if port in (None, _DEFAULT_PORTS.get(parts.scheme)) else f":{port}"
     return f"{parts.scheme}://{host}{shown_port}"
 

@@ -70,7 +70,7 @@ class ChatCompletions:
             if (
                 response.status == 400
                 and self._token_limit_field == "max_tokens"
-                and "max_completion_tokens" in detail
+                and _wants_max_completion_tokens(detail)
             ):
                 log.info("the LLM wants max_completion_tokens for max_tokens: asking again")
                 self._token_limit_field = "max_completion_tokens"
@@ -154,6 +154,16 @@ async def _whole_answer(response: aiohttp.ClientResponse, deadline: float, timeo
     if not isinstance(content, str):
         raise ServiceError("llm_failed", "the LLM answer's message content is not text")
     return content
+
+
+def _wants_max_completion_tokens(detail: str) -> bool:
+    """OpenAI's (and Azure's) refusal: "Unsupported parameter: 'max_tokens' is not supported
+    with this model. Use 'max_completion_tokens' instead." Not any error naming both: vLLM's
+    context overflow says "'max_tokens' or 'max_completion_tokens' is too large"."""
+    lowered = detail.lower()
+    return "max_completion_tokens" in lowered and (
+        "not supported" in lowered or "unsupported" in lowered
+    )
 
 
 def _timeout(seconds: float) -> ServiceError:

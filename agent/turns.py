@@ -479,8 +479,14 @@ class Conversation:
         if len(delta) <= room:
             return delta, False
         head = delta[:room]
+        # Up to the last space (an LLM's token " world" has its only one first: the cut
+        # is then that space, not "wo"); a head with none, or whose words would all be
+        # cut off (a reply opened on "\n\n" alone), is cut at the limit itself.
         gap = max(head.rfind(" "), head.rfind("\n"))
-        return (head[: gap + 1] if gap > 0 else head), True
+        cut = head[: gap + 1]
+        if gap < 0 or (not reply.opened and not self.pipeline.speakable(cut)):
+            cut = head
+        return cut, True
 
     def _asked(self, reply: Reply) -> None:
         if any(r is reply for r in self._unasked):

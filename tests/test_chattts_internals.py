@@ -358,3 +358,25 @@ def test_compile_off_cuda_says_it_does_nothing(
     with caplog.at_level(logging.WARNING, logger="agent.chattts.loader"), pytest.raises(Stop):
         load_chat(ChatTTSSettings(device="cpu", threads=1, compile=True))
     assert "--compile has no effect on cpu" in caplog.text
+
+
+def test_a_download_resumed_onto_a_newer_revision_is_complete(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The repository moved on since the interrupted download: the resume fetches the new
+    revision into a snapshot of its own (the one ChatTTS then loads), and the stale one
+    stays as it was. The check looked at the stale one: "still incomplete"."""
+    import huggingface_hub
+
+    _interrupted_download(tiny_model_dir, tmp_path)
+    asked: list[str] = []
+
+    def snapshot_download(**kwargs: Any) -> str:
+        asked.append(kwargs["cache_dir"])
+        newer = Path(kwargs["cache_dir"]) / "models--2Noise--ChatTTS" / "snapshots" / "newer"
+        shutil.copytree(tiny_model_dir / "asset", newer / "asset")
+        return str(newer)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+    loader.resume_interrupted_download(str(tmp_path))
+    assert asked == [str(tmp_path)]

@@ -20,6 +20,7 @@ from agent.llm import ChatCompletions, Message
 from agent.protocol import ConfigUpdate, ProtocolError, parse_message
 from agent.session import AgentSession
 from agent.stt import Transcriber, wav_bytes
+from agent.turns import Reply
 from agent.vad import Activity, ActivityEvent, SpeechDetector
 from signaling.cli import build_parser, config_from_args
 from tests.doubles import FailingEngine, ToneEngine, ToneMicrophone
@@ -1176,3 +1177,24 @@ async def test_a_reply_the_engine_fails_to_speak_names_the_question_it_answers()
     finally:
         drain.stop()
         await session.close()
+
+
+def test_a_streamed_reply_cut_at_the_text_limit_ends_between_words() -> None:
+    """An LLM's tokens start with their space (" world"): the delta crossing the limit had
+    its only space first, and the cut sent " wo": the reply ended in half a word."""
+    session = AgentSession("s", ToneEngine(), Config())
+    limit = session.pipeline.settings.max_text_chars
+    opened = Reply("r", {"role": "assistant", "content": ""}, chars=limit - 3, opened=True)
+    assert session.conversation._within_limit(opened, " world") == (" ", True)
+    assert session.conversation._within_limit(opened, "ab") == ("ab", False)
+
+
+def test_a_reply_cut_before_it_opened_keeps_its_words() -> None:
+    """A whole answer over the limit whose only whitespace is the newlines it starts with
+    (many models do; Chinese has no spaces) was cut to "\n\n": a reply of nothing. It is
+    cut at the limit itself then."""
+    session = AgentSession("s", ToneEngine(), Config())
+    limit = session.pipeline.settings.max_text_chars
+    unopened = Reply("r", {"role": "assistant", "content": ""})
+    cut, past = session.conversation._within_limit(unopened, "\n\n" + "x" * 6000)
+    assert past and len(cut) == limit and session.pipeline.speakable(cut)

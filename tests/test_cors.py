@@ -129,11 +129,26 @@ def test_an_entry_that_is_no_origin_is_refused(entry: str) -> None:
 
 
 def test_origins_are_kept_as_browsers_send_them() -> None:
+    """Browsers send the host in lower case, an IDN host in punycode, an IPv6 host
+    compressed, and no default port: an entry written otherwise never matched."""
     settings = SecuritySettings(
-        cors_origins=("HTTPS://App.Example:443", "http://[::1]:8080/", "capacitor://localhost")
+        cors_origins=(
+            "HTTPS://App.Example:443",
+            "http://[0:0:0:0:0:0:0:1]:8080/",
+            "capacitor://localhost",
+            "https://Bücher.example",
+        )
     )
     assert settings.cors_origins == (
         "https://app.example",
         "http://[::1]:8080",
         "capacitor://localhost",
+        "https://xn--bcher-kva.example",
     )
+
+
+def test_the_null_origin_is_refused_with_its_reason() -> None:
+    """``Origin: null`` comes from file:// pages and any site's sandboxed iframes: listing
+    it would allow them all."""
+    with pytest.raises(ValueError, match="any site can send it"):
+        SecuritySettings(cors_origins=("null",))

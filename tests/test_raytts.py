@@ -27,7 +27,7 @@ import pytest
 import pytest_asyncio
 
 from agent.config import Config, RaySettings
-from agent.engine import EngineError, UnknownVoice, VoiceOptions, speaks
+from agent.engine import EngineError, EngineLoadError, UnknownVoice, VoiceOptions, speaks
 from agent.engines import create_engine
 from agent.raytts.engine import RayServeEngine
 from agent.raytts.pacing import Pacer
@@ -221,10 +221,36 @@ def test_a_replica_a_local_instance_can_never_place_is_refused() -> None:
     from agent.raytts.engine import unplaceable_replica
 
     cpus = RaySettings(local_cpus=1, cpus_per_replica=2)
-    assert "needs 2 CPU" in str(unplaceable_replica({"CPU": 1.0}, cpus))
+    assert "need 2 CPU" in str(unplaceable_replica({"CPU": 1.0}, cpus))
     gpus = RaySettings(gpus_per_replica=1)
-    assert "needs 1 GPU" in str(unplaceable_replica({"CPU": 16.0}, gpus))
+    assert "need 1 GPU" in str(unplaceable_replica({"CPU": 16.0}, gpus))
     assert unplaceable_replica({"CPU": 2.0}, RaySettings(cpus_per_replica=2)) is None
+    # Every replica asked for (autoscaling's minimum), not one.
+    assert "need 4 CPU" in str(unplaceable_replica({"CPU": 2.0}, RaySettings(replicas=4)))
+    halves = RaySettings(replicas=3, gpus_per_replica=0.5)
+    assert "need 1.5 GPU" in str(unplaceable_replica({"CPU": 8.0, "GPU": 1.0}, halves))
+
+
+async def test_a_deploying_app_that_disappears_fails_the_start(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """serve.run's own wait failed for an app that no longer exists; the wait that replaced
+    it polled for ever for one deleted mid-deploy (Serve shut down by the process owning a
+    shared local instance): start() never ended, and no engine_failed."""
+    import types
+
+    import ray
+
+    import agent.raytts.engine as ray_engine_module
+
+    gone = types.SimpleNamespace(applications={})
+    monkeypatch.setattr(ray, "serve", types.SimpleNamespace(status=lambda: gone), raising=False)
+    monkeypatch.setattr(ray_engine_module, "DEPLOY_POLL_S", 0.01)
+    monkeypatch.setattr(ray_engine_module, "DEPLOY_APPEAR_S", 0.1)
+    engine = RayServeEngine(RaySettings(), Config().chattts)
+    with pytest.raises(EngineLoadError, match="deleted"):
+        async with asyncio.timeout(3):
+            await engine._until_running()
 
 
 async def test_close_does_not_wait_on_a_driver_stuck_in_ray(

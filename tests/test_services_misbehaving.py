@@ -562,3 +562,23 @@ async def test_the_services_are_reached_through_the_environments_proxy(
         await runner.cleanup()
     assert seen == ["http://llm.invalid/v1/chat/completions"], (seen, events)
     assert [e["text"] for e in events if e["type"] == "speech.segment"] == ["Through the proxy."]
+
+
+async def test_a_context_overflow_naming_max_completion_tokens_is_not_asked_again() -> None:
+    """vLLM's 400 for a history too long for its context says "'max_tokens' or
+    'max_completion_tokens' is too large": taken for a model refusing max_tokens, the same
+    request went again (the failure took twice as long) and the session kept the other name
+    (a server that does not know it then has no cap on the answer)."""
+    message = (
+        "'max_tokens' or 'max_completion_tokens' is too large: 400. This model's maximum "
+        "context length is 4096 tokens and your request has 3900 input tokens."
+    )
+    requests: list[dict[str, object]] = []
+
+    async def vllm(request: web.Request) -> web.StreamResponse:
+        requests.append(await request.json())
+        return web.json_response({"error": {"message": message}}, status=400)
+
+    deltas, failure, _ = await llm_deltas(vllm)
+    assert deltas == [] and failure is not None and "too large" in failure.message
+    assert len(requests) == 1 and "max_tokens" in requests[0]

@@ -244,7 +244,14 @@ def resume_interrupted_download(custom_path: str | None) -> None:
     from huggingface_hub import snapshot_download
 
     try:
-        snapshot_download(repo_id=HF_REPO, allow_patterns=HF_PATTERNS, cache_dir=custom_path)
+        # Into the cache ChatTTS reads (HF_HOME/hub, which HF_HUB_CACHE may not be); the
+        # snapshot it returns is the one ChatTTS loads next (the repository may have moved
+        # on since: a new snapshot beside the stale one).
+        done = Path(
+            snapshot_download(
+                repo_id=HF_REPO, allow_patterns=HF_PATTERNS, cache_dir=str(snapshot.parents[2])
+            )
+        )
     except Exception as e:  # offline, refused, disk full: say what to do
         raise ModelLoadError(
             f"the ChatTTS download in {snapshot} is incomplete (missing "
@@ -253,11 +260,11 @@ def resume_interrupted_download(custom_path: str | None) -> None:
             f"({type(e).__name__}: {str(e)[:200]}): check the network and start again, or "
             f"delete {snapshot.parent.parent} to download afresh"
         ) from e
-    still = missing_assets(snapshot)
+    still = missing_assets(done)
     if still:
         raise ModelLoadError(
-            f"the ChatTTS download in {snapshot} is still incomplete after resuming it "
-            f"(missing asset/{still[0]}): delete {snapshot.parent.parent} to download afresh"
+            f"the ChatTTS download in {done} is still incomplete after resuming it "
+            f"(missing asset/{still[0]}): delete {done.parent.parent} to download afresh"
         )
 
 

@@ -42,6 +42,7 @@ SOURCE_ROOT = Path(__file__).resolve().parent.parent.parent
 # While the app deploys: how often its state is read, and its message logged.
 DEPLOY_POLL_S = 0.5
 DEPLOY_REPORT_S = 30.0
+DEPLOY_APPEAR_S = 5.0  # an app not in Serve's status this long after its deploy is gone
 # How long close() waits for Ray to disconnect.
 DISCONNECT_TIMEOUT_S = 10.0
 
@@ -112,13 +113,20 @@ class RayServeEngine:
         own message: "... could not be scheduled ... resources"), and fail if it cannot."""
         from ray import serve
 
-        said_at = asyncio.get_running_loop().time()
+        loop = asyncio.get_running_loop()
+        started_at = said_at = loop.time()
         while True:
             status = await asyncio.to_thread(serve.status)
             app = status.applications.get(self.settings.app_name)
             state = str(getattr(app.status, "value", app.status)) if app is not None else None
             if state == "RUNNING":
                 return
+            if state == "DELETING" or (
+                state is None and loop.time() - started_at > DEPLOY_APPEAR_S
+            ):
+                # Deleted while it deployed (Serve shut down by the process that owned a
+                # shared local instance, say): waiting on would never end.
+                raise EngineLoadError("the Ray Serve speech app was deleted while it deployed")
             if state in ("DEPLOY_FAILED", "UNHEALTHY"):
                 message = app.message if app is not None else ""
                 raise EngineLoadError(
@@ -312,17 +320,19 @@ class RayServeEngine:
 
 
 def unplaceable_replica(resources: dict[str, float], settings: RaySettings) -> str | None:
-    """Why a replica could never be placed on a local instance with ``resources`` (Ray's
-    cluster_resources()), or None. Serve would wait for it without end, saying nothing."""
-    for kind, need, flag, offer in (
+    """Why the replicas could never all be placed on a local instance with ``resources``
+    (Ray's cluster_resources()), or None. Serve would wait for them without end, saying
+    nothing. ``replicas``: the fixed number, or autoscaling's minimum."""
+    n = settings.replicas
+    for kind, each, flag, offer in (
         ("CPU", settings.cpus_per_replica, "--tts-cpus-per-replica", "--ray-cpus"),
         ("GPU", settings.gpus_per_replica, "--tts-gpus-per-replica", "the machine's GPUs"),
     ):
         have = resources.get(kind, 0.0)
-        if need > have:
+        if n * each > have:
             return (
-                f"a speech replica needs {need:g} {kind} ({flag}) but the local Ray instance "
-                f"has {have:g} ({offer})"
+                f"{n} speech replica(s) (--tts-replicas) need {n * each:g} {kind} ({each:g} "
+                f"each, {flag}) but the local Ray instance has {have:g} ({offer})"
             )
     return None
 
