@@ -69,6 +69,9 @@ class EncoderTarget:
     bitrate: int
     fec: bool
     expected_loss_pct: int
+    # The receiver's maxplaybackrate (None: any): fixed for a call, carried by a room
+    # subscriber's wish so that a shared encoder codes no wider than its listeners play.
+    max_playback_rate: int | None = None
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ encodes per source instead of one per listener it is the natural next step.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import fractions
 import logging
 from collections import deque
@@ -187,10 +188,14 @@ class SharedEncoderControl:
         if not self._wishes:
             return  # keep the last settings for whoever subscribes next
         wishes = self._wishes.values()
+        # The band: the widest any listener plays (a narrow-band one hears the wide band's
+        # low part), capped only when every listener asked for a cap.
+        rates = [w.max_playback_rate for w in wishes]
         target = EncoderTarget(
             bitrate=min(w.bitrate for w in wishes),
             fec=any(w.fec for w in wishes),
             expected_loss_pct=max(w.expected_loss_pct for w in wishes),
+            max_playback_rate=None if None in rates else max(r for r in rates if r is not None),
         )
         if target != self.current:
             self.current = target
@@ -219,12 +224,7 @@ class SubscriberWish:
         self._set(expected_loss_pct=percent)
 
     def _set(self, **changes: Any) -> None:
-        t = self.target
-        self.target = EncoderTarget(
-            bitrate=changes.get("bitrate", t.bitrate),
-            fec=changes.get("fec", t.fec),
-            expected_loss_pct=changes.get("expected_loss_pct", t.expected_loss_pct),
-        )
+        self.target = dataclasses.replace(self.target, **changes)
         if self._active:
             self._control.wish(self, self.target)
 

@@ -243,8 +243,9 @@ class OpusEncoder:
         self._ctl(_SET_DTX, 1 if enabled else 0)
         self._dtx = bool(enabled)
 
-    def set_max_playback_rate(self, hertz: int) -> None:
-        """Code no wider a band than a receiver playing at ``hertz`` can reproduce."""
+    def set_max_playback_rate(self, hertz: int | None) -> None:
+        """Code no wider a band than a receiver playing at ``hertz`` can reproduce (None:
+        any receiver, the full band)."""
         self.max_playback_rate = hertz
         self._apply_max_band()
 

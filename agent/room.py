@@ -329,6 +329,7 @@ class Room:
         track.set_bitrate(target.bitrate)
         track.set_fec(target.fec)
         track.set_expected_loss(target.expected_loss_pct)
+        track.encoder.set_max_playback_rate(target.max_playback_rate)
 
     # --- events --------------------------------------------------------------------------
     def _agent_event(self, event: Event) -> None:
@@ -385,6 +386,7 @@ class SpeakerFeed:
         self.encoder.set_bitrate(target.bitrate)
         self.encoder.set_fec(target.fec)
         self.encoder.set_expected_loss(target.expected_loss_pct)
+        self.encoder.set_max_playback_rate(target.max_playback_rate)
 
     async def _run(self) -> None:
         # Reading every frame matters even with no subscriber: aiortc's receiver queue behind
@@ -588,19 +590,36 @@ class RoomMember:
         self._watch(transceiver.sender, sub, source)
 
     def _watch(self, sender: RTCRtpSender, sub: _Subscription, source: FanoutSource | None) -> None:
-        """This subscriber's own feedback loop; its wish joins its source's encoder policy."""
+        """This subscriber's own feedback loop; its wish joins its source's encoder policy.
+        With adaptation off, a fixed wish: the configured settings within what its receiver
+        allows (maxaveragebitrate, useinbandfec, maxplaybackrate), as a 1:1 session gets."""
         settings = self.room.config.adaptation
-        if not settings.enabled:
-            return
         receiver = self._receiver
-        ceiling = self.room.config.opus.bitrate
+        opus = self.room.config.opus
+        ceiling = opus.bitrate
         if receiver.max_bitrate is not None:
             ceiling = min(ceiling, receiver.max_bitrate)
+        control = (source or self.room.agent).control
+        if not settings.enabled:
+            fixed = EncoderTarget(
+                ceiling,
+                opus.fec and receiver.fec,
+                opus.expected_loss_pct,
+                receiver.max_playback_rate,
+            )
+            sub.wish = SubscriberWish(control, fixed)
+            if source is None:
+                sub.wish.withdraw()  # an empty slot: its speaker's source gets it (move_to)
+            else:
+                control.wish(sub.wish, fixed)
+            return
         controller = BitrateController(
             settings, ceiling, fec_allowed=receiver.fec, now=time.monotonic()
         )
-        control = (source or self.room.agent).control
-        wish = SubscriberWish(control, controller.target)
+        wish = SubscriberWish(
+            control,
+            dataclasses.replace(controller.target, max_playback_rate=receiver.max_playback_rate),
+        )
         sub.wish = wish
         track = sub.track
         applier = Applier(wish.set_bitrate, wish.set_fec, wish.set_expected_loss)
@@ -616,6 +635,8 @@ class RoomMember:
         sub.tap.install(transport_cc=receiver.transport_cc)
         if source is None:
             wish.withdraw()  # an empty slot has no encoder to steer yet
+        else:
+            control.wish(wish, wish.target)  # from the start: its band cap above all
 
     def subscribe_slot(self, slot: int, source: FanoutSource) -> None:
         sub = self._slots.get(slot)

@@ -87,6 +87,24 @@ def test_shared_encoder_follows_the_weakest_receiver() -> None:
     assert other.current == EncoderTarget(32_000, False, 0)
 
 
+def test_a_shared_encoder_codes_the_widest_band_its_listeners_play() -> None:
+    """A room's encoder is shared: its band is capped (maxplaybackrate) only while every
+    listener asked for a cap, at the widest of them; a listener with none lifts it."""
+    applied: list[EncoderTarget] = []
+    control = SharedEncoderControl(applied.append)
+    phone = SubscriberWish(control, EncoderTarget(32_000, False, 0, 8_000))
+    phone.set_bitrate(24_000)  # a controller's change keeps the receiver's rate
+    assert applied[-1].max_playback_rate == 8_000
+    wide = SubscriberWish(control, EncoderTarget(32_000, False, 0, 16_000))
+    wide.set_bitrate(32_000)
+    assert applied[-1].max_playback_rate == 16_000
+    browser = SubscriberWish(control, EncoderTarget(32_000, False, 0, None))
+    browser.set_bitrate(32_000)
+    assert applied[-1].max_playback_rate is None
+    browser.withdraw()
+    assert applied[-1].max_playback_rate == 16_000
+
+
 def test_offer_direction_decides_speaker_or_listener() -> None:
     head = "v=0\r\no=- 1 1 IN IP4 0.0.0.0\r\ns=-\r\nt=0 0\r\n"
     audio = "m=audio 9 UDP/TLS/RTP/SAVPF 111\r\na=rtpmap:111 opus/48000/2\r\n"

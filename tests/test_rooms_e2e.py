@@ -12,12 +12,18 @@ import aiohttp
 import numpy as np
 import pytest
 
-from agent.config import Config, LifecycleSettings, RoomSettings, SecuritySettings
+from agent.config import (
+    AdaptationSettings,
+    Config,
+    LifecycleSettings,
+    RoomSettings,
+    SecuritySettings,
+)
 from signaling.auth import mint_token
 from signaling.keys import SESSIONS
 from tests.conftest import LiveServer, serve
 from tests.doubles import ToneEngine, ToneMicrophone, tone_frequency
-from tests.rtc_client import ReceivedAudio, RtcClient
+from tests.rtc_client import ReceivedAudio, RtcClient, opus_fmtp_rewriter
 
 pytestmark = pytest.mark.slow
 
@@ -515,3 +521,28 @@ async def test_one_who_joins_while_the_agent_speaks_gets_the_utterances_start() 
     assert kinds[-1] == "speech.ended", kinds
     order = [e["type"] for e in second.events if e["type"] in ("room.state", "speech.started")]
     assert order[:2] == ["room.state", "speech.started"], order
+
+
+@pytest.mark.parametrize("adaptation", [True, False], ids=["adapting", "fixed"])
+async def test_a_room_keeps_within_what_its_receiver_allows(adaptation: bool) -> None:
+    """A 1:1 session codes within its receiver's fmtp: maxaveragebitrate caps the bitrate
+    (adaptation on or off) and maxplaybackrate the band. A room did neither with
+    --no-adaptation, and never applied maxplaybackrate: a narrow-band receiver (a SIP
+    gateway at 8 kHz) was sent a full-band 32 kbps stream."""
+    config = Config(
+        host="127.0.0.1",
+        port=0,
+        rooms=RoomSettings(),
+        adaptation=AdaptationSettings(enabled=adaptation),
+    )
+    fmtp = "useinbandfec=1;maxaveragebitrate=16000;maxplaybackrate=8000"
+    async with serve(config, ToneEngine()) as server, aiohttp.ClientSession() as http:
+        client = RtcClient(server.url, http)
+        try:
+            await client.connect(room="narrow", rewrite_offer=opus_fmtp_rewriter(fmtp))
+            room = server.app[SESSIONS].rooms.get("narrow")
+            assert room is not None
+            encoder = room.agent_track.encoder
+            assert encoder.bitrate <= 16_000 and encoder.max_playback_rate == 8_000
+        finally:
+            await client.close()
