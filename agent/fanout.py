@@ -7,8 +7,9 @@ subscriber has its own ``FanoutTrack`` (one per peer connection's sender) with:
   its own audio and never holds up the source or the others (publish never waits);
 - its own RTP timeline: pts advance by 960 per packet (a short stall of the event loop
   moves its clock instead) and jump forward by the silent time when its source paused for
-  half a second or more or changed (a new speaker on the slot), so pts stay monotonic and
-  on the 20 ms grid whatever the sources do;
+  half a second or more (also across a change of source: a new speaker on the slot after a
+  shorter gap continues the timeline), so pts stay monotonic and on the 20 ms grid whatever
+  the sources do;
 - no clock of its own: the source's clock paces every subscriber (one timer per source,
   not one per listener), which is part of keeping the per-listener path lean.
 
