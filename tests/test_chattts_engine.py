@@ -24,6 +24,7 @@ from agent.engine import EngineError, TTSEngine, UnknownVoice, VoiceOptions
 from agent.speech import SpeechPipeline
 from agent.text.normalize import normalize_for_tts
 from tests.conftest_chattts import TEST_DEVICE
+from tests.test_speech_pipeline import wait_for
 
 # Session fixtures (tiny checkpoint, loaded Chat, started engine), shared by both modules.
 pytest_plugins = ["tests.conftest_chattts"]
@@ -459,3 +460,60 @@ def test_spoken_text_is_split_at_stops_then_pauses_then_words() -> None:
     assert split_spoken(chinese, 150) == ["今天天气很好，", "我们一起去公园散步吧。", "然后去吃饭"]
     assert split_spoken("一二三四五六七八九十", 40) == ["一二三", "四五六", "七八九", "十"]
     assert split_spoken("short enough.", 100) == ["short enough."]
+
+
+async def test_a_crashed_worker_is_restarted_and_speaks_again(
+    tiny_settings: ChatTTSSettings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker thread that died (CUDA out of memory for one batch, say) left the engine
+    unable to speak until the process restarted: /readyz not ready, every utterance failed,
+    and with --workers nothing restarts a process that still answers. It is restarted."""
+    import agent.chattts.engine as engine_module
+
+    monkeypatch.setattr(engine_module, "RESTART_DELAY_S", 0.05)
+    engine = ChatTTSEngine(tiny_settings)
+    await engine.start()
+    try:
+        scheduler = engine.scheduler
+        assert scheduler is not None
+
+        def out_of_memory() -> bool:
+            raise RuntimeError("CUDA out of memory (a test's)")
+
+        monkeypatch.setattr(scheduler, "_tick", out_of_memory)
+        with scheduler._cond:
+            scheduler._cond.notify()  # the worker wakes into the crash
+        await wait_for(lambda: not engine.ready and engine.failure is not None)
+        await wait_for(lambda: engine.ready and engine.scheduler is not scheduler)
+        assert engine.failure is None
+        assert len(await collect(engine, "hello again")) > 0
+    finally:
+        await engine.close()
+
+
+async def test_a_worker_that_keeps_crashing_is_left_failed(
+    tiny_settings: ChatTTSSettings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A broken device crashes every new worker at once: after MAX_RESTARTS the engine
+    stays failed (/readyz says why) rather than restarting for ever."""
+    import agent.chattts.engine as engine_module
+    from agent.chattts.scheduler import Scheduler
+
+    monkeypatch.setattr(engine_module, "RESTART_DELAY_S", 0.05)
+    engine = ChatTTSEngine(tiny_settings)
+    await engine.start()
+    try:
+
+        def broken(self: Scheduler) -> bool:
+            raise RuntimeError("CUDA error: an illegal memory access (a test's)")
+
+        monkeypatch.setattr(Scheduler, "_tick", broken)
+        assert engine.scheduler is not None
+        with engine.scheduler._cond:
+            engine.scheduler._cond.notify()
+        await wait_for(lambda: len(engine._crashes) == engine_module.MAX_RESTARTS + 1)
+        await asyncio.sleep(0.3)
+        assert not engine.ready and "illegal memory access" in str(engine.failure)
+        assert engine._restart is None
+    finally:
+        await engine.close()

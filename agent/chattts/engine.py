@@ -13,11 +13,13 @@ are at most 200 raw characters, but spelled out, numbers are several times longe
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import dataclasses
 import logging
 import re
 import threading
+import time
 from collections.abc import AsyncGenerator, Callable
 
 from agent.chattts.decode import StreamParams, auto_growth
@@ -33,6 +35,12 @@ log = logging.getLogger(__name__)
 
 # Estimated audio tokens (21.3 ms each) per character of normalized text, on the slow side of
 # ChatTTS's speech: ~12 Latin characters (two words) or ~3.6 Chinese characters a second.
+# A worker thread that crashed is restarted after RESTART_DELAY_S, unless it crashed more
+# than MAX_RESTARTS times within RESTART_WINDOW_S (a broken device: the engine stays failed,
+# /readyz says so, and the process is the thing to restart).
+RESTART_DELAY_S = 2.0
+MAX_RESTARTS = 3
+RESTART_WINDOW_S = 300.0
 _TOKENS_PER_CHAR = 4
 _TOKENS_PER_CJK_CHAR = 13
 _CJK = re.compile(r"[\u4e00-\u9fff，。、]")
@@ -104,6 +112,9 @@ class ChatTTSEngine:
         self._voices: VoiceBank | None = None
         self._ready = False
         self._start_lock = asyncio.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._crashes: collections.deque[float] = collections.deque()  # worker crash times
+        self._restart: asyncio.TimerHandle | None = None
 
     @property
     def ready(self) -> bool:
@@ -124,15 +135,8 @@ class ChatTTSEngine:
                     self.model.chat, self.settings.default_voice, self.settings.max_new_tokens
                 )
             if self.scheduler is None:
-                self.scheduler = Scheduler(
-                    self.model.chat,
-                    self.params,
-                    max_batch=self.settings.max_batch,
-                    max_buffered_s=self.settings.max_buffered_s,
-                    default_voice=self.settings.default_voice,
-                    max_new_tokens=self.settings.max_new_tokens,
-                )
-                self.scheduler.start()
+                self._loop = asyncio.get_running_loop()
+                self.scheduler = self._new_scheduler(self.model)
             samples = 0
             async for chunk in self._stream(self.settings.warmup_text, VoiceOptions()):
                 samples += len(chunk)
@@ -150,8 +154,56 @@ class ChatTTSEngine:
             )
             self._ready = True
 
+    def _new_scheduler(self, model: LoadedModel) -> Scheduler:
+        scheduler = Scheduler(
+            model.chat,
+            self.params,
+            max_batch=self.settings.max_batch,
+            max_buffered_s=self.settings.max_buffered_s,
+            default_voice=self.settings.default_voice,
+            max_new_tokens=self.settings.max_new_tokens,
+            on_crash=self._crashed_in_worker,
+        )
+        scheduler.start()
+        return scheduler
+
+    def _crashed_in_worker(self) -> None:
+        """The worker thread died (a bug, a device error, CUDA running out of memory for one
+        batch): restart it on the loop, unless it keeps dying."""
+        loop = self._loop
+        if loop is not None:
+            with contextlib.suppress(RuntimeError):  # the loop is gone: nothing to restart
+                loop.call_soon_threadsafe(self._plan_restart)
+
+    def _plan_restart(self) -> None:
+        now = time.monotonic()
+        crashes = self._crashes
+        crashes.append(now)
+        while crashes and now - crashes[0] > RESTART_WINDOW_S:
+            crashes.popleft()
+        if len(crashes) > MAX_RESTARTS or self.scheduler is None or self._loop is None:
+            log.error(
+                "ChatTTS worker crashed %d times in %g s: not restarted (the engine stays "
+                "failed; restart the process)",
+                len(crashes),
+                RESTART_WINDOW_S,
+            )
+            return
+        log.warning("ChatTTS worker crashed: restarting it in %g s", RESTART_DELAY_S)
+        self._restart = self._loop.call_later(RESTART_DELAY_S, self._restart_worker)
+
+    def _restart_worker(self) -> None:
+        self._restart = None
+        if self.model is None or self.scheduler is None or self.scheduler.alive:
+            return  # closed meanwhile
+        self.scheduler = self._new_scheduler(self.model)  # self.params: the warm-up's growth
+        log.warning("ChatTTS worker restarted")
+
     async def close(self) -> None:
         self._ready = False
+        if self._restart is not None:
+            self._restart.cancel()
+            self._restart = None
         if self.scheduler is not None:
             await asyncio.to_thread(self.scheduler.stop)
             self.scheduler = None

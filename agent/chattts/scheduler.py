@@ -22,6 +22,7 @@ import itertools
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -187,8 +188,10 @@ class Scheduler:
         max_buffered_s: float = 2.0,
         default_voice: str = "seed:2",
         max_new_tokens: int = 2048,
+        on_crash: Callable[[], None] | None = None,
     ) -> None:
         self.chat = chat
+        self._on_crash = on_crash  # called on the worker thread once it has crashed
         self.params = params
         self.max_batch = max_batch
         self.max_buffered = int(max_buffered_s * SAMPLE_RATE)
@@ -269,7 +272,9 @@ class Scheduler:
                 for s in [*self._streams, *self._inbox]:
                     s.finish(e)
                 self._inbox.clear()
-            raise
+            if self._on_crash is not None:
+                self._on_crash()
+            # Not raised on: logged above, and threading's hook would only print it again.
 
     def _runnable(self) -> bool:
         return (
