@@ -189,45 +189,25 @@ async def test_a_stream_refused_while_anothers_was_open_stays_refused_until_its_
         assert codes == [expected, "stream_refused"], (first, codes)
 
 
-async def test_a_stream_refused_for_length_speaks_what_came_before_and_drops_the_rest() -> None:
-    """Past the text limit a delta was refused but the stream stayed open, and a shorter
-    delta after it was taken: the words spoken had a hole in the middle. Now the stream
-    ends at the refusal: what came before is spoken, the rest dropped up to its text.end;
-    the next stream is spoken whole."""
+@pytest.mark.parametrize("refusal", ["text_too_long", "too_large"])
+async def test_a_refused_middle_delta_speaks_what_came_before_and_drops_the_rest(
+    refusal: str,
+) -> None:
+    """A delta refused mid-stream left the stream open, and a shorter delta after it was
+    taken: the words spoken had a hole in the middle. Past the text limit
+    (``text_too_long``); and over the message limit (``too_large``), refused before its type
+    was read. Now the stream ends at the refusal: what came before is spoken, the rest
+    dropped up to its text.end, the error names the stream; the next one is spoken whole."""
     session = AgentSession("s", ToneEngine(seconds_per_word=0.01), Config())
     events: list[Event] = []
     session.outbox.send = events.append  # type: ignore[method-assign]
     session.pipeline.start()
     drain = Drain(session.pipeline)
-    limit = session.pipeline.settings.max_text_chars
-    try:
-        session.handle_message(msg(type="text.delta", delta="First part. ", id="x"))
-        session.handle_message(msg(type="text.delta", delta="y" * limit, id="x"))
-        session.handle_message(msg(type="text.delta", delta="Missing middle. "))
-        session.handle_message(msg(type="text.end"))
-        session.handle_message(msg(type="text.delta", delta="Next stream.", id="z"))
-        session.handle_message(msg(type="text.end"))
-        await wait_for(lambda: {"type": "speech.ended", "id": "z", "interrupted": False} in events)
-    finally:
-        drain.stop()
-        await session.close()
-    errors = [(e["code"], e.get("id")) for e in events if e["type"] == "error"]
-    assert errors == [("text_too_long", "x"), ("stream_refused", None)], errors
-    spoken = [(e["id"], e["text"]) for e in events if e["type"] == "speech.segment"]
-    assert spoken == [("x", "First part."), ("z", "Next stream.")], spoken
-
-
-async def test_a_delta_refused_as_too_large_refuses_the_rest_of_its_stream() -> None:
-    """A text.delta over the message limit was refused (too_large) before its type was
-    read, so the stream went on with the next delta: the words spoken had a hole where
-    the oversize delta was. Now it refuses its stream like any refused delta, and its
-    error names the stream."""
-    session = AgentSession("s", ToneEngine(seconds_per_word=0.01), Config())
-    events: list[Event] = []
-    session.outbox.send = events.append  # type: ignore[method-assign]
-    session.pipeline.start()
-    drain = Drain(session.pipeline)
-    oversize = "y " * session.config.speech.max_message_bytes
+    oversize = (
+        "y" * session.pipeline.settings.max_text_chars
+        if refusal == "text_too_long"
+        else "y " * session.config.speech.max_message_bytes
+    )
     try:
         session.handle_message(msg(type="text.delta", delta="First part. ", id="x"))
         session.handle_message(msg(type="text.delta", delta=oversize, id="x"))
@@ -240,7 +220,7 @@ async def test_a_delta_refused_as_too_large_refuses_the_rest_of_its_stream() -> 
         drain.stop()
         await session.close()
     errors = [(e["code"], e.get("id")) for e in events if e["type"] == "error"]
-    assert errors == [("too_large", "x"), ("stream_refused", None)], errors
+    assert errors == [(refusal, "x"), ("stream_refused", None)], errors
     spoken = [(e["id"], e["text"]) for e in events if e["type"] == "speech.segment"]
     assert spoken == [("x", "First part."), ("z", "Next stream.")], spoken
 

@@ -187,6 +187,26 @@ async def test_a_whole_json_completion_is_spoken() -> None:
     assert deltas == ["Hello there."]
 
 
+async def asked_once(
+    services: ServiceSettings, question: str, seconds_per_word: float = 0.01
+) -> tuple[AgentSession, list[dict[str, object]]]:
+    """A session (a tone engine, its audio drained as if heard) asks ``question`` and waits
+    for its reply to end; the session, closed, and its events."""
+    session = AgentSession("s", ToneEngine(seconds_per_word), Config(services=services))
+    events: list[dict[str, object]] = []
+    session.outbox.send = events.append  # type: ignore[method-assign, assignment]
+    session.pipeline.start()
+    drain = Drain(session.pipeline)
+    try:
+        session.conversation.ask(question)
+        await wait_for(lambda: any(e["type"] == "speech.ended" for e in events), timeout=30)
+        await wait_for(lambda: not session.conversation.agent_active, timeout=10)
+    finally:
+        drain.stop()
+        await session.close()
+    return session, events
+
+
 def json_completion(answer: object) -> Handler:
     async def complete(request: web.Request) -> web.StreamResponse:
         await request.read()
@@ -221,18 +241,10 @@ async def test_a_whole_json_answer_over_the_text_limit_is_spoken_up_to_it() -> N
     said. A reply is spoken up to the limit (README), cut between words, then text_too_long."""
     text = "This is a sentence of the long answer. " * 160  # 6240 characters
     runner, base = await serve(json_completion({"choices": [{"message": {"content": text}}]}))
-    config = Config(services=ServiceSettings(llm_base_url=base, llm_timeout_s=2.0))
-    session = AgentSession("s", ToneEngine(seconds_per_word=0.001), config)
-    events: list[dict[str, object]] = []
-    session.outbox.send = events.append  # type: ignore[method-assign, assignment]
-    session.pipeline.start()
-    drain = Drain(session.pipeline)
     try:
-        session.conversation.ask("Tell me everything.")
-        await wait_for(lambda: any(e["type"] == "speech.ended" for e in events), timeout=30)
+        services = ServiceSettings(llm_base_url=base, llm_timeout_s=2.0)
+        session, events = await asked_once(services, "Tell me everything.", 0.001)
     finally:
-        drain.stop()
-        await session.close()
         await runner.cleanup()
     errors = [e["code"] for e in events if e["type"] == "error"]
     assert errors == ["text_too_long"], errors
@@ -256,19 +268,8 @@ async def test_a_slow_but_steady_llm_stream_is_not_cut_by_a_total_timeout(
         assert isinstance(llm, FakeLLM)
         llm.replies.append([f"Word{i} " for i in range(8)] + ["end."])
         llm.token_delay_s = 0.25
-        config = Config(services=ServiceSettings(llm_base_url=llm.url, llm_timeout_s=1.0))
-        session = AgentSession("s", ToneEngine(seconds_per_word=0.01), config)
-        events: list[dict[str, object]] = []
-        session.outbox.send = events.append  # type: ignore[method-assign, assignment]
-        session.pipeline.start()
-        drain = Drain(session.pipeline)
-        try:
-            session.conversation.ask("Tell me a story")
-            await wait_for(lambda: llm.finished == 1, timeout=8)
-            await wait_for(lambda: not session.conversation.agent_active, timeout=8)
-        finally:
-            drain.stop()
-            await session.close()
+        services = ServiceSettings(llm_base_url=llm.url, llm_timeout_s=1.0)
+        session, events = await asked_once(services, "Tell me a story")
     assert [e for e in events if e["type"] == "error"] == []
     assert str(session.conversation.history[-1]["content"]).endswith("end.")
 
@@ -547,18 +548,10 @@ async def test_the_services_are_reached_through_the_environments_proxy(
     monkeypatch.setenv("HTTP_PROXY", f"http://127.0.0.1:{port}")
     monkeypatch.delenv("NO_PROXY", raising=False)
     monkeypatch.delenv("no_proxy", raising=False)
-    config = Config(services=ServiceSettings(llm_base_url="http://llm.invalid/v1"))
-    session = AgentSession("s", ToneEngine(seconds_per_word=0.01), config)
-    events: list[dict[str, object]] = []
-    session.outbox.send = events.append  # type: ignore[method-assign, assignment]
-    session.pipeline.start()
-    drain = Drain(session.pipeline)
     try:
-        session.conversation.ask("Are you there?")
-        await wait_for(lambda: any(e["type"] == "speech.ended" for e in events), timeout=10)
+        services = ServiceSettings(llm_base_url="http://llm.invalid/v1")
+        _, events = await asked_once(services, "Are you there?")
     finally:
-        drain.stop()
-        await session.close()
         await runner.cleanup()
     assert seen == ["http://llm.invalid/v1/chat/completions"], (seen, events)
     assert [e["text"] for e in events if e["type"] == "speech.segment"] == ["Through the proxy."]
