@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import codecs
 import json
+import urllib.request
+from urllib.parse import urlsplit
 
 import aiohttp
 
@@ -21,6 +23,18 @@ class ServiceError(Exception):
         super().__init__(message)
         self.code = code
         self.message = message
+
+
+def env_proxy(url: str) -> str | None:
+    """The proxy ``HTTPS_PROXY``/``HTTP_PROXY`` name for ``url``, unless ``NO_PROXY`` exempts
+    its host. Not aiohttp's trust_env, which also reads ~/.netrc: its logins were then sent
+    to a keyless service, or clashed with the API key's header and failed every call.
+    aiohttp speaks to http:// proxies only."""
+    host = urlsplit(url).hostname
+    if host is None or urllib.request.proxy_bypass(host):
+        return None
+    proxy = urllib.request.getproxies().get(urlsplit(url).scheme)
+    return proxy if proxy is not None and proxy.startswith("http://") else None
 
 
 def auth_headers(api_key: str | None) -> dict[str, str]:

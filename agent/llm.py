@@ -25,6 +25,7 @@ from agent.httpservice import (
     auth_headers,
     describe_failure,
     endpoint,
+    env_proxy,
     read_capped,
 )
 from agent.sse import SSEError, SSEParser
@@ -123,7 +124,9 @@ class ChatCompletions:
         headers = {**auth_headers(self._settings.llm_api_key), "Accept": "text/event-stream"}
         try:
             async with asyncio.timeout_at(deadline):
-                return await self._http.post(self._url, json=body, headers=headers)
+                return await self._http.post(
+                    self._url, json=body, headers=headers, proxy=env_proxy(self._url)
+                )
         except TimeoutError:
             raise _timeout(self._settings.llm_timeout_s) from None
         except aiohttp.ClientError as exc:

@@ -24,6 +24,7 @@ from agent.httpservice import (
     decode_text,
     describe_failure,
     endpoint,
+    env_proxy,
     read_capped,
 )
 
@@ -63,7 +64,10 @@ class Transcriber:
         try:
             async with asyncio.timeout(s.stt_timeout_s) as deadline:
                 async with self._http.post(
-                    self._url, data=form, headers=auth_headers(s.stt_api_key)
+                    self._url,
+                    data=form,
+                    headers=auth_headers(s.stt_api_key),
+                    proxy=env_proxy(self._url),
                 ) as response:
                     if response.status != 200:
                         # The error body gets what is left of the time, under its own bound:

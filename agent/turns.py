@@ -120,11 +120,8 @@ class Conversation:
             # No total timeout: aiohttp's default (300 s) also bounds reading the body, and
             # cut a slow but steady LLM stream. Every wait has a bound of its own
             # (--llm-timeout between events, --stt-timeout for a transcription).
-            # trust_env: HTTPS_PROXY / HTTP_PROXY / NO_PROXY apply, as in OpenAI's SDKs; a
-            # server whose only way out is a proxy could not reach a hosted LLM.
-            self._http = aiohttp.ClientSession(
-                timeout=aiohttp.ClientTimeout(total=None), trust_env=True
-            )
+            # The environment's proxy is chosen per request (agent/httpservice.py env_proxy).
+            self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None))
         return self._http
 
     @property

@@ -12,6 +12,7 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 
 import aiohttp
 import numpy as np
@@ -575,3 +576,33 @@ async def test_a_context_overflow_naming_max_completion_tokens_is_not_asked_agai
     deltas, failure, _ = await llm_deltas(vllm)
     assert deltas == [] and failure is not None and "too large" in failure.message
     assert len(requests) == 1 and "max_tokens" in requests[0]
+
+
+@pytest.mark.parametrize("api_key", ["sk-test", None], ids=["with-key", "keyless"])
+async def test_a_netrc_login_is_never_sent_to_the_services(
+    api_key: str | None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """aiohttp's trust_env (taken for HTTPS_PROXY) also reads ~/.netrc: a developer's
+    catch-all entry clashed with the API key's Authorization header (ValueError: every reply
+    "internal"), or was sent as Basic auth to a keyless local LLM."""
+    netrc = tmp_path / "netrc"
+    netrc.write_text("default login someone password git-token\n")
+    netrc.chmod(0o600)
+    monkeypatch.setenv("NETRC", str(netrc))
+    for name in ("HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "https_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    seen: list[str | None] = []
+
+    async def llm(request: web.Request) -> web.StreamResponse:
+        seen.append(request.headers.get("Authorization"))
+        await request.read()
+        return web.json_response({"choices": [{"message": {"content": "Hello."}}]})
+
+    runner, base = await serve(llm)
+    try:
+        services = ServiceSettings(llm_base_url=base, llm_api_key=api_key, llm_timeout_s=2.0)
+        _, events = await asked_once(services, "hi")
+    finally:
+        await runner.cleanup()
+    assert [e for e in events if e["type"] == "error"] == []
+    assert seen == [f"Bearer {api_key}" if api_key else None]
