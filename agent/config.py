@@ -261,6 +261,21 @@ def is_room_name(room: object) -> TypeGuard[str]:
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
+def _ascii_host(host: str) -> str:
+    """A host as browsers put it in ``Origin``: ASCII as it is (lower case: "web_ui", which
+    IDNA refuses, included), other labels in punycode after UTS #46 mapping."""
+    if host.isascii():
+        return host.lower()
+    try:
+        return idna.encode(host, uts46=True).decode("ascii")
+    except idna.IDNAError:  # e.g. an emoji label: browsers still punycode it
+        mapped = idna.uts46_remap(host, std3_rules=False, transitional=False)
+        return ".".join(
+            label if label.isascii() else "xn--" + label.encode("punycode").decode("ascii")
+            for label in mapped.split(".")
+        )
+
+
 def serialized_origin(text: str) -> str:
     """``text`` as a browser's ``Origin`` header spells it (scheme://host[:port], lower case,
     an IDN host in punycode, IPv6 compressed, no default port); ValueError for what is no
@@ -293,7 +308,7 @@ def serialized_origin(text: str) -> str:
         if ":" in parts.hostname:
             host = f"[{ipaddress.ip_address(parts.hostname).compressed}]"
         else:
-            host = idna.encode(parts.hostname, uts46=True).decode("ascii")
+            host = _ascii_host(parts.hostname)
     except (ValueError, idna.IDNAError):
         raise ValueError(f"CORS origin {text!r} has a host no browser would send") from None
     shown_port = "" if port in (None, _DEFAULT_PORTS.get(parts.scheme)) else f":{port}"

@@ -329,7 +329,7 @@ class Room:
         track.set_bitrate(target.bitrate)
         track.set_fec(target.fec)
         track.set_expected_loss(target.expected_loss_pct)
-        track.encoder.set_max_playback_rate(target.max_playback_rate)
+        track.set_max_playback_rate(target.max_playback_rate)
 
     # --- events --------------------------------------------------------------------------
     def _agent_event(self, event: Event) -> None:
@@ -532,7 +532,9 @@ class RoomMember:
             "role": self.role,
             "slot": self.slot,
             "host": self.host,
-            "muted": self.muted,
+            # As the room was told (changes go out at most every MUTE_ANNOUNCE_INTERVAL_S):
+            # a joiner told otherwise could miss the next change for good.
+            "muted": self._announced_muted,
             "speaking": self.speaking,
         }
 

@@ -166,6 +166,13 @@ class OpusPacketTrack(MediaStreamTrack):
         self.encoder.set_dtx(enabled)
         self._settings_changed()
 
+    def set_max_playback_rate(self, hertz: int | None) -> None:
+        """The receivers' band (a room's widest): silence packets made for another band are
+        made again."""
+        if hertz != self.encoder.max_playback_rate:
+            self.encoder.set_max_playback_rate(hertz)
+            self._settings_changed()
+
     def _settings_changed(self) -> None:
         self._silence_cycle = None
         self._silence_run.clear()

@@ -46,6 +46,8 @@ from agent.stt import Transcriber
 from agent.vad import ActivityEvent
 
 log = logging.getLogger(__name__)
+# A reply cut at the text limit ends between words when that drops at most this much.
+MAX_WORD_CHARS = 40
 
 Event = dict[str, Any]
 
@@ -476,12 +478,17 @@ class Conversation:
         if len(delta) <= room:
             return delta, False
         head = delta[:room]
-        # Up to the last space (an LLM's token " world" has its only one first: the cut
-        # is then that space, not "wo"); a head with none, or whose words would all be
-        # cut off (a reply opened on "\n\n" alone), is cut at the limit itself.
+        # Back to the last space, if that drops a word's worth at most (an LLM's token
+        # " world" has its only one first: the cut is that space, not "wo"). Else at the
+        # limit itself: text with no spaces (Chinese) after a first line would lose all but
+        # that line, and a reply opened on "\n\n" alone would say nothing.
         gap = max(head.rfind(" "), head.rfind("\n"))
         cut = head[: gap + 1]
-        if gap < 0 or (not reply.opened and not self.pipeline.speakable(cut)):
+        if (
+            gap < 0
+            or len(head) - len(cut) > MAX_WORD_CHARS
+            or (not reply.opened and not self.pipeline.speakable(cut))
+        ):
             cut = head
         return cut, True
 

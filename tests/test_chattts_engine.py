@@ -486,7 +486,9 @@ async def test_a_crashed_worker_is_restarted_and_speaks_again(
         await wait_for(lambda: not engine.ready and engine.failure is not None)
         await wait_for(lambda: engine.ready and engine.scheduler is not scheduler)
         assert engine.failure is None
+        steps = scheduler.stats.steps
         assert len(await collect(engine, "hello again")) > 0
+        assert engine.scheduler.stats.steps > steps  # totals go on (metrics, replica stats)
     finally:
         await engine.close()
 

@@ -1198,3 +1198,14 @@ def test_a_reply_cut_before_it_opened_keeps_its_words() -> None:
     unopened = Reply("r", {"role": "assistant", "content": ""})
     cut, past = session.conversation._within_limit(unopened, "\n\n" + "x" * 6000)
     assert past and len(cut) == limit and session.pipeline.speakable(cut)
+
+
+def test_a_whole_answer_without_spaces_after_a_first_line_keeps_its_words() -> None:
+    """Chinese has no spaces: a whole answer "回答：\n" + 6000 characters was cut back to its
+    first line, 4 of the 5000 characters it could say. The cut goes back to a space only
+    when that drops a word's worth."""
+    session = AgentSession("s", ToneEngine(), Config())
+    limit = session.pipeline.settings.max_text_chars
+    unopened = Reply("r", {"role": "assistant", "content": ""})
+    cut, past = session.conversation._within_limit(unopened, "回答：\n" + "天气很好" * 1500)
+    assert past and len(cut) == limit

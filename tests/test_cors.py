@@ -137,6 +137,8 @@ def test_origins_are_kept_as_browsers_send_them() -> None:
             "http://[0:0:0:0:0:0:0:1]:8080/",
             "capacitor://localhost",
             "https://Bücher.example",
+            "http://Web_UI:3000",  # a docker-compose name: IDNA refuses "_", browsers do not
+            "https://👍.example",
         )
     )
     assert settings.cors_origins == (
@@ -144,6 +146,8 @@ def test_origins_are_kept_as_browsers_send_them() -> None:
         "http://[::1]:8080",
         "capacitor://localhost",
         "https://xn--bcher-kva.example",
+        "http://web_ui:3000",
+        "https://xn--yp8h.example",
     )
 
 

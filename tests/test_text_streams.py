@@ -455,6 +455,37 @@ async def test_a_mute_flood_is_told_to_the_room_as_its_latest_state() -> None:
         await room.leave(b)
 
 
+async def test_a_joiner_while_a_mute_change_waits_ends_with_the_true_state() -> None:
+    """A joiner's room.state showed the live mute while the others knew the announced one:
+    muted (told), unmuted (waiting), a joiner (shown unmuted), muted again: the waiting
+    announcement found nothing new to tell, and the joiner showed the speaker unmuted for
+    good. room.state now shows what the room was told; the change follows."""
+    room = Room("r", ToneEngine(), Config())
+    toggler = room.join("a", speaking=False, host=True, expects_channel=False)
+    toggler.handle_message(msg(type="mute", muted=True))  # told at once
+    toggler.handle_message(msg(type="mute", muted=False))  # waits for the interval
+    joiner = room.join("b", speaking=False, host=True, expects_channel=False)
+    seen: list[Event] = [{"type": "room.state", **room.describe(joiner)}]
+    joiner.outbox.send = seen.append  # type: ignore[method-assign]
+    toggler.handle_message(msg(type="mute", muted=True))
+    try:
+        await asyncio.sleep(MUTE_ANNOUNCE_INTERVAL_S + 0.1)
+        view = None
+        for event in seen:  # what the joiner's page believes
+            if event["type"] == "room.state":
+                view = next(
+                    p["muted"]
+                    for p in event["participants"]
+                    if p["participant_id"] == toggler.participant_id
+                )
+            elif event["type"] == "participant.updated":
+                view = event["muted"]
+        assert view is True, seen
+    finally:
+        await room.leave(joiner)
+        await room.leave(toggler)
+
+
 async def test_a_room_participants_stream_left_open_is_ended_for_everyone_else() -> None:
     """A participant's stream left open held the room's agent for everyone: every other
     participant's chat waited for it for good. It is ended after its idle timeout (what it

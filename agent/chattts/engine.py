@@ -176,12 +176,14 @@ class ChatTTSEngine:
                 loop.call_soon_threadsafe(self._plan_restart)
 
     def _plan_restart(self) -> None:
+        if self.scheduler is None or self._loop is None or not self._ready:
+            return  # closed meanwhile, or died in the warm-up: start() failed with it
         now = time.monotonic()
         crashes = self._crashes
         crashes.append(now)
         while crashes and now - crashes[0] > RESTART_WINDOW_S:
             crashes.popleft()
-        if len(crashes) > MAX_RESTARTS or self.scheduler is None or self._loop is None:
+        if len(crashes) > MAX_RESTARTS:
             log.error(
                 "ChatTTS worker crashed %d times in %g s: not restarted (the engine stays "
                 "failed; restart the process)",
@@ -196,7 +198,9 @@ class ChatTTSEngine:
         self._restart = None
         if self.model is None or self.scheduler is None or self.scheduler.alive:
             return  # closed meanwhile
+        stats = self.scheduler.stats  # counters read as totals (metrics, replica stats)
         self.scheduler = self._new_scheduler(self.model)  # self.params: the warm-up's growth
+        self.scheduler.stats = stats
         log.warning("ChatTTS worker restarted")
 
     async def close(self) -> None:
