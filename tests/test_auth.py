@@ -131,10 +131,28 @@ async def test_a_session_is_created_and_controlled_with_a_token(
             async with http.get(url, headers=bearer(good)) as resp:
                 assert resp.status == 200
                 assert (await resp.json())["role"] == "speaker"
+            # The scheme is case-insensitive (RFC 7235).
+            async with http.get(url, headers={"Authorization": f"bearer {good}"}) as resp:
+                assert resp.status == 200
+            # A token bound to a room controls no session outside it: not a 1:1 one either.
+            for method, path, body in [
+                ("GET", "", None),
+                ("POST", "/say", {"text": "hi"}),
+                ("DELETE", "", None),
+            ]:
+                async with http.request(
+                    method, url + path, json=body, headers=bearer(token(room="a"))
+                ) as resp:
+                    assert resp.status == 403, method + path
             async with http.delete(url, headers=bearer(good)) as resp:
                 assert resp.status == 204
         finally:
             await client.close()
+        # Only routes that exist are checked: an unknown path is 404, a wrong method 405.
+        async with http.get(live_server.url + "/nope") as resp:
+            assert resp.status == 404
+        async with http.put(live_server.url + "/offer") as resp:
+            assert resp.status == 405
 
 
 async def test_a_body_that_is_not_json_is_unauthorized_not_a_crash(live_server: LiveServer) -> None:

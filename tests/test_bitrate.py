@@ -190,6 +190,29 @@ def test_loss_that_ends_climbs_back_in_steps_and_fec_goes_off_later() -> None:
     assert fec[-1] is False and recovery[-1].expected_loss_pct == 0
 
 
+def test_the_climb_back_is_per_second_however_often_reports_come() -> None:
+    """README: "it climbs back 15% per second". Compounded per report instead, transport-cc
+    feedback (~16 reports a second) would climb many times faster than receiver reports
+    (one a second): from the floor to the ceiling (x1.6, ~3.4 s at 15%/s) in under one."""
+    climbs = {}
+    for every in (0.25, 1.0):
+        controller = BitrateController(SETTINGS, CEILING)
+        run(controller, [0.10] * 12)
+        assert controller.target.bitrate == SETTINGS.fec_min_bitrate
+        now, risen, top = 12.0, None, None
+        while top is None and now < 40:
+            now += every  # 50 packets a second, each report its share
+            report = LossReport(now, 0.0, rtt_s=0.05, packets=round(50 * every))
+            bitrate = controller.on_loss_report(report).bitrate
+            if risen is None and bitrate > SETTINGS.fec_min_bitrate:
+                risen = now - every  # it left the floor after the report before
+            if bitrate == CEILING:
+                top = now
+        assert risen is not None and top is not None
+        climbs[every] = top - risen
+    assert all(2.5 <= seconds <= 4.5 for seconds in climbs.values()), climbs
+
+
 def test_steady_noisy_loss_does_not_oscillate() -> None:
     for rate in (0.03, 0.10, 0.20):
         controller = BitrateController(SETTINGS, CEILING)

@@ -1209,3 +1209,29 @@ def test_a_whole_answer_without_spaces_after_a_first_line_keeps_its_words() -> N
     unopened = Reply("r", {"role": "assistant", "content": ""})
     cut, past = session.conversation._within_limit(unopened, "回答：\n" + "天气很好" * 1500)
     assert past and len(cut) == limit
+
+
+@pytest.mark.parametrize("how", ["interrupt", "barge-in"])
+async def test_every_reply_being_prepared_is_cancelled_not_only_the_newest(how: str) -> None:
+    """Two questions asked while the brain thinks: the client's interrupt (or the user
+    barging in) cancels both replies. Cancelling only the newest left the first to open its
+    stream a moment later and speak after the interrupt."""
+    brain = RecordingBrain(think_s=0.3)
+    session, events, drain = talking_session(ScriptedSTT(), brain)
+    conversation = session.conversation
+    try:
+        conversation.ask("What time is it?")
+        conversation.ask("And the weather?")
+        await wait_for(lambda: len(brain.asked) == 1)  # the first thinks, the second waits
+        tasks = list(conversation._reply_tasks)
+        assert len(tasks) == 2
+        if how == "interrupt":
+            conversation.interrupt()
+        else:
+            conversation.user_started(ActivityEvent(Activity.STARTED, 0))
+        await asyncio.sleep(0.6)
+        assert all(task.cancelled() for task in tasks), tasks
+        assert not [e for e in events if e["type"] == "speech.started"], events
+    finally:
+        drain.stop()
+        await session.close()

@@ -149,6 +149,11 @@ async def test_an_offer_with_more_sections_than_a_call_uses_is_refused(
     )
     status, answer = await offer(1 + 4)  # the room page's offer
     assert status == 200, answer
+    # The edge (README: "more than 16 media sections"): 16 pass, 17 do not.
+    status, answer = await offer(15)
+    assert status == 200, answer
+    status, answer = await offer(16)
+    assert status == 400 and "17 media sections" in answer["error"]["message"], answer
 
 
 @pytest.mark.parametrize("max_speakers", [0, 1])

@@ -5,14 +5,21 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 from typing import cast
 
 import aiohttp
+import pytest
 from aiortc import RTCDataChannel
 
-from agent.outbox import MAX_PENDING_EVENTS, MAX_UNACKED_EVENT_BYTES, EventOutbox
+from agent.config import Config
+from agent.hooks import SessionHooks
+from agent.outbox import MAX_PENDING_EVENTS, MAX_UNACKED_EVENT_BYTES, EventOutbox, admit_speech
+from agent.protocol import ProtocolError, Say, TextDelta
+from agent.session import AgentSession
 from signaling.keys import SESSIONS
 from tests.conftest import LiveServer
+from tests.doubles import ToneEngine
 from tests.rtc_client import RtcClient
 
 
@@ -69,6 +76,7 @@ def test_pending_events_are_bounded_and_the_oldest_go_first() -> None:
     with_channel(outbox, channel)
     outbox.flush()
     assert [e["i"] for e in channel.sent] == list(range(5, MAX_PENDING_EVENTS + 5))
+    assert MAX_PENDING_EVENTS == 128  # README: "up to 128 events"
 
 
 def test_without_an_expected_channel_nothing_is_kept() -> None:
@@ -135,3 +143,35 @@ async def test_a_client_that_stops_acknowledging_its_channel_does_not_grow_the_s
             assert len(peer.pc.sctp._data_channel_queue) <= 1_000
         finally:
             await client.close()
+
+
+@pytest.mark.parametrize("wait", [0.25, 1.5])
+def test_a_data_channel_request_refused_for_its_rate_says_when_to_retry(wait: float) -> None:
+    """A speech request whose next token is a fraction of a second away is refused too
+    (the burst is spent), its retry hint rounded up to whole seconds, as HTTP's
+    Retry-After is; a text delta continuing a stream is never counted."""
+    hooks = SessionHooks(admit_speech=lambda: wait)
+    with pytest.raises(ProtocolError) as refused:
+        admit_speech(Say("hello", None), lambda _id: True, hooks)
+    assert refused.value.code == "rate_limited"
+    assert f"retry in {math.ceil(wait)} s" in refused.value.message
+    admit_speech(TextDelta("more", None), lambda _id: False, hooks)  # not refused
+
+
+def test_a_stray_delta_of_a_refused_stream_does_not_refuse_the_next_one() -> None:
+    """Stream x refused; the writer's stream y spoken; then a late delta of x (refused
+    again, stream_refused) must not mark the writer's next id-less stream refused."""
+    session = AgentSession("s", ToneEngine(seconds_per_word=0.01), Config())
+    events: list[dict[str, object]] = []
+    session.outbox.send = events.append  # type: ignore[method-assign, assignment]
+    session.handle_message(json.dumps({"type": "text.delta", "id": "x", "delta": 7}))
+    for message in (
+        {"type": "text.delta", "id": "y", "delta": "Stream y. "},
+        {"type": "text.end"},
+        {"type": "text.delta", "id": "x", "delta": "late x "},
+        {"type": "text.delta", "delta": "An id-less stream. "},
+    ):
+        session.handle_message(json.dumps(message))
+    codes = [e["code"] for e in events if e["type"] == "error"]
+    session.pipeline.discard()
+    assert codes == ["bad_message", "stream_refused"], codes

@@ -6,11 +6,14 @@ from __future__ import annotations
 import asyncio
 
 import numpy as np
+import pytest
+from aiortc.mediastreams import MediaStreamError
 
+from agent.config import OpusSettings
 from agent.opus import FRAME_SAMPLES, OpusDecoder
 from agent.playout import PlayoutBuffer
 from agent.track import SILENCE_SETTLE_FRAMES, OpusPacketTrack
-from tests.test_track import tone_frame
+from tests.test_track import tone_frame, unpaced
 
 
 async def _onset_during_the_wait(track: OpusPacketTrack, buffer: PlayoutBuffer) -> None:
@@ -105,3 +108,37 @@ async def test_a_failing_mark_does_not_stop_the_track() -> None:
     track.stop()
     assert fired == ["after", "next"]
     assert pts == [0, FRAME_SAMPLES, 2 * FRAME_SAMPLES]
+
+
+async def test_replayed_silence_is_what_the_encoder_would_have_made() -> None:
+    """Idle silence is encoded until libopus's output repeats, then the cycle is replayed
+    (no encoding). At complexity 5 the cycle is several packets long: replaying a cycle cut
+    short would send packets libopus never made. The same packets as encoding every frame."""
+    settings = OpusSettings(complexity=5, complexity_floor=5)
+    cached = unpaced(OpusPacketTrack(PlayoutBuffer(10), settings))
+    encoded = unpaced(OpusPacketTrack(PlayoutBuffer(10), settings))
+    replay, reference = [], []
+    for _ in range(60):
+        replay.append(bytes(await cached.recv()))
+        encoded._settings_changed()  # forgets the cycle: every frame is encoded
+        reference.append(bytes(await encoded.recv()))
+    assert cached.stats.encode_calls < 30 and encoded.stats.encode_calls == 60
+    assert len(set(reference[-20:])) > 1  # a cycle longer than one packet
+    assert replay == reference
+    cached.stop()
+    encoded.stop()
+
+
+async def test_stop_ends_a_waiting_recv_at_once() -> None:
+    """A recv waiting for its tick ends as soon as the track stops, not at the tick."""
+    track = OpusPacketTrack(PlayoutBuffer(10))
+    await track.recv()
+    await track.recv()
+    pending = asyncio.ensure_future(track.recv())
+    await asyncio.sleep(0)  # waiting now, its tick up to 20 ms away
+    track.stop()
+    for _ in range(5):  # a few turns of the loop (microseconds), not the tick's wait
+        await asyncio.sleep(0)
+    assert pending.done()
+    with pytest.raises(MediaStreamError):
+        await pending
