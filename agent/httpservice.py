@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import codecs
+import functools
 import json
+import logging
 import urllib.request
 from urllib.parse import urlsplit
 
 import aiohttp
+
+log = logging.getLogger(__name__)
 
 MAX_ERROR_BODY = 300  # characters of a service's error body repeated to the client
 # Bytes of an error body read to find them: enough for a JSON error and its message, and
@@ -34,7 +38,20 @@ def env_proxy(url: str) -> str | None:
     if host is None or urllib.request.proxy_bypass(host):
         return None
     proxy = urllib.request.getproxies().get(urlsplit(url).scheme)
-    return proxy if proxy is not None and proxy.startswith("http://") else None
+    if not proxy:
+        return None
+    if "://" not in proxy:  # "proxy.corp:3128": http, as curl, requests and httpx take it
+        proxy = "http://" + proxy
+    if urlsplit(proxy).scheme.lower() != "http":
+        _unusable_proxy(proxy)
+        return None
+    return proxy
+
+
+@functools.cache  # said once per value, not at every call
+def _unusable_proxy(proxy: str) -> None:
+    scheme = urlsplit(proxy).scheme
+    log.warning("proxy %s:// ignored (only http:// proxies are supported): going direct", scheme)
 
 
 def auth_headers(api_key: str | None) -> dict[str, str]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -21,7 +22,7 @@ from aiohttp import web
 
 from agent.config import Config
 from agent.conversation_config import ListenSettings, ServiceSettings
-from agent.httpservice import ServiceError
+from agent.httpservice import ServiceError, env_proxy
 from agent.llm import ChatCompletions
 from agent.session import AgentSession
 from agent.stt import Transcriber
@@ -606,3 +607,25 @@ async def test_a_netrc_login_is_never_sent_to_the_services(
         await runner.cleanup()
     assert [e for e in events if e["type"] == "error"] == []
     assert seen == [f"Bearer {api_key}" if api_key else None]
+
+
+def test_the_proxy_is_read_as_curl_and_httpx_read_it(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A bare host:port is an http:// proxy; the scheme's case does not matter; NO_PROXY
+    exempts a host; a proxy aiohttp cannot speak to (https://, socks) is ignored with a
+    warning rather than in silence."""
+    for name in ("HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "https_proxy", "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HTTPS_PROXY", "proxy.corp:3128")
+    assert env_proxy("https://api.openai.com/v1") == "http://proxy.corp:3128"
+    monkeypatch.setenv("HTTPS_PROXY", "HTTP://proxy.corp:3128")
+    assert env_proxy("https://api.openai.com/v1") == "HTTP://proxy.corp:3128"
+    monkeypatch.setenv("NO_PROXY", "api.openai.com")
+    assert env_proxy("https://api.openai.com/v1") is None
+    monkeypatch.delenv("NO_PROXY")
+    monkeypatch.setenv("HTTPS_PROXY", "socks5://proxy.corp:1080")
+    with caplog.at_level(logging.WARNING, logger="agent.httpservice"):
+        assert env_proxy("https://api.openai.com/v1") is None
+    assert "socks5:// ignored" in caplog.text
+    assert env_proxy("http://localhost:8000/v1") is None  # no HTTP_PROXY: direct

@@ -33,14 +33,14 @@ from agent.threads import job_settling
 
 log = logging.getLogger(__name__)
 
-# Estimated audio tokens (21.3 ms each) per character of normalized text, on the slow side of
-# ChatTTS's speech: ~12 Latin characters (two words) or ~3.6 Chinese characters a second.
 # A worker thread that crashed is restarted after RESTART_DELAY_S, unless it crashed more
 # than MAX_RESTARTS times within RESTART_WINDOW_S (a broken device: the engine stays failed,
 # /readyz says so, and the process is the thing to restart).
 RESTART_DELAY_S = 2.0
 MAX_RESTARTS = 3
 RESTART_WINDOW_S = 300.0
+# Estimated audio tokens (21.3 ms each) per character of normalized text, on the slow side of
+# ChatTTS's speech: ~12 Latin characters (two words) or ~3.6 Chinese characters a second.
 _TOKENS_PER_CHAR = 4
 _TOKENS_PER_CJK_CHAR = 13
 _CJK = re.compile(r"[\u4e00-\u9fff，。、]")
