@@ -220,11 +220,11 @@ class RaySettings:
     health_interval_s: float = 2.0  # how often the media process reads the app's status
 
     def __post_init__(self) -> None:
-        if self.replicas < 1 or self.max_replicas < 0 or self.lead_s <= 0:
+        if self.replicas < 1 or self.max_replicas < 0 or not 0 < self.lead_s < math.inf:
             raise ValueError("tts replicas must be >= 1, max replicas >= 0, lead > 0")
         if self.max_streams < 1:
             raise ValueError(f"tts max streams must be at least 1, got {self.max_streams}")
-        if self.gpus_per_replica < 0 or self.cpus_per_replica < 0:
+        if not (0 <= self.gpus_per_replica < math.inf and 0 <= self.cpus_per_replica < math.inf):
             raise ValueError("resources per replica must not be negative")
         # Ray Serve refuses it only when the deployment starts, after the server is up.
         # (Checked even without autoscaling: turning it on later should not find it broken.)
@@ -440,8 +440,8 @@ class LifecycleSettings:
             self.idle_timeout_s,
             self.drain_deadline_s,
         )
-        if min(timers) < 0:
-            raise ValueError("timeouts must not be negative")
+        if not all(0 <= t < math.inf for t in timers):  # nan fails every comparison
+            raise ValueError("timeouts must be finite and not negative (0: off)")
 
 
 @dataclass(frozen=True)
@@ -457,7 +457,9 @@ class BreakerSettings:
     probe_text: str = "Hello."
 
     def __post_init__(self) -> None:
-        if self.failures < 1 or self.window_s <= 0 or self.cooldown_s <= 0:
+        if self.failures < 1 or not (
+            0 < self.window_s < math.inf and 0 < self.cooldown_s < math.inf
+        ):
             raise ValueError("breaker failures must be at least 1, window and cool-down positive")
 
 

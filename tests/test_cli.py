@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.config import Config
+from agent.config import BreakerSettings, Config, LifecycleSettings, RaySettings
 from agent.conversation_config import ListenSettings, ServiceSettings
 from signaling.auth import verify_token
 from signaling.cli import build_parser, config_from_args, main
@@ -168,8 +168,17 @@ def test_every_number_flag_refuses_nan_and_infinity() -> None:
                 build(["serve"], {"VOICE_AGENT_" + flag[2:].upper().replace("-", "_"): value})
 
 
-def test_the_conversation_settings_refuse_non_finite_seconds() -> None:
+def test_the_settings_refuse_non_finite_numbers() -> None:
+    """Through the Python API too (the CLI refuses them first): nan passes every ``<= 0``."""
     for bad in (math.nan, math.inf):
+        with pytest.raises(ValueError):
+            LifecycleSettings(idle_timeout_s=bad)
+        with pytest.raises(ValueError):
+            BreakerSettings(window_s=bad)
+        with pytest.raises(ValueError):
+            RaySettings(lead_s=bad)
+        with pytest.raises(ValueError):
+            RaySettings(gpus_per_replica=bad)
         with pytest.raises(ValueError):
             ListenSettings(max_turn_s=bad)
         with pytest.raises(ValueError):
