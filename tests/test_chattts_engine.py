@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import logging
@@ -481,10 +482,12 @@ async def test_a_crashed_worker_is_restarted_and_speaks_again(
             raise RuntimeError("CUDA out of memory (a test's)")
 
         monkeypatch.setattr(scheduler, "_tick", out_of_memory)
-        with scheduler._cond:
-            scheduler._cond.notify()  # the worker wakes into the crash
-        await wait_for(lambda: not engine.ready and engine.failure is not None)
-        await wait_for(lambda: engine.ready and engine.scheduler is not scheduler)
+        # The worker dies at its next _tick: in this stream's second step (the stream fails
+        # with it), or before the stream came (refused: not running, until the restart).
+        with contextlib.suppress(EngineError):
+            await collect(engine, "this sentence meets the crash of its worker thread")
+        await wait_for(lambda: engine.ready and engine.scheduler is not scheduler, timeout=10)
+        assert len(engine._crashes) == 1
         assert engine.failure is None
         steps = scheduler.stats.steps
         assert len(await collect(engine, "hello again")) > 0
@@ -510,10 +513,9 @@ async def test_a_worker_that_keeps_crashing_is_left_failed(
             raise RuntimeError("CUDA error: an illegal memory access (a test's)")
 
         monkeypatch.setattr(Scheduler, "_tick", broken)
-        assert engine.scheduler is not None
-        with engine.scheduler._cond:
-            engine.scheduler._cond.notify()
-        await wait_for(lambda: len(engine._crashes) == engine_module.MAX_RESTARTS + 1)
+        with contextlib.suppress(EngineError):  # failed by the crash, or refused after it
+            await collect(engine, "this sentence meets the crash of its worker thread")
+        await wait_for(lambda: len(engine._crashes) == engine_module.MAX_RESTARTS + 1, timeout=10)
         await asyncio.sleep(0.3)
         assert not engine.ready and "illegal memory access" in str(engine.failure)
         assert engine._restart is None
