@@ -34,10 +34,10 @@ def env_proxy(url: str) -> str | None:
     its host. Not aiohttp's trust_env, which also reads ~/.netrc: its logins were then sent
     to a keyless service, or clashed with the API key's header and failed every call.
     aiohttp speaks to http:// proxies only."""
-    host = urlsplit(url).hostname
-    if host is None or urllib.request.proxy_bypass(host):
+    target = urlsplit(url)
+    if target.hostname is None or urllib.request.proxy_bypass(target.hostname):
         return None
-    proxy = urllib.request.getproxies().get(urlsplit(url).scheme)
+    proxy = urllib.request.getproxies().get(target.scheme)
     if not proxy:
         return None
     if "://" not in proxy:  # "proxy.corp:3128": http, as curl, requests and httpx take it

@@ -6,6 +6,7 @@ import argparse
 import math
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -170,21 +171,19 @@ def test_every_number_flag_refuses_nan_and_infinity() -> None:
 
 def test_the_settings_refuse_non_finite_numbers() -> None:
     """Through the Python API too (the CLI refuses them first): nan passes every ``<= 0``."""
-    for bad in (math.nan, math.inf):
-        with pytest.raises(ValueError):
-            LifecycleSettings(idle_timeout_s=bad)
-        with pytest.raises(ValueError):
-            BreakerSettings(window_s=bad)
-        with pytest.raises(ValueError):
-            RaySettings(lead_s=bad)
-        with pytest.raises(ValueError):
-            RaySettings(gpus_per_replica=bad)
-        with pytest.raises(ValueError):
-            ListenSettings(max_turn_s=bad)
-        with pytest.raises(ValueError):
-            ServiceSettings(llm_timeout_s=bad)
-        with pytest.raises(ValueError):
-            ServiceSettings(stt_timeout_s=bad)
+    settings: list[Callable[[float], object]] = [
+        lambda bad: LifecycleSettings(idle_timeout_s=bad),
+        lambda bad: BreakerSettings(window_s=bad),
+        lambda bad: RaySettings(lead_s=bad),
+        lambda bad: RaySettings(gpus_per_replica=bad),
+        lambda bad: ListenSettings(max_turn_s=bad),
+        lambda bad: ServiceSettings(llm_timeout_s=bad),
+        lambda bad: ServiceSettings(stt_timeout_s=bad),
+    ]
+    for make in settings:
+        for bad in (math.nan, math.inf):
+            with pytest.raises(ValueError):
+                make(bad)
 
 
 def test_lifecycle_and_breaker_settings() -> None:

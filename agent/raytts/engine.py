@@ -118,7 +118,7 @@ class RayServeEngine:
         while True:
             status = await asyncio.to_thread(serve.status)
             app = status.applications.get(self.settings.app_name)
-            state = str(getattr(app.status, "value", app.status)) if app is not None else None
+            state = _app_state(app)
             if state == "RUNNING":
                 return
             if state == "DELETING" or (
@@ -226,7 +226,7 @@ class RayServeEngine:
                 self._status, self._failure = None, "the Ray Serve speech app was deleted"
                 continue
             was = self._failure
-            self._status = str(getattr(app.status, "value", app.status))  # a str enum
+            self._status = _app_state(app)
             if self._status in FAILED_STATES:
                 self._failure = f"Ray Serve speech app {self._status}: {app.message or ''}".strip()
             else:
@@ -291,7 +291,7 @@ class RayServeEngine:
         settings, if it is up: attach to it rather than deploy again (which would replace
         its replicas under the streams of the other media processes)."""
         app = serve.status().applications.get(self.settings.app_name)
-        if app is None or str(getattr(app.status, "value", app.status)) != "RUNNING":
+        if _app_state(app) != "RUNNING":
             return None
         handle: DeploymentHandle[Any] = serve.get_app_handle(self.settings.app_name)
         try:
@@ -317,6 +317,11 @@ class RayServeEngine:
             self._started_ray = False
         ray.shutdown()
         self._inited_ray = False
+
+
+def _app_state(app: Any) -> str | None:
+    """A Serve application's status as its name ("RUNNING", "DEPLOYING"...); None: no app."""
+    return None if app is None else str(getattr(app.status, "value", app.status))  # a str enum
 
 
 def unplaceable_replica(resources: dict[str, float], settings: RaySettings) -> str | None:
