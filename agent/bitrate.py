@@ -29,9 +29,10 @@ weigh half: about the last 2 s), slow (a fifth: ~5 s) and long-run (3%: ~30 s).
 Congestion (queueing, not random loss), where the floor is ``min_bitrate``:
 - transport-cc: queueing delay above ``queuing_delay_overuse_ms`` and growing means the
   path is over-used: bitrate x ``congestion_backoff`` (and at most that fraction of the rate
-  the receiver actually got); queueing above ``queuing_delay_hold_ms`` holds climbing.
+  the receiver actually got); queueing above ``queuing_delay_hold_ms`` holds climbing
+  (while the report saying so is under CONGESTION_FRESH_S old).
 - RTT above ``rtt_spike_factor`` x its baseline (the minimum of the last minute) and at least
-  ``rtt_spike_min_s`` above it: same backoff, and no climbing while it lasts.
+  ``rtt_spike_min_s`` above it: same backoff, and no climbing while it lasts (as above).
 - REMB (where a peer sends one): an upper bound for as long as it is fresh (10 s).
 
 The ceiling is ``OpusSettings.bitrate`` lowered by the browser's ``maxaveragebitrate``; a
@@ -48,6 +49,11 @@ from dataclasses import dataclass, replace
 from agent.config import AdaptationSettings
 
 REMB_FRESH_S = 10.0
+# A round-trip spike or queueing holds climbing only while the reports saying so are this
+# recent: a peer that stops sending one kind of feedback (transport-cc dropped in a
+# renegotiation, say) must not hold the bitrate down for the rest of the call. Chromium's
+# audio receiver reports come every ~2.5-7 s, transport-cc every ~100 ms.
+CONGESTION_FRESH_S = 10.0
 RTT_BASELINE_WINDOW_S = 60.0
 # Loss is smoothed per packet, not per report: an RTCP receiver report covers ~50 packets
 # (aiortc's: ~1 s; Chromium's: ~5 s, ~250), a transport-cc window ~25. Per REPORT_PACKETS
@@ -124,8 +130,9 @@ class BitrateController:
         self._last_loss_time = -math.inf
         self._remb: tuple[float, int] | None = None  # (time, bitrate)
         self._rtt_samples: deque[tuple[float, float]] = deque(maxlen=256)
-        self._rtt_elevated = False
-        self._queueing_elevated = False
+        # When the newest report of each kind said "congested" (None: it did not).
+        self._rtt_elevated_at: float | None = None
+        self._queueing_elevated_at: float | None = None
         # What the reports said, for stats.
         self.loss: float | None = None  # smoothed fraction lost (fast)
         self._slow_loss = 0.0
@@ -203,7 +210,7 @@ class BitrateController:
         # cutting whenever it crosses 5% sank a 4% path to the floor. See _lossy.
         if self._lossy():
             self._decrease(now, self._bitrate * (1 - self.loss / 2), s.fec_min_bitrate, "loss")
-        elif self._clean() and not self._congested():
+        elif self._clean() and not self._congested(now):
             self._increase(now)
         else:
             self._last_update = now
@@ -212,13 +219,14 @@ class BitrateController:
     def on_delay_report(self, report: DelayReport) -> EncoderTarget:
         s = self.settings
         self.queuing_delay_ms = report.queuing_delay_ms
-        self._queueing_elevated = report.queuing_delay_ms > s.queuing_delay_hold_ms
+        elevated = report.queuing_delay_ms > s.queuing_delay_hold_ms
+        self._queueing_elevated_at = report.time if elevated else None
         if report.queuing_delay_ms > s.queuing_delay_overuse_ms and report.delay_trend_ms_per_s > 0:
             proposal = self._bitrate * s.congestion_backoff
             if report.receive_rate_bps:
                 proposal = min(proposal, report.receive_rate_bps * s.congestion_backoff)
             self._decrease(report.time, proposal, s.min_bitrate, "queueing delay")
-        elif not self._congested() and self.loss is not None and self._clean():
+        elif not self._congested(report.time) and self.loss is not None and self._clean():
             self._increase(report.time)
         return self.target
 
@@ -250,7 +258,7 @@ class BitrateController:
         baseline = min((value for _, value in samples), default=rtt)
         samples.append((now, rtt))
         spike = rtt > max(baseline * s.rtt_spike_factor, baseline + s.rtt_spike_min_s)
-        self._rtt_elevated = spike
+        self._rtt_elevated_at = now if spike else None
         if spike:
             self._decrease(
                 now, self._bitrate * s.congestion_backoff, s.min_bitrate, "round-trip time"
@@ -270,8 +278,11 @@ class BitrateController:
         limit = self.settings.loss_increase
         return (self.loss or 0.0) <= limit and self._slow_loss <= limit
 
-    def _congested(self) -> bool:
-        return self._rtt_elevated or self._queueing_elevated
+    def _congested(self, now: float) -> bool:
+        return any(
+            at is not None and now - at <= CONGESTION_FRESH_S
+            for at in (self._rtt_elevated_at, self._queueing_elevated_at)
+        )
 
     def _decrease(self, now: float, proposal: float, floor: int, reason: str) -> None:
         self._last_update = now

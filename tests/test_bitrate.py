@@ -10,7 +10,13 @@ from types import SimpleNamespace
 import pytest
 from aiortc.rtp import RtcpReceiverInfo, RtcpRrPacket
 
-from agent.bitrate import BitrateController, DelayReport, EncoderTarget, LossReport
+from agent.bitrate import (
+    CONGESTION_FRESH_S,
+    BitrateController,
+    DelayReport,
+    EncoderTarget,
+    LossReport,
+)
 from agent.config import AdaptationSettings
 from agent.feedback import Applier, FeedbackTap
 
@@ -362,6 +368,30 @@ def test_queueing_between_hold_and_overuse_holds_the_climb() -> None:
         controller.on_delay_report(DelayReport(now, 40.0, 0.0))
         controller.on_loss_report(LossReport(now, 0.0))
     assert controller.target.bitrate == backed_off
+
+
+@pytest.mark.parametrize("kind", ["queueing", "rtt"])
+def test_a_congestion_signal_that_stops_coming_stops_holding_the_climb(kind: str) -> None:
+    """A spike whose kind of feedback then stops (transport-cc dropped, receiver reports
+    without an RTT) holds climbing only CONGESTION_FRESH_S: clean loss reports then raise
+    the bitrate again."""
+    controller = BitrateController(SETTINGS, CEILING)
+    for second in range(1, 11):
+        controller.on_loss_report(LossReport(float(second), 0.0, rtt_s=0.05))
+    if kind == "queueing":
+        backed_off = controller.on_delay_report(DelayReport(10.5, 120.0, 50.0)).bitrate
+    else:
+        backed_off = controller.on_loss_report(LossReport(10.5, 0.0, rtt_s=0.4)).bitrate
+    assert backed_off < CEILING
+    now = 10.5
+    while now < 10.5 + CONGESTION_FRESH_S:  # still fresh: held
+        now += 1
+        controller.on_loss_report(LossReport(now, 0.0))
+    assert controller.target.bitrate == backed_off
+    for _ in range(10):
+        now += 1
+        controller.on_loss_report(LossReport(now, 0.0))
+    assert controller.target.bitrate == CEILING
 
 
 def test_queueing_that_drains_is_not_over_use() -> None:
