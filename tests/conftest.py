@@ -8,6 +8,7 @@ import gc
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 
+import aioice.ice
 import pytest
 from aiohttp import web
 
@@ -32,6 +33,18 @@ def _unfreeze_the_heap() -> Iterator[None]:
     out of the collector's reach. Hand it back after each test."""
     yield
     gc.unfreeze()
+
+
+@pytest.fixture(autouse=True)
+def _forget_aioice_mdns() -> Iterator[None]:
+    """aioice keeps one mDNS resolver per process, guarded by an asyncio.Lock made on first
+    use (aioice.ice._mdns): bound to that test's event loop, it fails every later test's
+    offer with mDNS candidates (Firefox's and Chromium's default) with "bound to a
+    different event loop". A server runs one loop for its life; tests run one each."""
+    yield
+    for name in ("lock", "protocol", "subscribers"):
+        if hasattr(aioice.ice._mdns, name):
+            delattr(aioice.ice._mdns, name)
 
 
 @pytest.fixture
