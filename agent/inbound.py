@@ -109,6 +109,10 @@ class InboundAudio:
         self._resampler: soxr.ResampleStream | None = None
         self._rate = 0
         self._pending = np.zeros(0, dtype=np.float32)
+        # Set when a turn ends mid-speech without the audio saying so (the microphone went
+        # quiet or ended): the model's memory is still inside a word, and would hear the
+        # next window of mere noise as that word going on. The scorer resets it first.
+        self._model_stale = False
         preroll = max(1, settings.preroll_ms // VAD_WINDOW_MS) + self.detector.onset_windows
         self._recent: deque[tuple[Window, float]] = deque(maxlen=preroll)
         self._turn: list[Window] = []
@@ -164,6 +168,7 @@ class InboundAudio:
             return
         last = self.detector.index
         self.detector = SpeechDetector(self.settings)  # no window comes after this one
+        self._model_stale = True
         self.stats.turns += 1
         audio = np.concatenate(self._turn) if self._turn else np.zeros(0, np.float32)
         self._turn = []
@@ -258,6 +263,9 @@ class InboundAudio:
         self.ready.set()
         while True:
             window, arrived = await self._queue.get()
+            if self._model_stale:
+                vad.reset()  # between two scorings: the model is not in use
+                self._model_stale = False
             started = time.perf_counter()
             try:
                 probability = await vad.probability(window)

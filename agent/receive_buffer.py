@@ -23,6 +23,8 @@ the end of the stream, and the decoder then refuses every later packet of the ca
 
 from __future__ import annotations
 
+from collections import deque
+
 from aiortc import RTCRtpReceiver
 from aiortc.jitterbuffer import JitterBuffer, JitterFrame
 from aiortc.rtp import RtpPacket
@@ -31,6 +33,7 @@ SEQUENCE_SPACE = 1 << 16
 # A packet this far behind the next expected one is not late: the sender restarted its
 # sequence numbers (aiortc's JitterBuffer uses the same bound).
 MAX_MISORDER = 100
+RETIRED_SOURCES = 4  # replaced SSRCs whose late packets are recognised as such
 _JITTER_BUFFER_ATTR = "_RTCRtpReceiver__jitter_buffer"  # aiortc 1.16's private attribute
 _JITTER_BUFFER_CAPACITY = 16  # aiortc's own for audio
 
@@ -48,6 +51,11 @@ class PromptAudioBuffer(JitterBuffer):
         self.empty = 0  # packets with no payload, released as nothing (see the docstring)
         self._held: dict[int, RtpPacket] = {}
         self._next: int | None = None  # the sequence number released next
+        # The source whose sequence numbers these are, and the few it replaced: a sender
+        # that restarts (signaling/ssrcguard.py allows it) starts a new sequence space at a
+        # random number, which may fall just behind the old one's.
+        self._ssrc: int | None = None
+        self._retired: deque[int] = deque(maxlen=RETIRED_SOURCES)
 
     @property
     def queued(self) -> int:
@@ -57,18 +65,34 @@ class PromptAudioBuffer(JitterBuffer):
     def add(self, packet: RtpPacket) -> tuple[bool, JitterFrame | None]:
         """(no PLI, the next frame in order if there is one now)."""
         seq = packet.sequence_number
-        if self._next is None:
+        if packet.ssrc != self._ssrc:
+            if packet.ssrc in self._retired:  # a late packet of a source already replaced
+                self.dropped_late += 1
+                return False, None
+            if self._ssrc is not None:  # a new source: the old one's held audio is stale
+                self._retired.append(self._ssrc)
+                self.given_up += len(self._held)
+                self._held.clear()
+            self._ssrc = packet.ssrc
             self._next = seq
+        assert self._next is not None
         ahead = (seq - self._next) % SEQUENCE_SPACE
         if ahead >= SEQUENCE_SPACE - MAX_MISORDER:  # behind the next one: already gone
             self.dropped_late += 1
             return False, None
-        if ahead >= self.capacity:  # a long burst lost, or the sender restarted
+        if ahead >= self.capacity and not self._near_held(seq):
+            # A long burst lost, or the sender restarted its numbers. Measured from the
+            # newest packet held, not from the next one due: with reorder_wait W, W packets
+            # can stay queued, and a short burst must not throw them away.
             self.given_up += ahead - len(self._held)
             self._held.clear()
             self._next = seq
         self._held[seq] = packet
         return False, self._release()
+
+    def _near_held(self, seq: int) -> bool:
+        """Whether ``seq`` is less than ``capacity`` after some packet held."""
+        return any((seq - held) % SEQUENCE_SPACE < self.capacity for held in self._held)
 
     def _release(self) -> JitterFrame | None:
         assert self._next is not None

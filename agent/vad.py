@@ -80,6 +80,10 @@ class SileroVad:
         with torch.inference_mode():
             return float(self._model(torch.from_numpy(window), VAD_SAMPLE_RATE).item())
 
+    def reset(self) -> None:
+        """Forget the audio heard so far (silero is recurrent): the next window starts afresh."""
+        self._model.reset_states()
+
     async def probability(self, window: Window) -> float:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._pool.executor, self._score, window)

@@ -22,8 +22,10 @@ from agent.receive_buffer import PromptAudioBuffer, install_receive_buffer
 FRAME_TICKS = 960  # 20 ms at Opus's 48 kHz RTP clock
 
 
-def packet(seq: int) -> RtpPacket:
-    rtp = RtpPacket(payload_type=111, sequence_number=seq % 65536, timestamp=seq * FRAME_TICKS)
+def packet(seq: int, ssrc: int = 0) -> RtpPacket:
+    rtp = RtpPacket(
+        payload_type=111, sequence_number=seq % 65536, timestamp=seq * FRAME_TICKS, ssrc=ssrc
+    )
     rtp._data = seq.to_bytes(4, "big")  # type: ignore[attr-defined]  # aiortc's depayloaded data
     return rtp
 
