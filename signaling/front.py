@@ -52,7 +52,12 @@ from signaling.cors import make_cors_middleware
 from signaling.errors import ApiError, error_middleware, not_ready_response, read_body
 from signaling.keys import CONFIG, DRAIN, LIMITS
 from signaling.limits import Limits
-from signaling.metrics import offer_outcome_middleware, offers_counter
+from signaling.metrics import (
+    RESUMING,
+    offer_outcome_middleware,
+    offers_counter,
+    resumes_counter,
+)
 from signaling.routes import SESSION_TOKEN_HEADER
 from signaling.shutdown import Drain, log_listening, shutting_down
 from signaling.workers import Worker, WorkerPool
@@ -88,13 +93,14 @@ def build_front_app(config: Config, pool: WorkerPool) -> web.Application:
     # worker's count: the front counts them, and /metrics merges them into the same series.
     registry = CollectorRegistry()
     offers = offers_counter(registry)
+    resumes = resumes_counter(registry)
     app = web.Application(
         # Outermost first, as in signaling/app.py: CORS headers on every answer, errors too.
         middlewares=[
             make_cors_middleware(config.security.cors_origins),
             error_middleware,
             offer_outcome_middleware(
-                offers, {post_offer: "offer", post_whep: "whep"}, count_answers=False
+                offers, resumes, {post_offer: "offer", post_whep: "whep"}, count_answers=False
             ),
         ],
         client_max_size=MAX_REQUEST_BYTES,
@@ -146,6 +152,7 @@ async def post_offer(request: web.Request) -> web.StreamResponse:
 
     resume = text("resume")
     if resume is not None:
+        request[RESUMING] = True
         # Refused while draining, as one process refuses it (its worker may have exited
         # already: its sessions were all detached, so it had nothing to wait for).
         request.app[DRAIN].check()
@@ -158,11 +165,13 @@ async def post_offer(request: web.Request) -> web.StreamResponse:
 
 
 async def post_whep(request: web.Request) -> web.StreamResponse:
+    resume = request.headers.get(SESSION_TOKEN_HEADER)
+    if resume is not None:
+        request[RESUMING] = True  # whatever refuses it, as a worker counts it
     await _check_token(request)
     counted = request.content_type == "application/sdp"  # else the worker's 415, as in one process
     if counted:
         request.app[LIMITS].check_offer(request.remote)
-    resume = request.headers.get(SESSION_TOKEN_HEADER)
     if resume is not None:
         request.app[DRAIN].check()  # as for /offer's resume
         answer = await _forward(request, _session_worker(request, resume))

@@ -40,7 +40,7 @@ class Verdict(enum.Enum):
 class Liveness:
     """What the watchdog knows about one session's current peer connection (monotonic s)."""
 
-    created_at: float = field(default_factory=time.monotonic)
+    created_at: float = field(default_factory=time.monotonic)  # reset when answered
     connected_at: float | None = None
     last_inbound: float = 0.0  # last RTCP packet or data-channel message from the peer
     last_activity: float = field(default_factory=time.monotonic)  # request or speech

@@ -75,6 +75,7 @@ class Metrics:
     def __init__(self, engine: TTSEngine, max_sessions: int) -> None:
         self.registry = CollectorRegistry()
         self.offers = offers_counter(self.registry)
+        self.resumes = resumes_counter(self.registry)
         self.first_audio = Histogram(
             "voice_agent_first_audio_seconds",
             "Time from an utterance's synthesis start to its first audio packet sent "
@@ -118,7 +119,11 @@ class Metrics:
 
     def offer_outcome_middleware(self, kinds: dict[Handler, str]) -> Any:
         """Counts each new-session request's outcome, whichever layer refused it."""
-        return offer_outcome_middleware(self.offers, kinds)
+        return offer_outcome_middleware(self.offers, self.resumes, kinds)
+
+
+# Set on a POST /offer or /whep request once it is known to resume a session.
+RESUMING = web.RequestKey("resuming", bool)
 
 
 def offers_counter(registry: CollectorRegistry) -> Counter:
@@ -132,12 +137,25 @@ def offers_counter(registry: CollectorRegistry) -> Counter:
     )
 
 
+def resumes_counter(registry: CollectorRegistry) -> Counter:
+    """``voice_agent_resumes_total{kind, outcome}``: a session's resumes, kept out of the
+    offers (a flaky network's reconnects are not new sessions)."""
+    return Counter(
+        "voice_agent_resumes",
+        "Resumes of a session on a new connection (POST /offer with 'resume', POST /whep "
+        "with X-Session-Token) by outcome: answered or rejected_<error code>",
+        ["kind", "outcome"],
+        registry=registry,
+    )
+
+
 def offer_outcome_middleware(
-    offers: Counter, kinds: dict[Handler, str], *, count_answers: bool = True
+    offers: Counter, resumes: Counter, kinds: dict[Handler, str], *, count_answers: bool = True
 ) -> Any:
-    """Counts each new-session request's outcome in ``offers``, whichever layer refused it.
-    The front counts only what it refuses itself (``count_answers=False``): an answer it
-    passes on was counted by the worker that gave it."""
+    """Counts each new-session request's outcome in ``offers``, and each resume's in
+    ``resumes`` (a handler marks the request RESUMING once it knows), whichever layer
+    refused it. The front counts only what it refuses itself (``count_answers=False``): an
+    answer it passes on was counted by the worker that gave it."""
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -162,7 +180,8 @@ def offer_outcome_middleware(
             raise
         finally:
             if outcome is not None:
-                offers.labels(kind, outcome).inc()
+                counter = resumes if request.get(RESUMING, False) else offers
+                counter.labels(kind, outcome).inc()
 
     return middleware
 

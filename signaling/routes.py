@@ -20,6 +20,7 @@ from agent.speech import SpeechError
 from signaling.auth import claims, require_room, require_speaker, room_for
 from signaling.errors import ApiError, Handler, not_ready_response, read_body
 from signaling.keys import BREAKER, CONFIG, DRAIN, ENGINE, ENGINE_ERROR, LIMITS, METRICS, SESSIONS
+from signaling.metrics import RESUMING
 from signaling.sessions import Peer, SessionRegistry
 from signaling.shutdown import shutting_down
 
@@ -179,6 +180,7 @@ def _offer_answer(peer: Peer, answer: str) -> web.Response:
 
 def _resumable(request: web.Request, token: object, kind: str) -> Peer:
     """The session a resume names, if this request may take it over."""
+    request[RESUMING] = True  # counted apart from new sessions, whatever the outcome
     request.app[DRAIN].check()
     peer = _sessions(request).by_token(token)
     require_room(request, peer.room)
@@ -191,6 +193,8 @@ def _resumable(request: web.Request, token: object, kind: str) -> Peer:
 
 
 async def post_whep(request: web.Request) -> web.Response:
+    if SESSION_TOKEN_HEADER in request.headers:  # a resume, whatever refuses it
+        request[RESUMING] = True
     if request.content_type != "application/sdp":
         raise ApiError(415, "unsupported_media_type", "WHEP offers are 'application/sdp'")
     with request.app[LIMITS].offer(request.remote):

@@ -292,7 +292,10 @@ class SessionRegistry:
                 answer = await pc.createAnswer()
             except Exception as exc:  # noqa: BLE001 - an offer aiortc parsed but can't answer
                 raise ApiError(400, "bad_sdp", f"could not answer the offer: {exc}") from None
-            await pc.setLocalDescription(answer)
+            await pc.setLocalDescription(answer)  # gathers ICE: up to 5 s with STUN/TURN
+            # The client's time to connect runs from its answer, not from before the
+            # gathering (a slow STUN server used to take it off --connect-timeout).
+            life.created_at = time.monotonic()
             if transceiver is not None and isinstance(session, AgentSession):
                 session.attach_sender(transceiver, _receiver_opus(opus_offer))
         except BaseException:

@@ -12,7 +12,7 @@ from typing import Any
 
 import aiohttp
 import pytest
-from aiortc import RTCConfiguration, RTCPeerConnection
+from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 
 from agent.config import Config, LifecycleSettings
 from signaling.keys import SESSIONS
@@ -354,3 +354,50 @@ async def test_a_resume_does_not_restart_the_idle_timer(live_server: LiveServer)
         finally:
             await second.close()
     assert idle_for <= RESUMED_IDLE.idle_timeout_s + 1.5, f"closed after {idle_for:.1f} s of no use"
+
+
+SLOW_GATHERING_CONNECT = LifecycleSettings(
+    connect_timeout_s=2.0, rtcp_timeout_s=0, resume_grace_s=0, idle_timeout_s=0
+)
+# aioice gathers server-reflexive and relayed candidates for up to 5 s (a STUN/TURN server
+# that is slow or silent): the answer waits for that (non-trickle).
+GATHERING_S = 2.5
+
+
+@pytest.mark.parametrize(
+    "server_config", [Config(host="127.0.0.1", port=0, lifecycle=SLOW_GATHERING_CONNECT)]
+)
+async def test_the_connect_timer_runs_from_the_answer_not_from_before_gathering(
+    live_server: LiveServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """README (Lifecycle): a connection not connected --connect-timeout after its answer
+    was sent is closed with its session. The timer started before setLocalDescription
+    gathered ICE (up to 5 s with a slow STUN/TURN server): the gathering was taken off the
+    client's time to connect, and one as long as the timeout closed the session at the
+    first watchdog tick after its answer, before any client could have connected."""
+    from signaling import sessions
+
+    class SlowGathering(RTCPeerConnection):  # the server's connections only
+        async def setLocalDescription(self, description: RTCSessionDescription) -> None:
+            await asyncio.sleep(GATHERING_S)
+            await super().setLocalDescription(description)
+
+    monkeypatch.setattr(sessions, "RTCPeerConnection", SlowGathering)
+    pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+    pc.addTransceiver("audio", direction="recvonly")
+    await pc.setLocalDescription(await pc.createOffer())
+    try:
+        async with aiohttp.ClientSession() as http:
+            offer = {"type": "offer", "sdp": pc.localDescription.sdp}
+            async with http.post(live_server.url + "/offer", json=offer) as resp:
+                assert resp.status == 200, await resp.text()
+                sid = (await resp.json())["session_id"]
+            # The answer is never applied (the client stays away): the session must live
+            # --connect-timeout from now.
+            elapsed = await wait_for(http, live_server.url, sid, gone, 10)
+    finally:
+        await pc.close()
+    assert elapsed >= SLOW_GATHERING_CONNECT.connect_timeout_s - 0.2, (
+        f"closed {elapsed:.2f} s after its answer (--connect-timeout "
+        f"{SLOW_GATHERING_CONNECT.connect_timeout_s} s): the timer ran during ICE gathering"
+    )

@@ -28,6 +28,7 @@ from tests.mic import ClipMic
 from tests.netem import relayed_client
 from tests.rtc_client import RtcClient
 from tests.test_lifecycle import detached, gone, session_state, wait_for
+from tests.test_metrics import scrape, value
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -152,8 +153,33 @@ async def test_whep_sessions_resume_with_the_header(live_server: LiveServer) -> 
                 assert resp.status == 202
             await asyncio.sleep(1.0)
             assert voiced_seconds(second.audio.samples()) > 0.2
+            # A resume is no new session: it is counted apart.
+            samples = await scrape(http, live_server.url)
+            assert value(samples, "voice_agent_offers_total", kind="whep", outcome="answered") == 1
+            assert value(samples, "voice_agent_resumes_total", kind="whep", outcome="answered") == 1
         finally:
             await second.close()
+
+
+async def test_a_resume_is_counted_apart_from_new_sessions(live_server: LiveServer) -> None:
+    """voice_agent_offers_total counts new sessions; a resume (the page resumes by itself,
+    up to 3 tries per lost connection) was counted as one more answered offer, so a
+    dashboard of sessions opened read a flaky network's reconnects."""
+    async with aiohttp.ClientSession() as http:
+        first = RtcClient(live_server.url, http)
+        await first.connect()
+        assert first.session_id is not None
+        await first.close()  # no DELETE: detached
+        await wait_for(http, live_server.url, first.session_id, detached, 5)
+        second = RtcClient(live_server.url, http)
+        await second.connect(resume=first.session_token)
+        try:
+            assert second.session_id == first.session_id
+            samples = await scrape(http, live_server.url)
+        finally:
+            await second.close()
+    assert value(samples, "voice_agent_offers_total", kind="offer", outcome="answered") == 1
+    assert value(samples, "voice_agent_resumes_total", kind="offer", outcome="answered") == 1
 
 
 async def post_resume(http: aiohttp.ClientSession, url: str, token: object) -> tuple[int, Any]:
@@ -203,6 +229,18 @@ async def test_tokens_after_the_grace_wrong_or_malformed_are_refused(
             assert status == 400 and body["error"]["code"] == "wrong_kind"
         finally:
             await whep.close()
+        # Refused resumes are refused resumes, not refused new sessions.
+        samples = await scrape(http, live_server.url)
+    offers = {k: v for k, v in samples.items() if k[0] == "voice_agent_offers_total" and v}
+    assert offers == {
+        ("voice_agent_offers_total", (("kind", "offer"), ("outcome", "answered"))): 1,
+        ("voice_agent_offers_total", (("kind", "whep"), ("outcome", "answered"))): 1,
+    }
+    resumes = {
+        dict(k[1])["outcome"]: v for k, v in samples.items() if k[0] == "voice_agent_resumes_total"
+    }
+    assert resumes["rejected_session_expired"] == 1 and resumes["rejected_wrong_kind"] == 1
+    assert resumes["rejected_unknown_session"] + resumes.get("rejected_bad_token", 0) == 7
 
 
 @pytest.mark.parametrize("when", ["old_pc_closed", "negotiating", "negotiated"])
