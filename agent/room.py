@@ -264,8 +264,7 @@ class Room:
             return
         # A text stream left open would hold the room's agent (and every other writer)
         # forever: what was streamed is spoken, as if the leaver had sent text.end.
-        with contextlib.suppress(SpeechError):
-            self.pipeline.text_end(owner=member.participant_id)
+        self.pipeline.forget_writer(member.participant_id)
         if member.slot is not None:
             feed = self.slots[member.slot]
             self.slots[member.slot] = None

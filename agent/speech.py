@@ -74,6 +74,7 @@ class Utterance:
     # Segments to speak, None marks the end. Bounded by the text-length cap, not by size.
     segments: asyncio.Queue[str | None] = field(default_factory=asyncio.Queue)
     chars: int = 0
+    pieces: int = 0  # segments queued to speak: a stream of none had nothing to say
     started: bool = False
     ended: bool = False
     first_chunk_at: float | None = None  # time.monotonic() the engine's first chunk arrived
@@ -184,6 +185,7 @@ class SpeechPipeline:
         utt.chars = len(text)
         for segment in segments:
             utt.segments.put_nowait(segment)
+        utt.pieces = len(segments)
         utt.segments.put_nowait(None)
         return utt.id
 
@@ -232,6 +234,7 @@ class SpeechPipeline:
         utt.chars += len(delta)
         for segment in self._spoken(segmenter.push(delta)):
             utt.segments.put_nowait(segment)
+            utt.pieces += 1
         return utt.id
 
     def refuse_rest(self, utterance_id: str | None, owner: str = CLIENT) -> None:
@@ -316,11 +319,31 @@ class SpeechPipeline:
         assert segmenter is not None
         for segment in self._spoken(segmenter.flush()):
             utt.segments.put_nowait(segment)
+            utt.pieces += 1
+        if utt.pieces == 0 and utt.failure is None:
+            # Only dashes, emoji, a script the engine cannot read: refused as a say of it
+            # is, and with no speech.started (nothing starts); its speech.ended still comes,
+            # for a client waiting on the id its deltas were given.
+            utt.failure = {
+                "type": "error",
+                "code": "empty_text",
+                "message": "the text stream had nothing to speak",
+                "id": utt.id,
+            }
         utt.segments.put_nowait(None)
         self._stream = None
         self._segmenter = None
         self._stream_ended.set()
         return utt.id
+
+    def forget_writer(self, owner: str) -> None:
+        """``owner`` is gone for good (a room participant who left): what its open stream
+        had is spoken, as its text.end would, and nothing of it is kept (its refused and
+        interrupted streams' ids would stay for the room's life: ids are never reused)."""
+        if self._stream is not None and self._stream_owner == owner:
+            self.text_end(owner)
+        self._refused.pop(owner, None)
+        self._discarding.pop(owner, None)
 
     def interrupt(self) -> list[str]:
         """Stop speaking now: silence from the next frame, queue and generation dropped."""
@@ -467,6 +490,13 @@ class SpeechPipeline:
                 self.buffer.producing = False
             if self._worker is not asyncio.current_task():
                 return  # replaced by interrupt() meanwhile: the new worker owns the buffer
+            if failed and self._stream is utt:
+                # Nothing reads its segments any more: its writer's further deltas are
+                # refused (stream_refused; its tts_failed comes with its end), not taken
+                # and never spoken, and the stream no longer holds other writers back.
+                owner = self._stream_owner
+                self.text_end(owner)
+                self._refuse(owner, utt.id, "")
             self.buffer.at_playout_end(partial(self._end, utt, interrupted=failed))
 
     async def _speak(self, utt: Utterance) -> bool:
@@ -575,7 +605,7 @@ class SpeechPipeline:
         marks.clear()
 
     def _on_started(self, utt: Utterance) -> None:
-        if utt.started or utt.ended:
+        if utt.started or utt.ended or utt.pieces == 0:
             return
         utt.started = True
         if utt.first_chunk_at is not None:

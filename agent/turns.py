@@ -460,7 +460,10 @@ class Conversation:
             raise
         except (ServiceError, SpeechError) as exc:
             self.stats.service_errors += isinstance(exc, ServiceError)
-            self._reply_error(reply, exc.code, exc.message)
+            # stream_refused: the engine failed on the reply's speech, which ended it; that
+            # error (tts_failed...) goes out with its end, and the rest is not asked for.
+            if not (isinstance(exc, SpeechError) and exc.code == "stream_refused"):
+                self._reply_error(reply, exc.code, exc.message)
             self._close_stream(reply)  # what was already said plays to its end
         except Exception:  # a bug must not end the session; it is logged and reported
             log.exception("reply %s failed", reply.id)

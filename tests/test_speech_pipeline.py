@@ -180,28 +180,6 @@ async def test_utterance_without_audio_still_starts_and_ends() -> None:
     await pipeline.close()
 
 
-async def test_a_stream_with_nothing_to_say_starts_and_ends_without_a_caption() -> None:
-    """Dashes, dots and emoji make no sound: no piece, no caption over silence; the stream
-    still starts and ends, and what follows it is spoken."""
-    events: list[dict[str, Any]] = []
-    pipeline = SpeechPipeline(ToneEngine(), SpeechSettings(), events.append)
-    pipeline.start()
-    drain = Drain(pipeline)
-    pipeline.text_delta("... \U0001f600 ---", "quiet")
-    pipeline.text_end()
-    pipeline.text_delta("Real words, then \U0001f600.", "words")
-    pipeline.text_end()
-    await wait_for(lambda: {"type": "speech.ended", "id": "words", "interrupted": False} in events)
-    drain.stop()
-    assert [(e["type"], e["id"]) for e in events if e["id"] == "quiet"] == [
-        ("speech.started", "quiet"),
-        ("speech.ended", "quiet"),
-    ]
-    spoken = [e["text"] for e in events if e["type"] == "speech.segment"]
-    assert spoken == ["Real words, then \U0001f600."]
-    await pipeline.close()
-
-
 class ReadingToneEngine(ToneEngine):
     """Says what ChatTTS would read (``speakable`` as ChatTTSEngine's), as a tone."""
 

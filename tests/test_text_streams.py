@@ -22,7 +22,7 @@ from agent.llm import Message
 from agent.room import MUTE_ANNOUNCE_INTERVAL_S, Room
 from agent.session import AgentSession
 from agent.speech import SpeechError, SpeechPipeline
-from tests.doubles import ToneEngine
+from tests.doubles import FailingEngine, ToneEngine
 from tests.services import FakeLLM
 from tests.test_speech_pipeline import Drain, wait_for
 
@@ -507,4 +507,112 @@ async def test_a_room_participants_stream_left_open_is_ended_for_everyone_else()
         assert [(e["code"], e["id"]) for e in of(sent_a, "error")] == [("stream_timeout", "a1")]
         assert not of(sent_b, "error")
     finally:
+        await room.close()
+
+
+# --- a stream whose speech the engine failed ---------------------------------------------------
+async def test_a_streams_deltas_after_its_speech_failed_are_refused_not_swallowed() -> None:
+    """Bug: an engine failure ended a text stream's utterance (tts_failed, speech.ended
+    interrupted) but left the stream open: its later deltas were accepted (no error) into
+    a queue nobody read again, never spoken, and the dead stream kept other writers out
+    (stream_open) until its text.end. They are refused now, and another writer may speak."""
+    events: list[Event] = []
+    engine = FailingEngine(seconds_per_word=0.05)
+    p = pipeline(events, engine)
+    drain = Drain(p)
+    engine.mode = "start"  # the first sentence fails (a worker crash, a GPU out of memory)
+    assert p.text_delta("First sentence here! ", "s") == "s"
+    await wait_for(lambda: bool(of(events, "speech.ended")))
+    assert [e.get("code", e["type"]) for e in events] == [
+        "speech.started",
+        "tts_failed",
+        "speech.ended",
+    ]
+    engine.mode = "ok"
+    with pytest.raises(SpeechError) as refused:
+        p.text_delta("Second sentence here! ", "s")
+    assert refused.value.code == "stream_refused"
+    p.text_delta("Someone else. ", "other", owner="participant")  # the stream is free
+    p.text_end(owner="participant")
+    assert p.text_end() is None  # the writer's text.end forgets the refused stream
+    p.text_delta("A new stream. ", "s2")
+    p.text_end()
+    await wait_for(lambda: len(of(events, "speech.ended")) == 3)
+    assert spoken(events) == ["Someone else.", "A new stream."]
+    balanced(events)
+    drain.stop()
+    await p.close()
+
+
+async def test_a_reply_whose_speech_failed_stops_asking_the_llm_with_one_error() -> None:
+    """The same for a brain's reply: the rest of the answer is not read from the LLM (it
+    would be refused), and the client hears of the failure once, tts_failed, with the
+    reply's id, not a second stream_refused."""
+    engine = FailingEngine(seconds_per_word=0.05)
+    session = AgentSession("s", engine, Config())
+    events: list[Event] = []
+    session.outbox.send = events.append  # type: ignore[method-assign]
+    brain = SlowBrain(["One two three. ", "Four five six. ", "Seven. ", "Eight."], delay=0.2)
+    read: list[str] = []
+
+    async def reply(history: list[Message]) -> AsyncIterator[str]:
+        async for delta in SlowBrain.reply(brain, history):
+            read.append(delta)
+            yield delta
+
+    brain.reply = reply  # type: ignore[method-assign]
+    session.conversation._brain = brain
+    session.pipeline.start()
+    drain = Drain(session.pipeline)
+    engine.mode = "start"
+    session.handle_message(msg(type="chat", text="count for me"))
+    await wait_for(lambda: bool(of(events, "speech.ended")), timeout=10)
+    await asyncio.sleep(0.6)  # the LLM's later deltas would have come by now
+    errors = [(e["code"], e["id"]) for e in of(events, "error")]
+    reply_id = of(events, "speech.ended")[0]["id"]
+    assert errors == [("tts_failed", reply_id)], events
+    assert len(read) < 4, read  # it stopped reading the answer
+    drain.stop()
+    await session.close()
+
+
+async def test_a_stream_with_nothing_to_speak_is_refused_as_a_say_of_it_is() -> None:
+    """A stream of only emoji or dashes got speech.started and speech.ended: something
+    seemed to be spoken where nothing was. It is refused with empty_text, as a say of the
+    same text is, and ends (speech.ended) without a start."""
+    events: list[Event] = []
+    p = pipeline(events)
+    drain = Drain(p)
+    p.text_delta("... \U0001f600 ", "quiet")
+    p.text_delta("---", "quiet")
+    p.text_end()
+    p.text_delta("Real words.", "words")
+    p.text_end()
+    await wait_for(lambda: len(of(events, "speech.ended")) == 2)
+    quiet = [(e["type"], e.get("code")) for e in events if e["id"] == "quiet"]
+    assert quiet == [("error", "empty_text"), ("speech.ended", None)]
+    assert of(events, "speech.ended", "quiet")[0]["interrupted"] is False
+    assert spoken(events) == ["Real words."]
+    drain.stop()
+    await p.close()
+
+
+async def test_a_leavers_refused_stream_ids_are_forgotten() -> None:
+    """A participant who had its own stream open and a second one refused (stream_open)
+    left that refused id in the room's pipeline for the room's whole life on leaving:
+    one entry per such participant, as ids are never reused."""
+    room = Room("r", ToneEngine(seconds_per_word=0.02), Config())
+    a = room.join("sa", speaking=False, host=True, expects_channel=False)
+    b = room.join("sb", speaking=False, host=True, expects_channel=False)
+    sent: list[Event] = []
+    a.outbox.send = sent.append  # type: ignore[method-assign]
+    try:
+        a.handle_message(msg(type="text.delta", id="one", delta="First stream. "))
+        a.handle_message(msg(type="text.delta", id="two", delta="Second stream. "))
+        assert [e["code"] for e in of(sent, "error")] == ["stream_open"]
+        assert not room.pipeline.opens_stream("two", owner=a.participant_id)  # refused
+        await room.leave(a)
+        assert room.pipeline.opens_stream("two", owner=a.participant_id)  # forgotten
+    finally:
+        await room.leave(b)
         await room.close()
