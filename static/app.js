@@ -76,6 +76,7 @@ const session = {
   // A call being set up with no peer connection yet (fetching /ice-servers): Connect is
   // pending and Hang up cancels it.
   opening: false,
+  established: false, // this connection's data channel opened: losing it now is a lost call
   noStt: false, // the server said it has no speech-to-text: turns will get no transcript
 };
 const texts = new Map(); // client id -> text we asked the agent to say
@@ -171,6 +172,7 @@ function refreshState() {
     session.disconnectTimer = null;
   }
   if (pcState === "failed") {
+    if (!session.established) return; // the try waiting for its channel fails (doConnect)
     if (lostConnection()) return;
     teardown("failed");
     showAlert("The connection failed (ICE could not reach the server).");
@@ -379,6 +381,9 @@ async function doConnect(resume = null) {
     resetPlots();
   }
   session.prevInbound = null;
+  // Until this connection's data channel opens, its failure fails this try (doConnect's
+  // catch: a new call ends, a resume try counts against its tries), not a lost call.
+  session.established = false;
 
   const stale = () => session.generation !== generation;
   const call = session.call;
@@ -403,7 +408,8 @@ async function doConnect(resume = null) {
     channel.addEventListener("message", onChannelMessage);
     channel.addEventListener("open", refreshState);
     channel.addEventListener("close", () => {
-      if (session.channel === channel && session.pc) {
+      // Before it opened: the try waiting for it fails (doConnect), as when ICE fails.
+      if (session.channel === channel && session.pc && session.established) {
         const expected = session.hangingUp;
         if (!expected && lostConnection()) return;
         teardown("closed");
@@ -434,6 +440,7 @@ async function doConnect(resume = null) {
     refreshState();
     await withTimeout(waitForChannelOpen(channel, pc), CONNECT_TIMEOUT_MS, "waiting for the connection");
     if (stale()) return;
+    session.established = true;
     refreshState();
     // The box, whichever way it is ticked, is the session's setting: the server's default
     // may differ (--no-barge-in), and a change made while the channel was down (during a
@@ -536,7 +543,7 @@ async function hangup() {
 // hang-up): resume the same session on a new connection; queued speech plays once back.
 function lostConnection() {
   const token = session.token;
-  if (!token || session.hangingUp || !session.pc) return false;
+  if (!token || session.hangingUp || !session.pc || !session.established) return false;
   if (session.inRoom) {
     // A room seat is not resumed (the server refuses it: not_resumable), as on the room page.
     teardown("closed", { notifyServer: true });
@@ -568,7 +575,11 @@ async function resumeSession(token, call) {
     }
   }
   if (!current()) return;
-  endCall(); // given up: the last try's error stays on show
+  // Given up: the last try's error stays on show, and the server is told (else the session
+  // waited out its connect timeout and resume grace, holding a seat).
+  const id = session.id;
+  endCall();
+  if (id) endOnServer(id);
   setState("failed");
 }
 

@@ -166,12 +166,24 @@ function play(index, track) {
   audio.srcObject = stream;
   audio.dataset.index = String(index);
   ui.players.append(audio);
-  audio.play().catch(() => showAlert("Click anywhere on the page to hear the room."));
+  audio.play().catch(() => {
+    // Blocked by the browser's autoplay policy (Safari's, or a join made without a click):
+    // the next click plays every player that is still paused.
+    showAlert("Click anywhere on the page to hear the room.");
+    document.addEventListener("click", playBlocked, { once: true });
+  });
   audioContext = audioContext || new AudioContext();
   const analyser = audioContext.createAnalyser();
   analyser.fftSize = 8192;
   audioContext.createMediaStreamSource(stream).connect(analyser);
   tracks[index] = { analyser, freq: 0, level: -Infinity };
+}
+
+function playBlocked() {
+  const paused = [...ui.players.querySelectorAll("audio")].filter((audio) => audio.paused);
+  Promise.all(paused.map((audio) => audio.play()))
+    .then(() => { if (/hear the room/.test(ui.alert.textContent)) showAlert(""); })
+    .catch(() => document.addEventListener("click", playBlocked, { once: true }));
 }
 
 // The loudest frequency and its level on each received track (what tests and meters read).

@@ -5,6 +5,8 @@ server slow to answer, a room seat lost, and the figures after the call."""
 from __future__ import annotations
 
 import json
+import re
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -14,6 +16,7 @@ import pytest
 import pytest_asyncio
 
 from agent.config import Config
+from signaling.keys import SESSIONS
 from tests import test_browser
 from tests.doubles import FailingEngine, ToneEngine
 from tests.test_browser import (
@@ -328,3 +331,82 @@ async def test_an_id_said_again_after_its_failure_gets_an_item_of_its_own(
     await ap.page.evaluate(FEED_JS, failed + again)
     items = await ap.page.evaluate(ITEMS_JS)
     assert [(i["id"], i["status"]) for i in items] == [("g", "error"), ("g", "done")], items
+
+
+def _break_dtls(sdp: str) -> str:
+    """The answer with every DTLS fingerprint wrong: ICE connects, then the DTLS handshake
+    fails and Chromium calls the connection "failed" at once (any connection that fails
+    before its data channel opens, in under CONNECT_TIMEOUT_MS, does the same)."""
+    return re.sub(
+        r"(a=fingerprint:\S+ )(\S+)",
+        lambda m: m.group(1) + re.sub("[0-9A-Fa-f]{2}", "AB", m.group(2)),
+        sdp,
+    )
+
+
+async def _route_offers(ap: AgentPage, *, break_new: bool, break_resume: bool) -> list[str]:
+    """POST /offer through the real server, the answer's DTLS broken as asked; returns the
+    list the kinds of the posts ("new" or "resume") are appended to."""
+    posts: list[str] = []
+
+    async def handle(route: Any) -> None:
+        resuming = "resume" in (route.request.post_data or "")
+        posts.append("resume" if resuming else "new")
+        resp = await route.fetch()
+        data = await resp.json()
+        if resp.status == 200 and (break_resume if resuming else break_new):
+            data["sdp"] = _break_dtls(data["sdp"])
+        await route.fulfill(
+            status=resp.status, content_type="application/json", body=json.dumps(data)
+        )
+
+    await ap.page.route("**/offer", handle)
+    return posts
+
+
+async def test_resume_tries_that_fail_before_their_channel_opens_stop_after_three(
+    agent_page: AgentPage, live_server: Any
+) -> None:
+    """Bug: a resume try whose connection failed before its data channel opened was taken
+    for a lost call (refreshState's "failed", the channel's close), which started another
+    resume loop with tries of its own: ~15 resume offers in 5 s, until the server's rate
+    limit ended it with "rate_limited". Giving up now also deletes the session on the
+    server (it waited out its connect timeout and grace, holding a seat)."""
+    ap = agent_page
+    posts = await _route_offers(ap, break_new=False, break_resume=True)
+    await connect(ap)
+    # The connection lost on the client's side (a network drop would do the same).
+    await ap.page.evaluate("() => window.voiceAgent.pc.close()")
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        if await ap.page.get_attribute("#state", "data-state") == "failed":
+            break
+        await ap.page.wait_for_timeout(250)
+    resumes = posts.count("resume")
+    alert = await ap.page.text_content("#alert")
+    assert resumes == 3, f"{resumes} resume offers posted; alert={alert!r}{ap.context()}"
+    assert await ap.page.get_attribute("#state", "data-state") == "failed"
+    assert "rate_limited" not in (alert or ""), alert
+    sessions = live_server.app[SESSIONS]
+    for _ in range(40):  # the DELETE is sent without waiting for it
+        if len(sessions) == 0:
+            break
+        await ap.page.wait_for_timeout(50)
+    assert len(sessions) == 0, "the page gave up but left its session on the server"
+
+
+async def test_a_first_connection_that_fails_before_its_channel_opens_is_not_resumed(
+    agent_page: AgentPage,
+) -> None:
+    """Bug: a new call whose connection failed before its channel opened was "resumed" (a
+    session token is known from the answer): the server refused it, and the page told the
+    user "session_expired" for a call that never started, not that the connection failed."""
+    ap = agent_page
+    posts = await _route_offers(ap, break_new=True, break_resume=False)
+    await ap.page.set_checked("#mic", False)
+    await ap.page.click("#connect")
+    await ap.page.wait_for_selector('#state[data-state="failed"]', timeout=20_000)
+    await ap.page.wait_for_timeout(1500)  # a resume try would have been posted by now
+    alert = await ap.page.text_content("#alert") or ""
+    assert posts == ["new"], (posts, alert, ap.context())
+    assert "before the data channel opened" in alert, alert

@@ -638,3 +638,44 @@ async def test_a_refused_join_says_when_to_try_again(
     assert "server_full" in alert and "retry in 5 s" in alert, alert
     assert await page.is_enabled("#join")
     await context.close()
+
+
+async def test_the_room_page_plays_its_audio_after_the_click_it_asks_for(
+    live_server: Any,
+) -> None:
+    """Bug: when the browser blocked playback (an autoplay policy: Safari's, or a join made
+    without a user gesture) the page said "Click anywhere on the page to hear the room." but
+    nothing listened for that click: the players stayed paused, the room silent."""
+    if not HAVE_CHROMIUM:
+        if REQUIRE_BROWSER:
+            pytest.fail(f"Chromium not found at {CHROMIUM}")
+        pytest.skip(f"Chromium not found at {CHROMIUM}")
+    args = [a for a in CHROMIUM_ARGS if not a.startswith("--autoplay-policy")]
+    args.append("--autoplay-policy=document-user-activation-required")
+    async with async_playwright() as pw:
+        chromium = await pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=args)
+        try:
+            page = await (await chromium.new_context()).new_page()
+            page.set_default_timeout(20_000)
+            # A join with no user activation (as a page joining by itself would): the
+            # players' audio is blocked until the user clicks.
+            await page.add_init_script(
+                "addEventListener('load', () => setTimeout(() =>"
+                " window.voiceRoom.join('review', '', false), 300))"
+            )
+            await page.goto(f"{live_server.url}/room.html")
+            # No look at the page meanwhile: Playwright's evaluations count as user gestures.
+            await asyncio.sleep(4)
+            assert await page.get_attribute("#state", "data-state") == "connected"
+            await page.wait_for_function(
+                "() => /Click anywhere/.test(document.getElementById('alert').textContent)"
+            )
+            await page.click("h1")  # the click the page asked for
+            await page.wait_for_timeout(1000)
+            paused = await page.evaluate(
+                "() => [...document.querySelectorAll('#players audio')].map((a) => a.paused)"
+            )
+            assert paused and not any(paused), paused
+            assert not await page.is_visible("#alert")
+        finally:
+            await chromium.close()
