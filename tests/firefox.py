@@ -88,7 +88,10 @@ class Firefox:
         future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._pending[command_id] = future
         await self._ws.send_json({"id": command_id, "method": method, "params": params})
-        answer = await asyncio.wait_for(future, timeout)
+        try:
+            answer = await asyncio.wait_for(future, timeout)
+        finally:
+            self._pending.pop(command_id, None)
         if answer.get("type") == "error":
             raise BiDiError(f"{method}: {answer.get('error')}: {answer.get('message')}")
         return answer["result"]
@@ -219,8 +222,15 @@ async def launch(extra_prefs: dict[str, object] | None = None) -> AsyncIterator[
         start_new_session=True,  # its content processes go with it
     )
     output: list[str] = []
+    drain: asyncio.Task[None] | None = None
     try:
-        url = await asyncio.wait_for(_listening_url(process, output), 60)
+        try:
+            url = await asyncio.wait_for(_listening_url(process, output), 60)
+        except TimeoutError as exc:
+            raise BiDiError("Firefox did not start its BiDi server:\n" + "".join(output)) from exc
+        # Firefox's stderr must keep draining, or a chatty Firefox blocks on the pipe.
+        assert process.stderr is not None
+        drain = asyncio.create_task(_drain(process.stderr))
         async with aiohttp.ClientSession() as http:
             ws = await http.ws_connect(url + "/session", max_msg_size=0)
             firefox = Firefox(ws)
@@ -232,9 +242,9 @@ async def launch(extra_prefs: dict[str, object] | None = None) -> AsyncIterator[
                 yield firefox
             finally:
                 await firefox.close()
-    except TimeoutError as exc:
-        raise BiDiError("Firefox did not start its BiDi server:\n" + "".join(output)) from exc
     finally:
+        if drain is not None:
+            drain.cancel()
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGTERM)
         try:
@@ -252,8 +262,6 @@ async def _listening_url(process: asyncio.subprocess.Process, output: list[str])
         text = line.decode(errors="replace")
         output.append(text)
         if match := LISTENING.search(text):
-            # Firefox's stderr must keep draining, or a chatty Firefox blocks on the pipe.
-            asyncio.get_running_loop().create_task(_drain(process.stderr))
             return match.group(1)
     raise BiDiError("Firefox exited before its BiDi server started:\n" + "".join(output))
 
