@@ -37,6 +37,7 @@ def check_offer_sdp(sdp: object, max_sections: int) -> str:
     if not sdp.lstrip().startswith("v=0"):
         raise ApiError(400, "bad_sdp", "SDP must start with 'v=0'")
     _check_attributes(sdp.splitlines())
+    _check_mids(sdp.splitlines())
     sections = sum(1 for line in sdp.splitlines() if line.startswith("m="))
     if sections > max_sections:
         raise ApiError(
@@ -105,6 +106,37 @@ def _check_attributes(lines: list[str]) -> None:
                 )
         elif line.startswith("a=mid:") and len(line[len("a=mid:") :].encode()) > MAX_MID_BYTES:
             raise ApiError(400, "bad_sdp", f"an a=mid is limited to {MAX_MID_BYTES} bytes")
+
+
+def _check_mids(lines: list[str]) -> None:
+    """400 for media ids aiortc 1.16 cannot bundle: a section with two a=mid lines, a mid
+    two sections share, or a BUNDLE group naming no section's mid. aiortc gives such a
+    bundled section no transport at all: setRemoteDescription raised AttributeError (a 400
+    by luck), or the answer went out and its connect task died in the background (an error
+    logged, a session that never connected). Found by tests/test_fuzz.py."""
+    mids: list[str] = []
+    groups: list[list[str]] = []
+    section_mids = -1  # before the first m= line: session level
+    for line in lines:
+        if line.startswith("m="):
+            section_mids = 0
+        elif line.startswith("a=mid:") and section_mids >= 0:
+            section_mids += 1
+            if section_mids > 1:
+                raise ApiError(400, "bad_sdp", "a media section has more than one a=mid")
+            mids.append(line[len("a=mid:") :])
+        elif line.startswith("a=group:") and section_mids < 0:
+            bits = line[len("a=group:") :].split()
+            if bits and bits[0] == "BUNDLE":
+                groups.append(bits[1:])
+    if len(set(mids)) < len(mids):
+        raise ApiError(400, "bad_sdp", "two media sections have the same a=mid")
+    for group in groups:
+        unknown = [item for item in group if item not in mids]
+        if unknown:
+            raise ApiError(
+                400, "bad_sdp", f"the BUNDLE group names {unknown[0][:20]!r}, no section's mid"
+            )
 
 
 def _candidate_address(line: str) -> tuple[str, ...]:
