@@ -27,6 +27,9 @@ _MAX_RUN = 0x1FFF  # 13-bit run length of a run-length chunk
 # handful for audio); 16 bytes of run-length chunks could claim 65535 and cost tens of ms to
 # expand and look up: a peer must not be able to stall the event loop with a small packet.
 MAX_REPORTED_PACKETS = 1024
+# Arrivals kept for the receive rate: its 0.5 s window holds ~25 of an audio stream's
+# packets, ~125 of a room member's five; a peer claiming more at once keeps only these.
+MAX_RATE_PACKETS = 512
 # Transport feedbacks handled per compound RTCP packet (the rest are ignored).
 MAX_FEEDBACKS_PER_COMPOUND = 8
 # Packet status symbols (draft section 3.1.1).
@@ -321,7 +324,11 @@ class FeedbackEstimator:
         self._outcomes: OrderedDict[tuple[int, int], bool] = OrderedDict()  # key → received
         self._minima: deque[tuple[int, int]] = deque(maxlen=1024)  # (now, delay), rising delay
         self._trend: deque[tuple[int, int]] = deque(maxlen=trend_packets)  # (send, delay)
-        self._rate: deque[tuple[int, int]] = deque(maxlen=4096)  # (arrival, size)
+        # (arrival, size) in report order, the oldest first; with their bytes' running total,
+        # so that a feedback costs O(1) here however many arrivals its peer reports at once.
+        self._rate: deque[tuple[int, int]] = deque()
+        self._rate_bytes = 0
+        self._rate_newest: int | None = None
         self._reference_us: int | None = None  # the last feedback's reference, unwrapped
         self._reference_shift_us = 0  # added to this feedback's arrivals to unwrap them
 
@@ -366,8 +373,12 @@ class FeedbackEstimator:
                 delay = arrival - sent.send_time_us
                 delays.append(delay)
                 self._trend.append((sent.send_time_us, delay))
-                self._rate.append((arrival, sent.size_bytes))
+                self._add_arrival(arrival, sent.size_bytes)
         if not known:
+            return None
+        if not (packets or recovered):
+            # Only repeats: nothing new to estimate (a peer repeating one packet's report
+            # must not buy the estimator's whole work with it).
             return None
         return FeedbackSummary(
             packets,
@@ -411,17 +422,30 @@ class FeedbackEstimator:
         sxy = sum((x - mean_x) * (y - mean_y) for x, y in self._trend)
         return sxy / sxx * 1000  # µs per µs → ms per s
 
+    def _add_arrival(self, arrival: int, size: int) -> None:
+        if len(self._rate) >= MAX_RATE_PACKETS:  # a peer reporting thousands at one time
+            self._rate_bytes -= self._rate.popleft()[1]
+        self._rate.append((arrival, size))
+        self._rate_bytes += size
+        if self._rate_newest is None or arrival > self._rate_newest:
+            self._rate_newest = arrival
+
     def _receive_rate_bps(self) -> float | None:
+        newest = self._rate_newest
+        if newest is None:
+            return None
+        # Arrivals are reported in sequence order, so the oldest are at the front (a packet
+        # the network reordered sits a little out of place, and leaves a little late).
+        while self._rate and self._rate[0][0] < newest - self._rate_window_us:
+            self._rate_bytes -= self._rate.popleft()[1]
         if not self._rate:
+            # All behind the newest arrival's window (its clock jumped back): start afresh.
+            self._rate_newest = None
+        if len(self._rate) < 2:
             return None
-        newest = max(arrival for arrival, _ in self._rate)
-        kept = [(a, s) for a, s in self._rate if a >= newest - self._rate_window_us]
-        self._rate = deque(kept, maxlen=self._rate.maxlen)
-        if len(kept) < 2:
-            return None
-        first_arrival, first_size = min(kept)
+        first_arrival, first_size = self._rate[0]
         span = newest - first_arrival
         if span <= 0:
             return None
         # The first arrival opens the interval, so its bytes are not part of the rate.
-        return (sum(size for _, size in kept) - first_size) * 8 * 1_000_000 / span
+        return (self._rate_bytes - first_size) * 8 * 1_000_000 / span

@@ -7,15 +7,21 @@ raises and the receiver's RTCP task dies, after which closing the connection wai
 forever (a session nobody can close, a shutdown that hangs). A client sending each packet
 under a new SSRC did all of that. A microphone is one SSRC; a client may restart its sender
 once or twice. Packets under further new SSRCs are dropped before aiortc sees them.
+
+The same router routes RTCP, and a REMB whose SSRC count is more than it carries raised
+``struct.error`` from aiortc's REMB parsing (it catches only ValueError): out of the DTLS
+transport's receive loop, which ended, closing the whole peer connection. One 20-byte packet
+ended a call. Such a REMB is dropped here.
 """
 
 from __future__ import annotations
 
 import logging
+import struct
 
 from aiortc import RTCPeerConnection
-from aiortc.rtcdtlstransport import RtpReceiver, RtpRouter
-from aiortc.rtp import RtpPacket
+from aiortc.rtcdtlstransport import RtpReceiver, RtpRouter, RtpSender
+from aiortc.rtp import RTCP_PSFB_APP, AnyRtcpPacket, RtcpPsfbPacket, RtpPacket, unpack_remb_fci
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +35,7 @@ class _GuardedRouter(RtpRouter):
 
     ssrc_limit = MAX_INBOUND_SSRCS
     dropped = 0  # packets refused for a new SSRC past the limit (per router once set)
+    malformed_rtcp = 0  # RTCP packets dropped because aiortc's parsing of them would raise
 
     def route_rtp(self, packet: RtpPacket) -> RtpReceiver | None:
         if packet.ssrc not in self.ssrc_table and len(self.ssrc_table) >= self.ssrc_limit:
@@ -41,6 +48,19 @@ class _GuardedRouter(RtpRouter):
                 )
             return None
         return super().route_rtp(packet)
+
+    def route_rtcp(self, packet: AnyRtcpPacket) -> set[RtpReceiver | RtpSender]:
+        if isinstance(packet, RtcpPsfbPacket) and packet.fmt == RTCP_PSFB_APP:
+            try:
+                unpack_remb_fci(packet.fci)
+            except struct.error:  # its SSRC count overruns it: nothing may read it
+                self.malformed_rtcp += 1
+                if self.malformed_rtcp == 1:
+                    log.warning("a malformed REMB was dropped (more SSRCs than it carries)")
+                return set()
+            except ValueError:
+                pass  # not a REMB: aiortc skips it itself
+        return super().route_rtcp(packet)
 
 
 def limit_inbound_ssrcs(pc: RTCPeerConnection) -> bool:

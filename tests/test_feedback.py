@@ -525,3 +525,53 @@ def test_an_idle_streams_old_packets_never_answer_for_anothers_after_the_wrap(
     assert not slot._twcc_since_rr, "the slot's tap took the agent's packets for its own"
     assert slot.controller.queuing_delay_ms is None
     assert slot.controller.target.bitrate == CEILING
+
+
+def test_a_feedback_flood_within_budget_buys_no_estimator_work() -> None:
+    """The budget charged a feedback by the packets it reports, but each one naming a known
+    packet, even a repeat, recomputed the receive rate over every arrival kept (up to 4096):
+    a peer that first reported ~80 s of our packets at one arrival time (its clock is its
+    own to write), then sent 1-packet repeats, bought ~1 ms of event-loop time per unit of
+    budget, 2.6 s for the burst (found by review). Arrivals kept are now bounded, repeats
+    buy no estimate, and every feedback costs TWCC_FEEDBACK_COST besides its packets."""
+    from agent.feedback import TWCC_FEEDBACK_COST, TWCC_REPORTED_BURST
+    from agent.twcc import MAX_RATE_PACKETS
+
+    clock = Clock(100.0)
+    tap = FeedbackTap(
+        SimpleNamespace(_ssrc=SSRC),  # type: ignore[arg-type]
+        BitrateController(AdaptationSettings(), CEILING),
+        Encoder().applier(),
+        clock=clock,
+    )
+    stamp = TransportSequenceMap(tap._history, lambda: 80, tap._sequence)
+    for _ in range(4096):  # ~82 s of audio sent
+        stamp.stamp(80)
+    arrival = 64_000 * 100
+    for base in range(0, 4096, 1024):  # all of it reported at one arrival time
+        clock.now += 2.0
+        tap._on_rtcp_data(build_transport_feedback(base, arrival, base // 1024, [arrival] * 1024))
+    estimator = tap._estimator
+    assert tap.transport_feedbacks == 4
+    assert len(estimator._rate) <= MAX_RATE_PACKETS
+
+    estimates = 0
+    rate = estimator._receive_rate_bps
+
+    def counted() -> float | None:
+        nonlocal estimates
+        estimates += 1
+        return rate()
+
+    estimator._receive_rate_bps = counted  # type: ignore[method-assign]
+    repeat = build_transport_feedback(4095, arrival, 9, [arrival]) * 8
+    clock.now += 10.0  # a full budget
+    started = time.process_time()
+    for _ in range(256):  # 2048 one-packet repeats
+        tap._on_rtcp_data(repeat)
+    spent = time.process_time() - started
+    parsed = tap.transport_feedbacks - 4
+    # Each costs 1 + TWCC_FEEDBACK_COST: ~120 of the burst's 2048 units (it was 2048).
+    assert parsed <= TWCC_REPORTED_BURST // (1 + TWCC_FEEDBACK_COST) + 1 <= 130
+    assert estimates == 0  # repeats report nothing new
+    assert spent < 0.5  # it was ~2.6 s

@@ -7,7 +7,7 @@ import random
 from typing import Any
 
 import aiohttp
-from aiortc.rtp import HeaderExtensionsMap, RtpPacket
+from aiortc.rtp import RTCP_PSFB_APP, HeaderExtensionsMap, RtcpPsfbPacket, RtpPacket
 
 from signaling.keys import SESSIONS
 from signaling.ssrcguard import MAX_INBOUND_SSRCS
@@ -69,5 +69,33 @@ async def test_rtp_under_ever_new_ssrcs_is_bounded_and_the_session_still_closes(
             assert not rtcp_task.done(), rtcp_task.exception()
             async with asyncio.timeout(10):
                 await registry.close(client.session_id)
+        finally:
+            await client.close()
+
+
+async def test_a_malformed_remb_does_not_end_the_call(live_server: LiveServer) -> None:
+    """A REMB claiming more SSRCs than it carries made aiortc's router raise struct.error
+    (it catches only ValueError) out of the DTLS transport's receive loop: the transport
+    closed, and with it the peer connection. One 20-byte packet ended the call (found by
+    review). It is dropped; the call and its feedback go on."""
+    async with aiohttp.ClientSession() as http:
+        client = RtcClient(live_server.url, http)
+        await client.connect()
+        try:
+            peer = live_server.app[SESSIONS].get(client.session_id or "")
+            fci = b"REMB" + bytes([2, 0x04, 0x75, 0x30]) + (1234).to_bytes(4, "big")
+            bad_remb = bytes(RtcpPsfbPacket(fmt=RTCP_PSFB_APP, ssrc=99, media_ssrc=0, fci=fci))
+            transport = client.pc.getTransceivers()[0].sender.transport
+            for _ in range(3):
+                await transport._send_rtp(bad_remb)  # SRTCP: the client's own context
+            await asyncio.sleep(1.0)
+            assert peer.pc.connectionState == "connected"
+            packets = peer.session.track.stats.packets
+            await asyncio.sleep(0.5)
+            assert peer.session.track.stats.packets > packets  # still sending
+            routers = {
+                t.receiver.transport._rtp_router.malformed_rtcp for t in peer.pc.getTransceivers()
+            }
+            assert routers == {3}
         finally:
             await client.close()
