@@ -592,8 +592,14 @@ function closedByServer(reason) {
   showAlert(`The agent closed the session${reason ? ` (${reason})` : ""}.`, "info");
 }
 
+// The page is going away (a closed tab, another site): the server is told, and nothing
+// else is done. Firefox cuts a closing page's pagehide handler off part-way: running the
+// whole teardown first (plots redrawn...), it never reached the DELETE, and the session
+// waited out its resume grace on the server, holding a seat.
 function hangupOnUnload() {
-  if (session.pc || session.token) teardown("closed", { notifyServer: true });
+  if (!session.pc && !session.token) return;
+  if (session.id) endOnServer(session.id);
+  session.hangingUp = true; // a page kept in the back/forward cache: its close is expected
 }
 
 // ---------------------------------------------------------------------------------------

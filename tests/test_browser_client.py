@@ -410,3 +410,43 @@ async def test_a_first_connection_that_fails_before_its_channel_opens_is_not_res
     alert = await ap.page.text_content("#alert") or ""
     assert posts == ["new"], (posts, alert, ap.context())
     assert "before the data channel opened" in alert, alert
+
+
+# A pagehide dispatched to the page: the requests it makes, and whether the call was still
+# up (its peer connection not yet torn down) when each was made.
+PAGEHIDE_JS = """
+() => {
+  const calls = [];
+  const fetchBefore = window.fetch;
+  window.fetch = (url, init = {}) => {
+    calls.push({url: String(url), method: init.method || 'GET', keepalive: !!init.keepalive,
+                callUp: window.voiceAgent.pc !== null});
+    return fetchBefore(url, init);
+  };
+  window.dispatchEvent(new PageTransitionEvent('pagehide', {persisted: false}));
+  return calls;
+}
+"""
+
+
+async def test_a_page_going_away_tells_the_server_before_anything_else(
+    agent_page: AgentPage, live_server: Any
+) -> None:
+    """Bug: the pagehide handler tore the whole call down (plots redrawn, microphone,
+    channel, connection) before its DELETE. Firefox cuts a closing page's handler off
+    part-way: the DELETE never went (a tab closed or left for another site: 0 of 3), and the
+    session waited out its resume grace on the server, holding a seat. It goes first now,
+    and alone."""
+    ap = agent_page
+    await connect(ap)
+    session_id = await ap.page.evaluate("() => window.voiceAgent.sessionId")
+    calls = await ap.page.evaluate(PAGEHIDE_JS)
+    assert calls == [
+        {"url": f"/sessions/{session_id}", "method": "DELETE", "keepalive": True, "callUp": True}
+    ], calls
+    sessions = live_server.app[SESSIONS]
+    for _ in range(40):
+        if len(sessions) == 0:
+            break
+        await ap.page.wait_for_timeout(50)
+    assert len(sessions) == 0
