@@ -9,8 +9,9 @@ that load from elsewhere on the machine hits both alike.
 1. time to first audio: request -> first PCM chunk in this process (median of ``--reps``);
    the Ray engine's extra time, and the same minus the replica's own request-to-first-chunk
    time (what Serve's routing and transport add, without generation noise);
-2. chunk throughput: one utterance of ``--tokens`` tokens drained as fast as it comes, flat
-   24-token chunks (the most chunks, so the most per-chunk overhead): chunks/s and audio s/s.
+2. chunk throughput: one utterance of at most ``--tokens`` tokens (the head of LONG_TEXT
+   that the engine speaks as one generation) drained as fast as it comes, flat 24-token
+   chunks (the most chunks, so the most per-chunk overhead): chunks/s and audio s/s.
 
     .venv/bin/python bench/tts_ray.py [--model-dir DIR] [--tokens 240] [--reps 3] [--quick]
 """
@@ -27,10 +28,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from agent.chattts.engine import ChatTTSEngine
+from agent.chattts.engine import ChatTTSEngine, split_spoken
 from agent.config import ChatTTSSettings, RaySettings
 from agent.engine import TTSEngine, VoiceOptions
 from agent.raytts.engine import RayServeEngine
+from agent.text.normalize import normalize_for_tts
 from bench._common import full_size_model
 
 SHORT_TEXT = "thanks for calling, how can I help you today"
@@ -54,11 +56,18 @@ async def first_audio(engine: TTSEngine) -> float:
     return elapsed
 
 
-async def throughput(engine: TTSEngine) -> tuple[int, float, float]:
+def throughput_text(max_new_tokens: int) -> str:
+    """The head of LONG_TEXT the engine speaks in one generation of ``max_new_tokens``: it
+    plans a generation to need at most half of them (agent/chattts/engine.py) and speaks a
+    longer text in several, so the whole of LONG_TEXT was up to ~2000 tokens, not --tokens."""
+    return split_spoken(normalize_for_tts(LONG_TEXT), max_new_tokens // 2)[0]
+
+
+async def throughput(engine: TTSEngine, text: str) -> tuple[int, float, float]:
     """(chunks, seconds of audio, wall seconds) for one utterance drained as fast as it comes."""
     t0 = time.perf_counter()
     chunks, samples = 0, 0
-    async for chunk in engine.synthesize(LONG_TEXT, VoiceOptions(voice="seed:3")):
+    async for chunk in engine.synthesize(text, VoiceOptions(voice="seed:3")):
         chunks += 1
         samples += len(chunk)
     return chunks, samples / engine.sample_rate, time.perf_counter() - t0
@@ -95,9 +104,10 @@ async def run(args: argparse.Namespace, model_dir: Path) -> None:
             stats: dict[str, Any] = await remote.handle.stats.remote()
             inside.append(ttfa["ray"][-1] - stats["last_first_audio_s"])
         runs: dict[str, list[tuple[int, float, float]]] = {"local": [], "ray": []}
+        text = throughput_text(args.tokens)
         for _ in range(args.throughput_reps):
-            runs["local"].append(await throughput(local))
-            runs["ray"].append(await throughput(remote))
+            runs["local"].append(await throughput(local, text))
+            runs["ray"].append(await throughput(remote, text))
         stats = await remote.handle.stats.remote()
     finally:
         await remote.close()

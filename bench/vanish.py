@@ -12,6 +12,7 @@ consent freshness, RFC 7675, 6 failed checks ~5 s apart) and with the default RT
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import sys
 import time
@@ -48,6 +49,10 @@ async def detection_s(rtcp_timeout_s: float, limit_s: float = 90) -> float:
 
 
 async def main() -> None:
+    argparse.ArgumentParser(
+        description="Seconds from a client's blackout until the server closes its session: "
+        "aiortc's consent freshness alone vs with the server's RTCP check (~1 min)."
+    ).parse_args()  # no options: --help says what it does instead of running it
     consent = await detection_s(0)
     ours = await detection_s(LifecycleSettings().rtcp_timeout_s)
     print("blackout -> session closed (resume grace 0)")
