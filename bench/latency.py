@@ -2,7 +2,7 @@
 
 Every session speaks ``--utterances`` short utterances (0.6-1.2 s of tone), each after
 silence (a random ``--gap-min``..``--gap-max`` s pause after the previous one finished
-playing). Three server variants, each its own process, at each N:
+playing). Four server variants, each its own process, at each N:
 
   ``ours``       the product's ``OpusPacketTrack`` (re-phases its clock on speech onset)
                  on its lean send path (agent/direct.py),
@@ -18,7 +18,8 @@ Timestamps (``time.monotonic()``, one clock for all processes on this machine):
           first frame (RTP header + SRTP + sendto follow synchronously, tens of microseconds);
           on the lean send path, right after that frame's packet was handed to ``sendto``;
   client  arrival at the aiortc client on loopback of the first non-silent packet after the
-          silence (payloads decoded after the run): an upper bound of "leaving the server".
+          silence (payloads decoded after the run): an upper bound of "leaving the server"
+          (on the lean send path it can read below ``sent``, stamped once sendto returned).
 
     .venv/bin/python bench/latency.py --quick
     .venv/bin/python bench/latency.py                 # N = 1,50, 20 utterances per session
