@@ -104,9 +104,32 @@ class MalformedRequestFilter(logging.Filter):
         return logging.getLogger().isEnabledFor(logging.INFO)
 
 
+class VanishedPeerFilter(logging.Filter):
+    """aiortc's background tasks that send to a peer (SCTP retransmission, the DTLS
+    transport's writes) raise ConnectionError once its ICE connection is gone, and nothing
+    retrieves it: asyncio logged an ERROR with a traceback each time a client vanished
+    mid-call (seen in bench/vanish.py). That is a peer gone, which the session's liveness
+    check handles: one DEBUG line."""
+
+    _SENDERS = ("coro=<RTCSctpTransport.", "coro=<RTCDtlsTransport.")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if record.name != "asyncio" or not isinstance(exc, ConnectionError):
+            return True
+        message = record.getMessage()
+        if not any(sender in message for sender in self._SENDERS):
+            return True
+        record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        record.msg, record.args = "a send to a vanished peer failed: %s", (exc,)
+        record.exc_info = record.exc_text = None
+        return logging.getLogger().isEnabledFor(logging.DEBUG)
+
+
 def log_handler(json_lines: bool) -> logging.Handler:
     handler = logging.StreamHandler()
     handler.addFilter(MalformedRequestFilter())
+    handler.addFilter(VanishedPeerFilter())
     handler.addFilter(SessionIdFilter())
     handler.setFormatter(JsonFormatter() if json_lines else TextFormatter())
     return handler
