@@ -175,8 +175,9 @@ function play(index, track) {
   audioContext = audioContext || new AudioContext();
   const analyser = audioContext.createAnalyser();
   analyser.fftSize = 8192;
-  audioContext.createMediaStreamSource(stream).connect(analyser);
-  tracks[index] = { analyser, freq: 0, level: -Infinity };
+  const source = audioContext.createMediaStreamSource(stream);
+  source.connect(analyser);
+  tracks[index] = { source, analyser, freq: 0, level: -Infinity };
 }
 
 function playBlocked() {
@@ -415,6 +416,11 @@ function teardown(state) {
   mayInstruct = true;
   if (pc) pc.close(); // call.pc is already null: its channel's close is not news
   if (mic) mic.stop();
+  // The page's one AudioContext outlives the call: its nodes of this call's tracks would
+  // stay connected, holding the ended streams and their 8192-point analysers, per join.
+  for (const t of tracks) {
+    if (t) { t.source.disconnect(); t.analyser.disconnect(); }
+  }
   tracks.length = 0;
   ui.players.replaceChildren();
   people.clear();

@@ -679,3 +679,44 @@ async def test_the_room_page_plays_its_audio_after_the_click_it_asks_for(
             assert not await page.is_visible("#alert")
         finally:
             await chromium.close()
+
+
+# Counts the audio graph's connections the page makes and undoes (AudioNode.connect and a
+# whole-node disconnect()), so a test can see what a finished call leaves connected.
+COUNT_AUDIO_LINKS_JS = """
+window.__audioLinks = 0;
+const connectBefore = AudioNode.prototype.connect;
+const disconnectBefore = AudioNode.prototype.disconnect;
+AudioNode.prototype.connect = function (...args) {
+  this.__links = (this.__links || 0) + 1;
+  window.__audioLinks += 1;
+  return connectBefore.apply(this, args);
+};
+AudioNode.prototype.disconnect = function (...args) {
+  if (args.length === 0) { window.__audioLinks -= this.__links || 0; this.__links = 0; }
+  return disconnectBefore.apply(this, args);
+};
+"""
+
+
+async def test_a_finished_call_leaves_nothing_connected_in_the_audio_graph(
+    one_browser: Browser,  # noqa: F811 - the fixture imported above
+    live_server: LiveServer,
+) -> None:
+    """The page's one AudioContext outlives its calls, and each call connected a source and
+    an 8192-point analyser per received track (5 per join) that were never disconnected:
+    every Join and Leave left them, and the ended streams they hold, behind (found by
+    review)."""
+    page = await (await one_browser.new_context()).new_page()
+    page.set_default_timeout(10_000)
+    await page.add_init_script(COUNT_AUDIO_LINKS_JS)
+    await page.goto(f"{live_server.url}/room.html?room=graph")
+    await page.set_checked("#speak", False)
+    for _ in range(2):
+        await page.click("#join")
+        await page.wait_for_selector('#state[data-state="connected"]')
+        await page.wait_for_function("() => window.voiceRoom.tracks.filter(Boolean).length > 0")
+        assert await page.evaluate("() => window.__audioLinks") > 0
+        await page.click("#leave")
+        await page.wait_for_selector('#state[data-state="idle"]')
+        assert await page.evaluate("() => window.__audioLinks") == 0
