@@ -49,6 +49,9 @@ MAX_SEGMENT_CHARS = 200
 CLIENT = "client"
 MAX_REFUSED_STREAMS = 16  # refused stream ids remembered per writer (agent/speech.py)
 # What a writer whose stream end_stalled_stream ended is told (error ``stream_timeout``).
+# Why a writer's stream is refused, in its stream_refused message.
+REFUSED_STREAM = "its first error says why"
+ENGINE_FAILED_STREAM = "the speech engine failed on it: its error comes with its end"
 STREAM_TIMEOUT_MESSAGE = (
     "the text stream had no delta for too long: ended as if its text.end came (what it sent "
     "is spoken); its later deltas are refused until its text.end"
@@ -62,10 +65,11 @@ def discard_event(event: Event) -> None:
 class SpeechError(Exception):
     """A request the pipeline refuses; ``code`` goes to the client as the error code."""
 
-    def __init__(self, code: str, message: str) -> None:
+    def __init__(self, code: str, message: str, request_id: str | None = None) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
+        self.request_id = request_id  # the utterance it is about, for a message with no id
 
 
 @dataclass
@@ -75,6 +79,7 @@ class Utterance:
     segments: asyncio.Queue[str | None] = field(default_factory=asyncio.Queue)
     chars: int = 0
     pieces: int = 0  # segments queued to speak: a stream of none had nothing to say
+    silent: bool = False  # refused at its end (nothing to say): it ends with no event
     started: bool = False
     ended: bool = False
     first_chunk_at: float | None = None  # time.monotonic() the engine's first chunk arrived
@@ -138,7 +143,7 @@ class SpeechPipeline:
         # deltas continue one), whose further deltas are refused (stream_refused) until the
         # writer's text.end, rather than opening a stream from the middle of a sentence.
         # At most MAX_REFUSED_STREAMS ids per writer.
-        self._refused: dict[str, dict[str, None]] = {}
+        self._refused: dict[str, dict[str, str]] = {}
         self._wakeup = asyncio.Event()
         self._worker: asyncio.Task[None] | None = None
         # The context the worker first started in (a session's, or a room's empty one): a
@@ -204,10 +209,11 @@ class SpeechPipeline:
         refused = self._refused.get(owner)
         if refused is not None:
             if self._continues_refused(refused, utterance_id, owner):
+                why = refused.get(utterance_id or "", REFUSED_STREAM)
                 raise SpeechError(
                     "stream_refused",
-                    "this text stream was refused (its first error says why): end it with "
-                    "text.end, then send it again from its start",
+                    f"this text stream was refused ({why}): end it with text.end, then send "
+                    "it again from its start",
                 )
             if self._stream is None:
                 # A new stream (a new id): id-less deltas continue it from now on, not the
@@ -250,22 +256,22 @@ class SpeechPipeline:
                 # id-less deltas included), this one is refused up to a text.end.
                 self._refuse(owner, utterance_id)
                 return
-            self.text_end(owner)
+            self._end_stream()
             self._refuse(owner, stream.id, "")
         else:
             # "": id-less deltas continue the refused stream (ids are never empty).
             self._refuse(owner, utterance_id or "", "")
 
-    def _refuse(self, owner: str, *ids: str) -> None:
+    def _refuse(self, owner: str, *ids: str, why: str = REFUSED_STREAM) -> None:
         refused = self._refused.setdefault(owner, {})
         for utterance_id in ids:
             refused.pop(utterance_id, None)
-            refused[utterance_id] = None  # the newest last
+            refused[utterance_id] = why  # the newest last
         while len(refused) > MAX_REFUSED_STREAMS:  # a writer refused again and again
             del refused[next(iter(refused))]
 
     def _continues_refused(
-        self, refused: dict[str, None], utterance_id: str | None, owner: str
+        self, refused: dict[str, str], utterance_id: str | None, owner: str
     ) -> bool:
         """Is a delta with this id the rest of one of ``owner``'s refused streams? One of
         their ids; or no id while id-less deltas continue one and the writer has no stream
@@ -286,7 +292,7 @@ class SpeechPipeline:
             return None
         if now - self._stream_fed_at < timeout:
             return None
-        self.text_end(owner)
+        self._end_stream()
         self._refuse(owner, stream.id, "")
         return owner, stream.id
 
@@ -315,33 +321,35 @@ class SpeechPipeline:
             if self._refused.pop(owner, None) or interrupted is not None:
                 return None
             raise SpeechError("no_stream", "text.end without a text.delta stream")
+        utt = self._end_stream()
+        if utt.silent:
+            # Only dashes, emoji, a script the engine cannot read: refused to its writer
+            # alone, as a say of it is, and no speech event of it goes anywhere (in a room,
+            # one member's empty stream was an alert on every page).
+            raise SpeechError("empty_text", "the text stream had nothing to speak", utt.id)
+        return utt.id
+
+    def _end_stream(self) -> Utterance:
+        """End the open stream: what its segmenter holds is queued, then its end. One with
+        nothing to speak (and no failure of its own) is made silent."""
         utt, segmenter = self._stream, self._segmenter
-        assert segmenter is not None
+        assert utt is not None and segmenter is not None
         for segment in self._spoken(segmenter.flush()):
             utt.segments.put_nowait(segment)
             utt.pieces += 1
-        if utt.pieces == 0 and utt.failure is None:
-            # Only dashes, emoji, a script the engine cannot read: refused as a say of it
-            # is, and with no speech.started (nothing starts); its speech.ended still comes,
-            # for a client waiting on the id its deltas were given.
-            utt.failure = {
-                "type": "error",
-                "code": "empty_text",
-                "message": "the text stream had nothing to speak",
-                "id": utt.id,
-            }
+        utt.silent = utt.pieces == 0 and utt.failure is None
         utt.segments.put_nowait(None)
         self._stream = None
         self._segmenter = None
         self._stream_ended.set()
-        return utt.id
+        return utt
 
     def forget_writer(self, owner: str) -> None:
         """``owner`` is gone for good (a room participant who left): what its open stream
         had is spoken, as its text.end would, and nothing of it is kept (its refused and
         interrupted streams' ids would stay for the room's life: ids are never reused)."""
         if self._stream is not None and self._stream_owner == owner:
-            self.text_end(owner)
+            self._end_stream()
         self._refused.pop(owner, None)
         self._discarding.pop(owner, None)
 
@@ -465,6 +473,8 @@ class SpeechPipeline:
         utt.ended = True
         if utt in self._active:
             self._active.remove(utt)
+        if utt.silent:
+            return
         if utt.failure is not None:  # also when interrupted before its end was heard
             self._emit(utt.failure)
         self._emit({"type": "speech.ended", "id": utt.id, "interrupted": interrupted})
@@ -495,8 +505,8 @@ class SpeechPipeline:
                 # refused (stream_refused; its tts_failed comes with its end), not taken
                 # and never spoken, and the stream no longer holds other writers back.
                 owner = self._stream_owner
-                self.text_end(owner)
-                self._refuse(owner, utt.id, "")
+                self._end_stream()
+                self._refuse(owner, utt.id, "", why=ENGINE_FAILED_STREAM)
             self.buffer.at_playout_end(partial(self._end, utt, interrupted=failed))
 
     async def _speak(self, utt: Utterance) -> bool:
