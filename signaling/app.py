@@ -52,7 +52,8 @@ def build_app(config: Config, engine: TTSEngine) -> web.Application:
             make_cors_middleware(config.security.cors_origins),
             error_middleware,
             metrics.offer_outcome_middleware(
-                {routes.post_offer: "offer", routes.post_whep: "whep"}
+                {routes.post_offer: "offer", routes.post_whep: "whep"},
+                resume_header=routes.SESSION_TOKEN_HEADER,
             ),
             make_auth_middleware(
                 config.security.auth_secret, routes.PUBLIC_HANDLERS | {worker_status}

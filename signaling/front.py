@@ -100,7 +100,11 @@ def build_front_app(config: Config, pool: WorkerPool) -> web.Application:
             make_cors_middleware(config.security.cors_origins),
             error_middleware,
             offer_outcome_middleware(
-                offers, resumes, {post_offer: "offer", post_whep: "whep"}, count_answers=False
+                offers,
+                resumes,
+                {post_offer: "offer", post_whep: "whep"},
+                resume_header=SESSION_TOKEN_HEADER,
+                count_answers=False,
             ),
         ],
         client_max_size=MAX_REQUEST_BYTES,
@@ -165,13 +169,11 @@ async def post_offer(request: web.Request) -> web.StreamResponse:
 
 
 async def post_whep(request: web.Request) -> web.StreamResponse:
-    resume = request.headers.get(SESSION_TOKEN_HEADER)
-    if resume is not None:
-        request[RESUMING] = True  # whatever refuses it, as a worker counts it
     await _check_token(request)
     counted = request.content_type == "application/sdp"  # else the worker's 415, as in one process
     if counted:
         request.app[LIMITS].check_offer(request.remote)
+    resume = request.headers.get(SESSION_TOKEN_HEADER)
     if resume is not None:
         request.app[DRAIN].check()  # as for /offer's resume
         answer = await _forward(request, _session_worker(request, resume))

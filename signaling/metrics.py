@@ -117,9 +117,11 @@ class Metrics:
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
-    def offer_outcome_middleware(self, kinds: dict[Handler, str]) -> Any:
+    def offer_outcome_middleware(self, kinds: dict[Handler, str], resume_header: str) -> Any:
         """Counts each new-session request's outcome, whichever layer refused it."""
-        return offer_outcome_middleware(self.offers, self.resumes, kinds)
+        return offer_outcome_middleware(
+            self.offers, self.resumes, kinds, resume_header=resume_header
+        )
 
 
 # Set on a POST /offer or /whep request once it is known to resume a session.
@@ -150,18 +152,27 @@ def resumes_counter(registry: CollectorRegistry) -> Counter:
 
 
 def offer_outcome_middleware(
-    offers: Counter, resumes: Counter, kinds: dict[Handler, str], *, count_answers: bool = True
+    offers: Counter,
+    resumes: Counter,
+    kinds: dict[Handler, str],
+    *,
+    resume_header: str,
+    count_answers: bool = True,
 ) -> Any:
     """Counts each new-session request's outcome in ``offers``, and each resume's in
-    ``resumes`` (a handler marks the request RESUMING once it knows), whichever layer
-    refused it. The front counts only what it refuses itself (``count_answers=False``): an
-    answer it passes on was counted by the worker that gave it."""
+    ``resumes``, whichever layer refused it: a WHEP request with ``resume_header`` is a
+    resume from the start (auth, which runs inside this, refuses some); an /offer one once
+    its handler has read ``resume`` in its body and marked it RESUMING. The front counts
+    only what it refuses itself (``count_answers=False``): an answer it passes on was
+    counted by the worker that gave it."""
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         kind = kinds.get(request.match_info.handler)
         if kind is None:
             return await handler(request)
+        if kind == "whep" and resume_header in request.headers:
+            request[RESUMING] = True
         outcome: str | None = "rejected_internal"
         try:
             response = await handler(request)

@@ -193,8 +193,6 @@ def _resumable(request: web.Request, token: object, kind: str) -> Peer:
 
 
 async def post_whep(request: web.Request) -> web.Response:
-    if SESSION_TOKEN_HEADER in request.headers:  # a resume, whatever refuses it
-        request[RESUMING] = True
     if request.content_type != "application/sdp":
         raise ApiError(415, "unsupported_media_type", "WHEP offers are 'application/sdp'")
     with request.app[LIMITS].offer(request.remote):

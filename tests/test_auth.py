@@ -416,3 +416,36 @@ async def test_the_front_finds_a_worker_ready_with_auth_on(tmp_path: Path) -> No
         if worker.http is not None:
             await worker.http.close()
         await runner.cleanup()
+
+
+@pytest.mark.parametrize("front", [False, True])
+async def test_a_resume_refused_by_auth_is_counted_as_a_resume(
+    live_server: LiveServer, front: bool
+) -> None:
+    """A WHEP resume (X-Session-Token) that auth refuses was counted, in one process, among
+    the new-session offers (offers_total{whep, rejected_unauthorized}): auth runs before the
+    handler that marked it a resume. Through the front (--workers) it was a resume. Both
+    count it as one now."""
+    from tests.test_metrics import scrape, value
+    from tests.test_worker_routing import front_and_worker
+
+    headers = {"Content-Type": "application/sdp", "X-Session-Token": "t" * 43}
+    headers |= bearer("expired.or.wrong")
+
+    async def refused_resume(url: str, http: aiohttp.ClientSession) -> None:
+        async with http.post(url + "/whep", data=OFFER, headers=headers) as resp:
+            assert resp.status == 401, await resp.text()
+
+    async with aiohttp.ClientSession() as http:
+        if front:
+            async with front_and_worker(live_server.config) as url:
+                await refused_resume(url, http)
+                samples = await scrape(http, url, headers=bearer(token()))
+        else:
+            await refused_resume(live_server.url, http)
+            samples = await scrape(http, live_server.url)
+    labels = {"kind": "whep", "outcome": "rejected_unauthorized"}
+    if front:
+        labels["worker"] = "front"
+    assert value(samples, "voice_agent_resumes_total", **labels) == 1
+    assert value(samples, "voice_agent_offers_total", **labels) == 0
