@@ -23,7 +23,7 @@ the end of the stream, and the decoder then refuses every later packet of the ca
 
 from __future__ import annotations
 
-from collections import deque
+from collections import OrderedDict
 
 from aiortc import RTCRtpReceiver
 from aiortc.jitterbuffer import JitterBuffer, JitterFrame
@@ -55,7 +55,8 @@ class PromptAudioBuffer(JitterBuffer):
         # that restarts (signaling/ssrcguard.py allows it) starts a new sequence space at a
         # random number, which may fall just behind the old one's.
         self._ssrc: int | None = None
-        self._retired: deque[int] = deque(maxlen=RETIRED_SOURCES)
+        # Replaced sources -> the sequence number each would have sent next (see _straggler).
+        self._retired: OrderedDict[int, int] = OrderedDict()
 
     @property
     def queued(self) -> int:
@@ -66,13 +67,19 @@ class PromptAudioBuffer(JitterBuffer):
         """(no PLI, the next frame in order if there is one now)."""
         seq = packet.sequence_number
         if packet.ssrc != self._ssrc:
-            if packet.ssrc in self._retired:  # a late packet of a source already replaced
-                self.dropped_late += 1
+            stopped_at = self._retired.get(packet.ssrc)
+            if stopped_at is not None and self._straggler(seq, stopped_at):
+                self.dropped_late += 1  # a late packet of a source already replaced
                 return False, None
-            if self._ssrc is not None:  # a new source: the old one's held audio is stale
-                self._retired.append(self._ssrc)
+            if self._ssrc is not None and self._next is not None:
+                # Another source (new, or one sending again): the held audio is stale.
+                self._retired[self._ssrc] = self._next
+                self._retired.move_to_end(self._ssrc)
+                while len(self._retired) > RETIRED_SOURCES:
+                    self._retired.popitem(last=False)
                 self.given_up += len(self._held)
                 self._held.clear()
+            self._retired.pop(packet.ssrc, None)
             self._ssrc = packet.ssrc
             self._next = seq
         assert self._next is not None
@@ -89,6 +96,13 @@ class PromptAudioBuffer(JitterBuffer):
             self._next = seq
         self._held[seq] = packet
         return False, self._release()
+
+    def _straggler(self, seq: int, stopped_at: int) -> bool:
+        """Is ``seq``, of a source replaced when ``stopped_at`` was due next, one of its
+        late packets? Behind that point, or less than a buffer past it (packets it sent
+        before the switch, delayed on the way); further on, the source is sending again."""
+        behind = (stopped_at - seq) % SEQUENCE_SPACE
+        return 0 < behind <= MAX_MISORDER or (seq - stopped_at) % SEQUENCE_SPACE < self.capacity
 
     def _near_held(self, seq: int) -> bool:
         """Whether ``seq`` is less than ``capacity`` after some packet held."""

@@ -82,3 +82,16 @@ def test_a_new_ssrc_gives_up_what_the_old_one_left_held() -> None:
     assert feed_from(buffer, 1, [1, 3, 4]) == [1]  # 2 missing: 3 and 4 wait for it
     assert feed_from(buffer, 2, [500, 501]) == [500, 501]
     assert (buffer.given_up, buffer.queued) == (2, 0)
+
+
+def test_a_source_that_comes_back_after_another_is_heard_again() -> None:
+    """A sender going from source A to B and back to A: A's packets were all dropped as
+    late, for as long as A was on the replaced list (found by review). A's packets up to a
+    buffer (16) past where it stopped are its stragglers; from there on, A is heard."""
+    buffer = PromptAudioBuffer()
+    assert feed_from(buffer, 0xA, list(range(100, 150))) == list(range(100, 150))
+    assert feed_from(buffer, 0xB, list(range(7000, 7050))) == list(range(7000, 7050))
+    assert feed_from(buffer, 0xA, [120]) == []  # from before A stopped: late
+    assert feed_from(buffer, 0xA, list(range(150, 440))) == list(range(166, 440))
+    assert feed_from(buffer, 0xB, [7049, 7050]) == []  # and now B's stragglers are late
+    assert buffer.dropped_late == 1 + 16 + 2
