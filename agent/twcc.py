@@ -28,7 +28,7 @@ _MAX_RUN = 0x1FFF  # 13-bit run length of a run-length chunk
 # expand and look up: a peer must not be able to stall the event loop with a small packet.
 MAX_REPORTED_PACKETS = 1024
 # Arrivals kept for the receive rate: its 0.5 s window holds ~25 of an audio stream's
-# packets, ~125 of a room member's five; a peer claiming more at once keeps only these.
+# packets (a tap records its own stream's); a peer claiming more at once keeps only these.
 MAX_RATE_PACKETS = 512
 # Transport feedbacks handled per compound RTCP packet (the rest are ignored).
 MAX_FEEDBACKS_PER_COMPOUND = 8
@@ -423,6 +423,12 @@ class FeedbackEstimator:
         return sxy / sxx * 1000  # µs per µs → ms per s
 
     def _add_arrival(self, arrival: int, size: int) -> None:
+        newest = self._rate_newest
+        if newest is not None and arrival < newest - self._rate_window_us:
+            # The receiver's clock stepped back: what was kept is of another timeline.
+            self._rate.clear()
+            self._rate_bytes = 0
+            self._rate_newest = None
         if len(self._rate) >= MAX_RATE_PACKETS:  # a peer reporting thousands at one time
             self._rate_bytes -= self._rate.popleft()[1]
         self._rate.append((arrival, size))
@@ -438,9 +444,6 @@ class FeedbackEstimator:
         # the network reordered sits a little out of place, and leaves a little late).
         while self._rate and self._rate[0][0] < newest - self._rate_window_us:
             self._rate_bytes -= self._rate.popleft()[1]
-        if not self._rate:
-            # All behind the newest arrival's window (its clock jumped back): start afresh.
-            self._rate_newest = None
         if len(self._rate) < 2:
             return None
         first_arrival, first_size = self._rate[0]

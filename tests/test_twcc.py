@@ -300,6 +300,16 @@ def test_receive_rate() -> None:
     assert _simulate(1, lambda seq: 0, per_feedback=1)[0].receive_rate_bps is None
 
 
+def test_a_receive_clock_that_steps_back_starts_the_rate_afresh() -> None:
+    """The receiver's clock stepping back 2 s: the arrivals kept from before stayed at the
+    front of the window, the new ones piled up behind, and their bytes were divided by the
+    old span (102-160 kbps read for 32; found by review). The window starts afresh."""
+    summaries = _simulate(400, lambda seq: 30_000 if seq < 150 else 30_000 - 2_000_000)
+    rates = [s.receive_rate_bps for s in summaries[40:]]  # from ~0.2 s after the step
+    assert all(r == pytest.approx(32_000, rel=0.05) for r in rates if r is not None), rates
+    assert sum(r is not None for r in rates) > len(rates) // 2
+
+
 @pytest.mark.parametrize("wrap_units", [1 << 23, 1 << 24], ids=["signed", "unsigned"])
 def test_the_reference_time_wrapping_does_not_freeze_the_estimates(wrap_units: int) -> None:
     # The receiver's clock crosses the 24-bit reference's wrap (read signed, 2^23 units
