@@ -300,18 +300,22 @@ function waitForChannelOpen(channel, pc) {
       channel.removeEventListener("open", onOpen);
       channel.removeEventListener("close", onClose);
       pc.removeEventListener("connectionstatechange", onPc);
+      pc.removeEventListener("iceconnectionstatechange", onPc);
     };
     const onOpen = () => { cleanup(); resolve(); };
     const onClose = () => { cleanup(); reject(new Error("The data channel closed before it opened")); };
+    // connectionState where the browser has it (refreshState's fallback otherwise).
     const onPc = () => {
-      if (pc.connectionState === "failed" || pc.connectionState === "closed") {
+      const state = pc.connectionState ?? pc.iceConnectionState;
+      if (state === "failed" || state === "closed") {
         cleanup();
-        reject(new Error(`The connection ${pc.connectionState} before the data channel opened`));
+        reject(new Error(`The connection ${state} before the data channel opened`));
       }
     };
     channel.addEventListener("open", onOpen);
     channel.addEventListener("close", onClose);
     pc.addEventListener("connectionstatechange", onPc);
+    pc.addEventListener("iceconnectionstatechange", onPc);
   });
 }
 
@@ -1199,6 +1203,10 @@ ui.bargeIn.addEventListener("change", () => {
 });
 window.addEventListener("resize", drawPlots);
 window.addEventListener("pagehide", hangupOnUnload);
+// Back from the back/forward cache after that: its session was deleted, the call is over.
+window.addEventListener("pageshow", (event) => {
+  if (event.persisted && session.hangingUp) teardown("closed");
+});
 
 buildPlots();
 drawPlots();

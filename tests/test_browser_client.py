@@ -450,3 +450,27 @@ async def test_a_page_going_away_tells_the_server_before_anything_else(
             break
         await ap.page.wait_for_timeout(50)
     assert len(sessions) == 0
+
+
+async def test_a_page_back_from_the_cache_after_going_away_shows_the_call_over(
+    agent_page: AgentPage,
+) -> None:
+    """Going away only sends the DELETE (see above): a page the browser kept in its back/
+    forward cache and shows again must not look live with its session deleted."""
+    ap = agent_page
+    await connect(ap)
+
+    async def lost(route: Any) -> None:  # the server never hears of it: its call stays up
+        await route.abort() if route.request.method == "DELETE" else await route.continue_()
+
+    await ap.page.route("**/sessions/*", lost)
+    await ap.page.evaluate(
+        "() => window.dispatchEvent(new PageTransitionEvent('pagehide', {persisted: true}))"
+    )
+    await ap.page.wait_for_timeout(300)
+    assert await ap.page.get_attribute("#state", "data-state") == "connected"
+    await ap.page.evaluate(
+        "() => window.dispatchEvent(new PageTransitionEvent('pageshow', {persisted: true}))"
+    )
+    await ap.page.wait_for_selector('#state[data-state="closed"]')
+    assert await ap.page.evaluate("() => window.voiceAgent.pc === null")
