@@ -295,6 +295,17 @@ def speaking_window(probe: dict[str, Any], trim_ms: float) -> list[dict[str, Any
     return [s["stats"] for s in probe["samples"] if s["stats"] and lo <= s["t"] <= hi]
 
 
+def spoken_whole(evs: list[dict[str, Any]], uid: str) -> tuple[int, int]:
+    """The indexes of ``uid``'s speech.started and speech.ended, checked: in that order, not
+    interrupted, and no error among ``evs``."""
+    i_started = event_index(evs, "speech.started", uid)
+    i_ended = event_index(evs, "speech.ended", uid)
+    assert i_started < i_ended, evs
+    assert evs[i_ended]["interrupted"] is False, evs[i_ended]
+    assert not [e for e in evs if e.get("type") == "error"], evs
+    return i_started, i_ended
+
+
 def event_index(evs: list[dict[str, Any]], type_: str, id_: str) -> int:
     for i, e in enumerate(evs):
         if e.get("type") == type_ and e.get("id") == id_:
@@ -329,11 +340,7 @@ async def test_says_a_sentence_through_the_ui(agent_page: AgentPage) -> None:
     # Events: speech.started, then speech.ended (not interrupted) for the client's id;
     # captions, if any, in between.
     evs = (await events(ap))[start_index:]
-    i_started = event_index(evs, "speech.started", uid)
-    i_ended = event_index(evs, "speech.ended", uid)
-    assert i_started < i_ended, evs
-    assert evs[i_ended]["interrupted"] is False, evs[i_ended]
-    assert not [e for e in evs if e.get("type") == "error"], evs
+    i_started, i_ended = spoken_whole(evs, uid)
     for i, e in enumerate(evs):
         if e.get("type") == "speech.segment" and e.get("id") == uid:
             assert i_started < i < i_ended, evs

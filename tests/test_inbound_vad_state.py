@@ -17,19 +17,7 @@ import soxr
 from aiortc.mediastreams import MediaStreamTrack
 
 from agent.conversation_config import ListenSettings
-from agent.vad import ActivityEvent
-
-
-class _Recorder:
-    def __init__(self) -> None:
-        self.started: list[ActivityEvent] = []
-        self.ended: list[tuple[np.ndarray, ActivityEvent]] = []
-
-    def user_started(self, event: ActivityEvent) -> None:
-        self.started.append(event)
-
-    def user_ended(self, audio: np.ndarray, event: ActivityEvent) -> None:
-        self.ended.append((audio, event))
+from tests.test_conversation_units import TurnRecorder
 
 
 class _MicThatPausesMidWord(MediaStreamTrack):
@@ -85,7 +73,7 @@ async def test_the_microphone_coming_back_after_a_quiet_ended_turn_is_not_a_new_
     mic = _MicThatPausesMidWord(speech[: int(cut_s * 48_000)])
     pool = VadPool()
     await pool.load()
-    recorder = _Recorder()
+    recorder = TurnRecorder()
     inbound = InboundAudio(mic, pool, ListenSettings(), recorder)
     inbound.start()
     loop = asyncio.get_running_loop()
@@ -116,7 +104,7 @@ async def test_control_fresh_vad_hears_no_speech_in_that_noise() -> None:
     mic.resume.set()
     pool = VadPool()
     await pool.load()
-    recorder = _Recorder()
+    recorder = TurnRecorder()
     inbound = InboundAudio(mic, pool, ListenSettings(), recorder)
     inbound.start()
     try:

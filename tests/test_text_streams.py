@@ -19,7 +19,7 @@ from agent.config import Config, SpeechSettings
 from agent.conversation_config import ServiceSettings
 from agent.engine import EngineError, VoiceOptions
 from agent.llm import Message
-from agent.room import MUTE_ANNOUNCE_INTERVAL_S, Room
+from agent.room import MUTE_ANNOUNCE_INTERVAL_S, Room, RoomMember
 from agent.session import AgentSession
 from agent.speech import SpeechError, SpeechPipeline
 from tests.doubles import FailingEngine, ToneEngine
@@ -82,6 +82,17 @@ def pipeline(events: list[Event], engine: ToneEngine | None = None) -> SpeechPip
     p = SpeechPipeline(engine or ToneEngine(seconds_per_word=0.05), SpeechSettings(), events.append)
     p.start()
     return p
+
+
+def members(room: Room, *sessions: str) -> list[tuple[RoomMember, list[Event]]]:
+    """Room hosts joined under these session ids, each with the events sent to it."""
+    joined = []
+    for session_id in sessions:
+        member = room.join(session_id, speaking=False, host=True, expects_channel=False)
+        sent: list[Event] = []
+        member.outbox.send = sent.append  # type: ignore[method-assign]
+        joined.append((member, sent))
+    return joined
 
 
 # --- the pipeline ----------------------------------------------------------------------------
@@ -493,12 +504,7 @@ async def test_a_room_participants_stream_left_open_is_ended_for_everyone_else()
     settings = SpeechSettings(stream_idle_timeout_s=0.5)
     room = Room("r", ToneEngine(seconds_per_word=0.02), Config(speech=settings))
     room.start()
-    a = room.join("sa", speaking=False, host=True, expects_channel=False)
-    b = room.join("sb", speaking=False, host=True, expects_channel=False)
-    sent_a: list[Event] = []
-    sent_b: list[Event] = []
-    a.outbox.send = sent_a.append  # type: ignore[method-assign]
-    b.outbox.send = sent_b.append  # type: ignore[method-assign]
+    (a, sent_a), (b, sent_b) = members(room, "sa", "sb")
     try:
         a.handle_message(msg(type="text.delta", id="a1", delta="Hello everyone, "))
         b.handle_message(msg(type="chat", text="What is two plus two?"))
@@ -604,12 +610,7 @@ async def test_an_empty_stream_in_a_room_is_refused_to_its_writer_alone() -> Non
     not show an error (or anything) on every other page (found by review)."""
     room = Room("r", ToneEngine(seconds_per_word=0.02), Config())
     room.start()
-    a = room.join("sa", speaking=False, host=True, expects_channel=False)
-    b = room.join("sb", speaking=False, host=True, expects_channel=False)
-    sent_a: list[Event] = []
-    sent_b: list[Event] = []
-    a.outbox.send = sent_a.append  # type: ignore[method-assign]
-    b.outbox.send = sent_b.append  # type: ignore[method-assign]
+    (a, sent_a), (_, sent_b) = members(room, "sa", "sb")
     try:
         a.handle_message(msg(type="text.delta", id="e1", delta="\U0001f600 ---"))
         a.handle_message(msg(type="text.end"))
