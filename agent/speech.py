@@ -48,10 +48,10 @@ MAX_SEGMENT_CHARS = 200
 # stray ``text.end`` or id-less delta cannot cut or join someone else's utterance.
 CLIENT = "client"
 MAX_REFUSED_STREAMS = 16  # refused stream ids remembered per writer (agent/speech.py)
-# What a writer whose stream end_stalled_stream ended is told (error ``stream_timeout``).
 # Why a writer's stream is refused, in its stream_refused message.
 REFUSED_STREAM = "its first error says why"
 ENGINE_FAILED_STREAM = "the speech engine failed on it: its error comes with its end"
+# What a writer whose stream end_stalled_stream ended is told (error ``stream_timeout``).
 STREAM_TIMEOUT_MESSAGE = (
     "the text stream had no delta for too long: ended as if its text.end came (what it sent "
     "is spoken); its later deltas are refused until its text.end"
