@@ -181,6 +181,7 @@ function play(index, track) {
 }
 
 function playBlocked() {
+  audioContext?.resume(); // made with the players, under the same policy: the meters too
   const paused = [...ui.players.querySelectorAll("audio")].filter((audio) => audio.paused);
   Promise.all(paused.map((audio) => audio.play()))
     .then(() => { if (/hear the room/.test(ui.alert.textContent)) showAlert(""); })

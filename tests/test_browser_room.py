@@ -677,6 +677,10 @@ async def test_the_room_page_plays_its_audio_after_the_click_it_asks_for(
             )
             assert paused and not any(paused), paused
             assert not await page.is_visible("#alert")
+            # The meters' AudioContext, made with the players, runs too.
+            await page.wait_for_function(
+                "() => window.voiceRoom.tracks.some((t) => t && Number.isFinite(t.level))"
+            )
         finally:
             await chromium.close()
 
