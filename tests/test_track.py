@@ -149,10 +149,12 @@ async def test_a_stalled_loop_does_not_cause_a_burst() -> None:
         await track.recv()
         stamps.append(time.monotonic())
     # A catch-up burst would send the 12 missed packets back to back. Instead: one packet
-    # right away, then 20 ms spacing (the clock moved forward), allowing for machine noise.
+    # right away, the next at the track's own phase (anywhere within the next frame: quick
+    # too when the stall ended just before it, as it did once in CI under load), then 20 ms
+    # spacing (the clock moved forward).
     intervals = np.diff(stamps)
     quick = int((intervals < 0.005).sum())
-    assert quick <= 1 + track.stats.late_rephases - 1, intervals
+    assert quick <= 2, intervals
     assert track.stats.late_rephases >= 1
     # One packet at once, the next within a frame (the track's own phase), then 20 ms each:
     # ten packets take at least 8 whole frames.
