@@ -288,6 +288,21 @@ async def probe_speech(ap: AgentPage, from_index: int, timeout_s: float) -> dict
     return probe
 
 
+def speaking_packet_rate(
+    probe: dict[str, Any],
+) -> tuple[dict[str, Any], dict[str, Any], float]:
+    """The first and last stats samples taken while the agent spoke (at least 10, over 2 s
+    or more) and the packets per second between them, checked to be 45-55."""
+    window = speaking_window(probe, trim_ms=0)
+    assert len(window) >= 10, probe["samples"]
+    first, last = window[0], window[-1]
+    seconds = (last["timestamp"] - first["timestamp"]) / 1000
+    assert seconds >= 2.0, (seconds, probe)
+    packet_rate = (last["packetsReceived"] - first["packetsReceived"]) / seconds
+    assert 45 <= packet_rate <= 55, f"{packet_rate:.1f} packets/s over {seconds:.2f} s"
+    return first, last, packet_rate
+
+
 def speaking_window(probe: dict[str, Any], trim_ms: float) -> list[dict[str, Any]]:
     """Stats samples taken while the agent was speaking, trimmed by `trim_ms` at both ends."""
     lo = probe["startedAt"] + trim_ms
@@ -359,13 +374,7 @@ async def test_says_a_sentence_through_the_ui(agent_page: AgentPage) -> None:
     assert expected_s - 0.5 <= duration_s <= expected_s + 0.8, (duration_s, expected_s)
 
     # getStats over the speech: 50 packets/s, sound, (almost) nothing concealed.
-    window = speaking_window(probe, trim_ms=0)
-    assert len(window) >= 10, probe["samples"]
-    first, last = window[0], window[-1]
-    seconds = (last["timestamp"] - first["timestamp"]) / 1000
-    assert seconds >= 2.0, (seconds, probe)
-    packet_rate = (last["packetsReceived"] - first["packetsReceived"]) / seconds
-    assert 45 <= packet_rate <= 55, f"{packet_rate:.1f} packets/s over {seconds:.2f} s"
+    first, last, packet_rate = speaking_packet_rate(probe)
 
     levels = [s.get("audioLevel") or 0.0 for s in speaking_window(probe, trim_ms=400)]
     assert levels, probe["samples"]

@@ -7,7 +7,9 @@ Timeouts are shortened so each test takes seconds; the rules are the product's
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
@@ -76,20 +78,28 @@ def test_default_timers_clean_up_a_vanished_client_within_30_s() -> None:
     assert 10 <= life.connect_timeout_s <= 30
 
 
-async def test_a_peer_that_never_connects_is_closed(live_server: LiveServer) -> None:
+@contextlib.asynccontextmanager
+async def unanswered_session(url: str) -> AsyncIterator[tuple[aiohttp.ClientSession, str]]:
+    """A session made by a real offer whose answer the client never applies (it stays
+    away): an HTTP client and the session id."""
     pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
     pc.addTransceiver("audio", direction="recvonly")
     await pc.setLocalDescription(await pc.createOffer())
     try:
         async with aiohttp.ClientSession() as http:
             offer = {"type": "offer", "sdp": pc.localDescription.sdp}
-            async with http.post(live_server.url + "/offer", json=offer) as resp:
-                assert resp.status == 200
+            async with http.post(url + "/offer", json=offer) as resp:
+                assert resp.status == 200, await resp.text()
                 sid = (await resp.json())["session_id"]
-            # The answer is never applied: ICE never completes.
-            elapsed = await wait_for(http, live_server.url, sid, gone, 10)
+            yield http, sid
     finally:
         await pc.close()
+
+
+async def test_a_peer_that_never_connects_is_closed(live_server: LiveServer) -> None:
+    async with unanswered_session(live_server.url) as (http, sid):
+        # The answer is never applied: ICE never completes.
+        elapsed = await wait_for(http, live_server.url, sid, gone, 10)
     assert SHORT.connect_timeout_s - 0.1 <= elapsed <= SHORT.connect_timeout_s + 1.5
     assert len(live_server.app[SESSIONS]) == 0
 
@@ -383,20 +393,10 @@ async def test_the_connect_timer_runs_from_the_answer_not_from_before_gathering(
             await super().setLocalDescription(description)
 
     monkeypatch.setattr(sessions, "RTCPeerConnection", SlowGathering)
-    pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
-    pc.addTransceiver("audio", direction="recvonly")
-    await pc.setLocalDescription(await pc.createOffer())
-    try:
-        async with aiohttp.ClientSession() as http:
-            offer = {"type": "offer", "sdp": pc.localDescription.sdp}
-            async with http.post(live_server.url + "/offer", json=offer) as resp:
-                assert resp.status == 200, await resp.text()
-                sid = (await resp.json())["session_id"]
-            # The answer is never applied (the client stays away): the session must live
-            # --connect-timeout from now.
-            elapsed = await wait_for(http, live_server.url, sid, gone, 10)
-    finally:
-        await pc.close()
+    async with unanswered_session(live_server.url) as (http, sid):
+        # The answer is never applied (the client stays away): the session must live
+        # --connect-timeout from now.
+        elapsed = await wait_for(http, live_server.url, sid, gone, 10)
     assert elapsed >= SLOW_GATHERING_CONNECT.connect_timeout_s - 0.2, (
         f"closed {elapsed:.2f} s after its answer (--connect-timeout "
         f"{SLOW_GATHERING_CONNECT.connect_timeout_s} s): the timer ran during ICE gathering"
