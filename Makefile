@@ -39,10 +39,11 @@ typecheck: install
 # on one worker, which keeps module-scoped servers and Ray to one instance). Tests marked
 # `serial` measure real-time figures (packet rate, gaps, concealment) that a busy neighbour
 # would skew: they run after, alone. Both passes always run; either failing fails the target,
-# as does pytest's exit 5 (nothing collected).
+# as does pytest's exit 5 (nothing collected). Each pass lists its slowest tests, to keep the
+# suite inside CI's 15-minute budget.
 test: lint typecheck
-	$(BIN)/pytest -q -n logical --maxprocesses 4 --dist loadfile -m "not serial"; parallel=$$?; \
-	$(BIN)/pytest -q -m serial; serial=$$?; \
+	$(BIN)/pytest -q -n logical --maxprocesses 4 --dist loadfile -m "not serial" --durations=30; parallel=$$?; \
+	$(BIN)/pytest -q -m serial --durations=15; serial=$$?; \
 	test $$parallel -eq 0 && test $$serial -eq 0
 
 bench: install
