@@ -229,7 +229,7 @@ def _new_session_worker(request: web.Request, room: str | None) -> Worker:
         refusal = workers_refusal(candidates)
         if refusal is not None:
             raise refusal
-        what = f"the worker for room {room[:64]!r} is" if room is not None else "no worker is"
+        what = f"the worker for room {room[:64]!r} is not" if room is not None else "no worker is"
         raise ApiError(503, "not_ready", f"{what} ready yet", {"Retry-After": "2"})
     worker.sessions += 1  # until the next status poll: a burst of offers spreads out
     return worker
@@ -445,13 +445,13 @@ async def metrics(request: web.Request) -> web.Response:
 
 
 async def _scrape(request: web.Request, worker: Worker) -> str:
-    if not worker.alive or worker.http is None:
+    if not worker.alive or worker.control is None:
         return ""
     headers = {}
     if "Authorization" in request.headers:
         headers["Authorization"] = request.headers["Authorization"]
     try:
-        async with worker.http.get(
+        async with worker.control.get(
             "http://worker/metrics", headers=headers, timeout=aiohttp.ClientTimeout(total=5)
         ) as resp:
             if resp.status == 401:  # the front checked the same token: only if it differs

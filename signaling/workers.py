@@ -45,6 +45,8 @@ QUICK_DEATH_S = 30.0  # a worker that lived longer than this starts the back-off
 # wedged (its event loop, which also paces its media, is stuck; or it was SIGSTOPped):
 # it is killed and started again.
 WEDGED_S = 30.0
+# Connections for one worker's status polls and /metrics scrapes (a scrape may overlap a poll).
+CONTROL_CONNECTIONS = 4
 
 
 def worker_main(config: Config, socket_path: str, factory: AppFactory) -> None:
@@ -87,7 +89,12 @@ class Worker:
     index: int
     socket_path: str
     process: multiprocessing.process.BaseProcess | None = None
-    http: aiohttp.ClientSession | None = None
+    http: aiohttp.ClientSession | None = None  # forwarded client requests
+    # Status polls and /metrics scrapes, on connections of their own: sharing the forwarding
+    # pool (100 connections), they queued behind a burst of slow requests (offers gathering
+    # ICE, a room's listeners joining) and a busy worker was taken for an unready, then a
+    # wedged one, and killed.
+    control: aiohttp.ClientSession | None = None
     started_at: float = 0.0
     restarts: int = 0
     quick_deaths: int = 0
@@ -105,6 +112,25 @@ class Worker:
     @property
     def pid(self) -> int | None:
         return self.process.pid if self.process is not None else None
+
+    def open_clients(self) -> None:
+        """The HTTP clients that reach this worker's socket (kept across its restarts)."""
+        if self.http is None:
+            self.http = aiohttp.ClientSession(
+                connector=aiohttp.UnixConnector(path=self.socket_path),
+                timeout=aiohttp.ClientTimeout(total=60),
+            )
+        if self.control is None:
+            self.control = aiohttp.ClientSession(
+                connector=aiohttp.UnixConnector(path=self.socket_path, limit=CONTROL_CONNECTIONS),
+                timeout=aiohttp.ClientTimeout(total=10),
+            )
+
+    async def close_clients(self) -> None:
+        for client in (self.http, self.control):
+            if client is not None:
+                await client.close()
+        self.http = self.control = None
 
 
 class WorkerPool:
@@ -168,8 +194,7 @@ class WorkerPool:
                 log.warning("worker %d did not stop in time: killing it", worker.index)
                 process.kill()
                 await asyncio.to_thread(process.join, 2)
-            if worker.http is not None:
-                await worker.http.close()
+            await worker.close_clients()
 
     def _spawn(self, worker: Worker) -> None:
         config = replace(self.config, worker_index=worker.index, workers=1)
@@ -195,11 +220,7 @@ class WorkerPool:
         worker.sessions = 0
         worker.status = {}
         worker.answered_at = 0.0
-        if worker.http is None:
-            worker.http = aiohttp.ClientSession(
-                connector=aiohttp.UnixConnector(path=worker.socket_path),
-                timeout=aiohttp.ClientTimeout(total=60),
-            )
+        worker.open_clients()
         log.info("worker %d started (pid %s)", worker.index, process.pid)
 
     async def _watch(self, worker: Worker) -> None:
@@ -241,9 +262,9 @@ class WorkerPool:
             self._spawn(worker)
 
     async def _poll(self, worker: Worker) -> None:
-        assert worker.http is not None
+        assert worker.control is not None
         try:
-            async with worker.http.get(
+            async with worker.control.get(
                 "http://worker" + STATUS_PATH, timeout=aiohttp.ClientTimeout(total=2)
             ) as resp:
                 status = await resp.json()

@@ -406,15 +406,14 @@ async def test_the_front_finds_a_worker_ready_with_auth_on(tmp_path: Path) -> No
     await runner.setup()
     try:
         await web.UnixSite(runner, worker.socket_path).start()
-        worker.http = aiohttp.ClientSession(connector=aiohttp.UnixConnector(worker.socket_path))
+        worker.open_clients()
         async with asyncio.timeout(10):
             while not worker.ready:
                 await pool._poll(worker)
                 await asyncio.sleep(0.05)
         assert worker.status["index"] == 0 and worker.answered_at > 0
     finally:
-        if worker.http is not None:
-            await worker.http.close()
+        await worker.close_clients()
         await runner.cleanup()
 
 

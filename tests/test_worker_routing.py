@@ -24,7 +24,7 @@ from yarl import URL
 
 from agent.config import BreakerSettings, Config, LimitSettings, SecuritySettings
 from agent.conversation_config import ListenSettings
-from signaling.app import build_app, runner_options
+from signaling.app import STATUS_PATH, build_app, runner_options
 from signaling.auth import mint_token
 from signaling.front import build_front_app, workers_refusal
 from signaling.keys import BREAKER, DRAIN, ENGINE, ENGINE_ERROR
@@ -94,9 +94,7 @@ async def front_and_worker(
         worker.ready = ready
         if ready:  # as a status poll that found it ready leaves it
             worker.answered_at = time.monotonic()
-        worker.http = aiohttp.ClientSession(
-            connector=aiohttp.UnixConnector(path=worker.socket_path)
-        )
+        worker.open_clients()
     if pools is not None:
         pools.append(pool)
     front_app = build_front_app(config, pool)
@@ -112,8 +110,7 @@ async def front_and_worker(
         yield f"http://127.0.0.1:{port}"
     finally:
         for worker in pool.workers:
-            assert worker.http is not None
-            await worker.http.close()
+            await worker.close_clients()
         await front_runner.cleanup()
         for worker_runner in runners:
             await worker_runner.cleanup()
@@ -545,13 +542,12 @@ async def test_a_worker_that_stops_answering_its_status_gives_no_stale_reason(
     worker = p.workers[0]
     worker.process = _Running()  # type: ignore[assignment]
     worker.status = {"ready": False, "refusal": {"code": "engine_failed", "message": "old"}}
-    worker.http = aiohttp.ClientSession(
-        connector=aiohttp.UnixConnector(path=str(tmp_path / "nobody-listens.sock"))
-    )
+    worker.socket_path = str(tmp_path / "nobody-listens.sock")
+    worker.open_clients()
     try:
         await p._poll(worker)
     finally:
-        await worker.http.close()
+        await worker.close_clients()
     assert worker.status == {} and not worker.ready
     assert workers_refusal(p.workers) is None  # not_ready, then
 
@@ -797,3 +793,94 @@ async def test_a_resume_during_the_front_s_drain_is_told_shutting_down() -> None
         async with http.post(url + "/offer", json=body) as resp:
             got = (resp.status, (await resp.json())["error"]["code"])
         assert got == (503, "shutting_down"), got
+
+
+class _Healthy(_Running):
+    """A running worker process that records whether the front killed it."""
+
+    killed = False
+
+    def kill(self) -> None:
+        self.killed = True
+
+
+async def test_a_busy_worker_is_not_taken_for_an_unready_or_wedged_one() -> None:
+    """Status polls and /metrics scrapes have connections of their own: when they shared
+    the 100 connections forwarded requests use, 100 slow requests in flight to one worker
+    (offers gathering ICE, a room's listeners joining) made the poll time out, the front
+    marked a worker that answers in milliseconds not ready (/readyz 503) and, wedged_s
+    later, killed it with every session on it (found by review)."""
+
+    async def status(request: web.Request) -> web.Response:
+        return web.json_response(
+            {"ready": True, "sessions": 0, "listening_ready": True, "refusal": None}
+        )
+
+    async def slow(request: web.Request) -> web.Response:
+        await asyncio.sleep(4)  # e.g. an offer gathering ICE against a slow STUN server
+        return web.json_response({"ok": True})
+
+    worker_app = web.Application()
+    worker_app.router.add_get(STATUS_PATH, status)
+    worker_app.router.add_route("*", "/sessions/{id}/{rest:.*}", slow)
+    socket_dir = Path(tempfile.mkdtemp(prefix="busy"))
+    config = Config(host="127.0.0.1", port=0, workers=1)
+    pool = WorkerPool(config, lambda _config: None, socket_dir)  # type: ignore[arg-type, return-value]
+    pool.wedged_s = 0.5
+    worker = pool.workers[0]
+    worker_runner = web.AppRunner(worker_app)
+    await worker_runner.setup()
+    await web.UnixSite(worker_runner, worker.socket_path).start()
+    process = _Healthy()
+    worker.process = process  # type: ignore[assignment]
+    worker.open_clients()
+    front_runner = web.AppRunner(build_front_app(config, pool), **runner_options())
+    await front_runner.setup()
+    site = web.TCPSite(front_runner, "127.0.0.1", 0)
+    await site.start()
+    assert site._server is not None
+    url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+    try:
+        await pool._poll(worker)
+        assert worker.ready and worker.answered_at
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+
+            async def one() -> int:
+                async with http.post(url + "/sessions/w0-abc/say") as resp:
+                    return resp.status
+
+            busy = [asyncio.create_task(one()) for _ in range(100)]
+            await asyncio.sleep(0.5)
+            started = time.monotonic()
+            await pool._poll(worker)
+            await asyncio.sleep(0.6)
+            await pool._poll(worker)
+            polled_in = time.monotonic() - started
+            async with http.get(url + "/readyz") as resp:
+                readyz = resp.status
+            statuses = await asyncio.gather(*busy)
+        assert (worker.ready, readyz, process.killed) == (True, 200, False), (
+            f"after polls taking {polled_in:.1f} s: ready={worker.ready}, /readyz {readyz}, "
+            f"killed={process.killed}"
+        )
+        assert statuses == [200] * 100  # all forwarded, none refused for the polls' sake
+    finally:
+        await worker.close_clients()
+        await front_runner.cleanup()
+        await worker_runner.cleanup()
+        shutil.rmtree(socket_dir, ignore_errors=True)
+
+
+async def test_a_rooms_unready_worker_is_said_to_be_not_ready() -> None:
+    """The 503 for a room whose worker is starting said "the worker for room 'a' is ready
+    yet" (found by review)."""
+    config = Config(host="127.0.0.1", port=0, listen=ListenSettings(enabled=False))
+    offer = await an_offer()
+    async with (
+        front_and_worker(config, ready=False) as url,
+        aiohttp.ClientSession() as http,
+        http.post(url + "/offer", json={"type": "offer", "sdp": offer, "room": "a"}) as resp,
+    ):
+        error = (await resp.json())["error"]
+    assert (resp.status, error["code"]) == (503, "not_ready"), error
+    assert error["message"] == "the worker for room 'a' is not ready yet", error["message"]
