@@ -24,7 +24,13 @@ def job_settling(
     def deliver(result: T | None, error: BaseException | None) -> None:
         if future.done():
             return
-        if error is not None:
+        if isinstance(error, StopIteration):
+            # asyncio refuses StopIteration into a future (TypeError in this callback): the
+            # future would never settle and its awaiter (an engine's start) hang for good.
+            failure = RuntimeError(f"{type(error).__name__} raised in a thread job")
+            failure.__cause__ = error
+            future.set_exception(failure)
+        elif error is not None:
             future.set_exception(error)
         else:
             future.set_result(result)  # type: ignore[arg-type]

@@ -420,7 +420,7 @@ async def readyz(request: web.Request) -> web.Response:
         return web.json_response(body)
     # The workers' refusal with its headers (an open breaker's Retry-After), as an offer's.
     refusal = workers_refusal(pool.workers) or ApiError(
-        503, "not_ready", "no media worker is ready yet"
+        503, "not_ready", "no media worker is ready yet", {"Retry-After": "2"}
     )
     del body["ready"]
     return not_ready_response(refusal, **body)

@@ -320,13 +320,13 @@ def _readiness_refusal(app: web.Application, engine: TTSEngine) -> ApiError | No
         return refusal  # when the breaker's next probe runs
     if engine.ready and not app[SESSIONS].listening_ready:
         # Offers are answered already; ready waits because the load stalls the loop a while.
-        return ApiError(503, "not_ready", "loading the voice activity model")
+        return ApiError(503, "not_ready", "loading the voice activity model", {"Retry-After": "2"})
     if engine.ready:
         return None
     failure = _engine_failure(app)
     if failure:
         return ApiError(503, "engine_failed", failure)
-    return ApiError(503, "not_ready", "loading the model")
+    return ApiError(503, "not_ready", "loading the model", {"Retry-After": "5"})  # as an offer
 
 
 METRICS_UNAUTHORIZED = "/metrics needs 'Authorization: Bearer <metrics token>'"

@@ -381,6 +381,8 @@ async def test_not_ready_engine_refuses_offers(live_server: LiveServer) -> None:
         async with http.get(live_server.url + "/readyz") as resp:
             assert resp.status == 503
             assert (await resp.json())["error"]["code"] == "not_ready"
+            # As the offer's (README): a balancer may wait that long (missing, found by review).
+            assert resp.headers["Retry-After"] == "5"
         sdp = AUDIO_OFFER_HEAD + "m=audio 9 UDP/TLS/RTP/SAVPF 111\r\na=rtpmap:111 opus/48000/2\r\n"
         async with http.post(
             live_server.url + "/offer", json={"type": "offer", "sdp": sdp}

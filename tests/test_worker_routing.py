@@ -300,6 +300,7 @@ async def test_the_fronts_readyz_waits_for_the_workers_voice_activity_model() ->
         async with http.get(url + "/readyz") as resp:
             assert resp.status == 503
             assert (await resp.json())["error"]["code"] == "not_ready"
+            assert resp.headers["Retry-After"] == "2"  # as the front's offers (found by review)
         worker.status = {"ready": True, "listening_ready": True}
         async with http.get(url + "/readyz") as resp:
             assert resp.status == 200
