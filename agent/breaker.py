@@ -8,6 +8,10 @@ refused). After ``cooldown_s`` one probe utterance (``probe_text``) runs on the 
 (half-open); if it produces audio the breaker closes, otherwise it stays open for another
 cool-down. The probe runs on its own, so readiness comes back without waiting for traffic.
 
+An utterance whose engine stream gives no audio for ``stall_s`` (a hung engine) fails with
+``EngineStalled``, a failure like any other: without it a wedged engine kept its sessions
+silent for good and never opened the breaker.
+
 Cancellation (an interrupt, a hang-up) is neither a failure nor a success, and nor is a
 ``RequestError`` (a voice or option the engine refuses): that is one client's mistake, and
 must not take speech down for every session.
@@ -27,6 +31,7 @@ from contextlib import aclosing
 from agent.config import BreakerSettings
 from agent.engine import (
     PCM,
+    EngineError,
     EngineUnavailable,
     RequestError,
     TTSEngine,
@@ -38,6 +43,11 @@ from agent.engine import (
 log = logging.getLogger(__name__)
 
 PROBE_TIMEOUT_S = 30.0  # an engine that hangs on the probe counts as failed
+
+
+class EngineStalled(EngineError):
+    """The engine gave no audio for ``BreakerSettings.stall_s``: hung. Clients get
+    ``tts_failed``; it counts towards opening the breaker."""
 
 
 class CircuitBreaker:
@@ -93,10 +103,25 @@ class CircuitBreaker:
         reason = self.unavailable
         if reason is not None:
             raise EngineUnavailable(reason)
+        stall_s = self.settings.stall_s or None
         try:
             speech = self.inner.synthesize(text, voice, continuation=continuation)
             async with aclosing(speech) as chunks:
-                async for chunk in chunks:
+                while True:
+                    # Only the engine's own time is timed: between chunks the listener's
+                    # back-pressure may hold us (a full buffer) for as long as it likes.
+                    deadline = asyncio.timeout(stall_s)
+                    try:
+                        async with deadline:
+                            chunk = await anext(chunks)
+                    except StopAsyncIteration:
+                        break
+                    except TimeoutError:
+                        if not deadline.expired():
+                            raise  # the engine's own
+                        raise EngineStalled(
+                            f"the speech engine produced no audio for {stall_s:g} s"
+                        ) from None
                     yield chunk
         except (asyncio.CancelledError, GeneratorExit, RequestError):
             raise

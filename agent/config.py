@@ -455,12 +455,19 @@ class BreakerSettings:
     # After this long open, one probe utterance runs; its success closes the breaker.
     cooldown_s: float = 10.0
     probe_text: str = "Hello."
+    # An utterance whose engine stream gives no audio for this long (waiting for its turn in
+    # the engine included, the listener's own back-pressure not) fails (tts_failed) and
+    # counts as a failure: a hung engine (a wedged GPU, a lost replica) would otherwise keep
+    # its sessions silent, queued speech behind it, with /readyz still ready. 0: no limit.
+    stall_s: float = 60.0
 
     def __post_init__(self) -> None:
         if self.failures < 1 or not (
             0 < self.window_s < math.inf and 0 < self.cooldown_s < math.inf
         ):
             raise ValueError("breaker failures must be at least 1, window and cool-down positive")
+        if not 0 <= self.stall_s < math.inf:
+            raise ValueError("the engine stall timeout must be 0 (none) or positive")
 
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")

@@ -116,7 +116,7 @@ class GovernorTuning:
     high_late_s: float = 0.020  # a window's probes this late: overloaded
     low_late_s: float = 0.008
     # A new complexity applies from the next frame: half a second shows its effect, and a
-    # sudden overload reaches the floor from 9 in 2 s (4 rungs).
+    # sudden overload reaches the floor from 9 in 2.5 s (5 steps down the default ladder).
     down_interval_s: float = 0.5
     up_hold_s: float = 5.0  # calm this long (and as long since the last change) to climb a rung
     max_up_hold_s: float = 60.0  # a climb that keeps being undone waits up to this long

@@ -271,6 +271,12 @@ def _add_lifecycle_flags(parser: argparse.ArgumentParser) -> None:
             ("breaker-failures", int, breaker.failures, "engine failures in a row that open it"),
             ("breaker-window", number, breaker.window_s, "seconds those failures must fall within"),
             ("breaker-cooldown", number, breaker.cooldown_s, "seconds open before a probe"),
+            (
+                "engine-stall-timeout",
+                number,
+                breaker.stall_s,
+                "seconds an utterance may wait for audio from the engine (0: no limit)",
+            ),
         ],
     )
 
@@ -461,6 +467,7 @@ def config_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> Config
             failures=args.breaker_failures,
             window_s=args.breaker_window,
             cooldown_s=args.breaker_cooldown,
+            stall_s=args.engine_stall_timeout,
         ),
         rooms=replace(
             RoomSettings(),

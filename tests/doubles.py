@@ -146,8 +146,10 @@ class ClipEngine(ToneEngine):
 
 class FailingEngine(ToneEngine):
     """A ToneEngine that fails when told: ``mode`` is ``"ok"``, ``"start"`` (raises before
-    any audio), ``"midway"`` (raises after ``good_chunks`` chunks of audio) or ``"refuse"``
-    (refuses every voice, as an engine that finds out only when it speaks). Like ChatTTS, its
+    any audio), ``"midway"`` (raises after ``good_chunks`` chunks of audio), ``"hang"``
+    (after ``good_chunks`` chunks, waits for ever: a wedged engine; ``hung`` counts those
+    cancelled) or ``"refuse"`` (refuses every voice, as an engine that finds out only when it
+    speaks). Like ChatTTS, its
     ``check_voice`` refuses voices other than ``seed:N`` when a client sets them."""
 
     name = "failing"
@@ -157,6 +159,7 @@ class FailingEngine(ToneEngine):
         self.mode = "ok"
         self.good_chunks = 3
         self.failures = 0
+        self.hung = 0
 
     def check_voice(self, voice: VoiceOptions) -> None:
         if voice.voice is not None and not voice.voice.startswith("seed:"):
@@ -177,6 +180,11 @@ class FailingEngine(ToneEngine):
                 if self.mode == "midway" and n == self.good_chunks:
                     self.failures += 1
                     raise EngineError("the engine failed mid-utterance")
+                if self.mode == "hang" and n == self.good_chunks:
+                    try:
+                        await asyncio.Event().wait()
+                    finally:
+                        self.hung += 1
                 n += 1
                 yield chunk
 

@@ -13,7 +13,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from agent.breaker import CircuitBreaker
+from agent.breaker import CircuitBreaker, EngineStalled
 from agent.config import BreakerSettings, Config, SpeechSettings
 from agent.engine import PCM, EngineUnavailable, RequestError, VoiceOptions
 from agent.speech import SpeechPipeline
@@ -23,7 +23,7 @@ from tests.rtc_client import RtcClient
 
 pytestmark = pytest.mark.timeout(60)
 
-BREAKER = BreakerSettings(failures=3, window_s=10, cooldown_s=1.0)
+BREAKER = BreakerSettings(failures=3, window_s=10, cooldown_s=1.0, stall_s=1.0)
 
 
 @pytest.fixture
@@ -84,6 +84,25 @@ async def test_an_engine_failure_mid_utterance_ends_it_and_the_session_goes_on(
         "speech.ended",
     ]
     assert after[-1]["interrupted"] is False
+
+
+async def test_a_hung_engine_fails_the_utterance_and_the_session_goes_on(
+    live_server: LiveServer,
+) -> None:
+    """An engine stream that stops giving audio (a wedged GPU, a lost replica) kept its
+    session silent for good, every later utterance queued behind it, and never counted as a
+    failure (found by review). After ``stall_s`` without audio it fails like an exception."""
+    async with connected(live_server) as (engine, _http, client):
+        engine.mode = "hang"
+        events = await say(client, "stuck")
+        engine.mode = "ok"
+        after = await say(client, "fine")
+    error = next(e for e in events if e["type"] == "error")
+    assert error["code"] == "tts_failed" and "no audio for 1 s" in error["message"], error
+    assert "speech.started" in [e["type"] for e in events]  # what came before it plays
+    assert events[-1] == {"type": "speech.ended", "id": "stuck", "interrupted": True}
+    assert engine.hung == 1  # the engine's stream was cancelled, not left waiting
+    assert after[-1] == {"type": "speech.ended", "id": "fine", "interrupted": False}
 
 
 async def test_repeated_failures_open_the_breaker_and_a_probe_closes_it(
@@ -296,6 +315,32 @@ async def test_a_probe_must_produce_audio_and_its_success_starts_a_fresh_count()
                 await asyncio.sleep(0.01)
         assert await _speak(breaker) == "failed"  # one failure after closing is one, not three
         assert breaker.state == "closed"
+    finally:
+        await breaker.close()
+
+
+async def test_stalls_count_as_failures_but_a_slow_listener_is_not_a_stall() -> None:
+    settings = BreakerSettings(failures=2, window_s=10, cooldown_s=100, stall_s=0.1)
+    engine = FailingEngine(seconds_per_word=0.02)
+    engine.mode, engine.good_chunks = "hang", 0
+    breaker = CircuitBreaker(engine, settings, Clock())
+    try:
+        for _ in range(2):
+            with pytest.raises(EngineStalled, match=r"no audio for 0\.1 s"):
+                async for _chunk in breaker.synthesize("one two", VoiceOptions()):
+                    pass
+        assert breaker.state == "open" and engine.hung == 2
+    finally:
+        await breaker.close()
+    # Back-pressure: a listener whose buffer is full reads the next chunk late. Only the
+    # engine's own time counts.
+    breaker = CircuitBreaker(ToneEngine(seconds_per_word=0.05), settings, Clock())
+    try:
+        chunks = 0
+        async for _chunk in breaker.synthesize("one two three", VoiceOptions()):
+            chunks += 1
+            await asyncio.sleep(0.25)
+        assert chunks > 1 and breaker.state == "closed" and not breaker._failures
     finally:
         await breaker.close()
 
