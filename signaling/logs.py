@@ -142,6 +142,24 @@ def configure_logging(config: Config) -> None:
         root.removeHandler(handler)
     root.addHandler(log_handler(config.log_json))
     root.setLevel(config.log_level)
+    if config.log_json:
+        quiet_progress_bars()
+
+
+def quiet_progress_bars() -> None:
+    """No progress bars on stderr: with ``--log-json`` every line there must be a JSON
+    object, and transformers draws "Loading weights ..." at every model load (local ones
+    included), huggingface_hub a bar per file it downloads (the log says a download
+    starts). Both libraries follow huggingface_hub's switch; transformers reads it when
+    imported, so one imported already is told too."""
+    import sys
+
+    from huggingface_hub.utils import disable_progress_bars
+
+    disable_progress_bars()
+    transformers_logging = sys.modules.get("transformers.utils.logging")
+    if transformers_logging is not None:
+        transformers_logging.disable_progress_bar()
 
 
 class AccessLogger(AbstractAccessLogger):
