@@ -154,7 +154,7 @@ def quiet_progress_bars() -> None:
     imported, so one imported already is told too."""
     import sys
 
-    from huggingface_hub.utils import disable_progress_bars
+    from huggingface_hub.utils.tqdm import disable_progress_bars
 
     disable_progress_bars()
     transformers_logging = sys.modules.get("transformers.utils.logging")
