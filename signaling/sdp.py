@@ -15,6 +15,7 @@ _DIGITS = re.compile(r"[0-9]{1,10}")  # a candidate priority: up to 2**31 - 1
 # A browser offers a handful of candidates (one per interface, component and protocol, a
 # few relayed) and a few ssrc lines per section; far more is an attack on the event loop.
 MAX_CANDIDATES = 64
+MAX_PORT = 65535
 MAX_SSRC_LINES = 256
 MAX_EXTENSION_ID = 255  # RFC 8285: 1-14 in one-byte headers, up to 255 in two-byte ones
 MAX_MID_BYTES = 255  # the longest value a two-byte header extension carries
@@ -76,14 +77,7 @@ def _check_attributes(lines: list[str]) -> None:
     - header extension ids outside RFC 8285's 1-255 and mids longer than a two-byte header
       extension holds: answered 200, then the first RTP packet failed an assertion in
       aiortc's header packing, and the session never sent a packet."""
-    # Distinct transport addresses: browsers list the shared (BUNDLE) transport's
-    # candidates again in every section (a room page's 6 sections, 4 each), and aioice
-    # ignores one whose address it has; what costs is each new one. Without BUNDLE, aiortc
-    # gives sections transports of their own, each adding its section's candidates: every
-    # line counts.
-    listed = [_candidate_address(line) for line in lines if line.startswith("a=candidate:")]
-    bundled = any(line.startswith("a=group:BUNDLE") for line in lines)
-    candidates = len(set(listed)) if bundled else len(listed)
+    candidates = _candidates_to_add(lines)
     if candidates > MAX_CANDIDATES:
         raise ApiError(
             400,
@@ -137,6 +131,48 @@ def _check_mids(lines: list[str]) -> None:
             raise ApiError(
                 400, "bad_sdp", f"the BUNDLE group names {unknown[0][:20]!r}, no section's mid"
             )
+
+
+def _candidates_to_add(lines: list[str]) -> int:
+    """How many candidates aioice would add. Browsers list the shared (BUNDLE) transport's
+    candidates again in every section (a room page's 6 sections, 4 each), and aioice
+    ignores one whose address its transport has: what costs is each new one. A section the
+    BUNDLE group does not name has a transport of its own, adding its candidates again
+    (counting every line once any BUNDLE line was present let an offer bundling one
+    section add 64 per other section: found by review).
+
+    400 for a candidate port outside 0-65535 too: answered, aioice's checks to it raised
+    OverflowError in ``sendto``, which closed the session's ICE socket and logged errors
+    with tracebacks (found by review)."""
+    bundled_mids: set[str] = set()
+    for line in lines:
+        if line.startswith("a=group:"):
+            bits = line[len("a=group:") :].split()
+            if bits and bits[0] == "BUNDLE":
+                bundled_mids.update(bits[1:])
+    sections: list[tuple[str | None, set[tuple[str, ...]]]] = [(None, set())]  # session level
+    for line in lines:
+        if line.startswith("m="):
+            sections.append((None, set()))
+        elif line.startswith("a=mid:"):
+            sections[-1] = (line[len("a=mid:") :], sections[-1][1])
+        elif line.startswith("a=candidate:"):
+            address = _candidate_address(line)
+            if len(address) == 3 and not (
+                _DIGITS.fullmatch(address[2]) and int(address[2]) <= MAX_PORT
+            ):
+                raise ApiError(
+                    400, "bad_sdp", f"a candidate's port {address[2][:20]!r} is not 0-{MAX_PORT}"
+                )
+            sections[-1][1].add(address)
+    shared: set[tuple[str, ...]] = set()
+    own = 0
+    for mid, addresses in sections:
+        if mid is not None and mid in bundled_mids:
+            shared |= addresses
+        else:
+            own += len(addresses)
+    return len(shared) + own
 
 
 def _candidate_address(line: str) -> tuple[str, ...]:

@@ -261,7 +261,12 @@ class SessionRegistry:
         # use of it (else a forgotten tab on a flaky network, resuming by itself, was never
         # closed for idleness).
         life = Liveness(last_activity=peer.life.last_activity)
-        if isinstance(session, AgentSession):
+        # A listener "may only receive": its microphone (a WHEP post with a sendrecv
+        # section) is not heard, or it would talk to the agent, barge in on a host's speech
+        # and spend the speech-to-text and LLM services (found by review).
+        listens = isinstance(session, AgentSession) and peer.role != "listener"
+        if listens:
+            assert isinstance(session, AgentSession)
             # Fired inside setRemoteDescription for an offer that sends audio (a microphone).
             pc.on("track", lambda track: self._on_track(session, pc, track, life))
         try:
@@ -279,6 +284,8 @@ class SessionRegistry:
             else:
                 sender = pc.addTrack(session.track)
                 transceiver = next(t for t in pc.getTransceivers() if t.sender is sender)
+                if not listens:
+                    transceiver.direction = "sendonly"  # answered so: the peer sends nothing
             # The microphone a 1:1 session listens to may be on any audio section (a client
             # that offers recvonly first, then its microphone sendonly): that one stays.
             inbound = session.inbound if isinstance(session, AgentSession) else None

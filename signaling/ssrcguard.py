@@ -11,7 +11,10 @@ once or twice. Packets under further new SSRCs are dropped before aiortc sees th
 The same router routes RTCP, and a REMB whose SSRC count is more than it carries raised
 ``struct.error`` from aiortc's REMB parsing (it catches only ValueError): out of the DTLS
 transport's receive loop, which ended, closing the whole peer connection. One 20-byte packet
-ended a call. Such a REMB is dropped here.
+ended a call. Such a REMB is dropped here. So is an RTP packet whose header extension has
+the wrong length for what it was negotiated as (a 2-byte audio level, a 1-byte transport-cc
+number): aiortc's ``HeaderExtensionsMap.get`` raised ``struct.error`` from the same loop.
+Its error is made the ValueError aiortc expects, and aiortc drops the packet.
 """
 
 from __future__ import annotations
@@ -21,7 +24,15 @@ import struct
 
 from aiortc import RTCPeerConnection
 from aiortc.rtcdtlstransport import RtpReceiver, RtpRouter, RtpSender
-from aiortc.rtp import RTCP_PSFB_APP, AnyRtcpPacket, RtcpPsfbPacket, RtpPacket, unpack_remb_fci
+from aiortc.rtp import (
+    RTCP_PSFB_APP,
+    AnyRtcpPacket,
+    HeaderExtensions,
+    HeaderExtensionsMap,
+    RtcpPsfbPacket,
+    RtpPacket,
+    unpack_remb_fci,
+)
 
 log = logging.getLogger(__name__)
 
@@ -63,18 +74,39 @@ class _GuardedRouter(RtpRouter):
         return super().route_rtcp(packet)
 
 
+class _GuardedExtensionsMap(HeaderExtensionsMap):
+    """aiortc's header extension map whose malformed values are a ValueError (the module
+    docstring). Set as the class of an existing map, like the router."""
+
+    malformed = 0  # RTP packets dropped for a header extension of the wrong length
+
+    def get(self, extension_profile: int, extension_value: bytes) -> HeaderExtensions:
+        try:
+            return super().get(extension_profile, extension_value)
+        except struct.error as exc:
+            self.malformed += 1
+            if self.malformed == 1:
+                log.warning("RTP with a malformed header extension was dropped (%s)", exc)
+            raise ValueError(f"malformed RTP header extension: {exc}") from None
+
+
 def limit_inbound_ssrcs(pc: RTCPeerConnection) -> bool:
     """Cap the remote SSRCs of each of ``pc``'s transports; call after setRemoteDescription.
     Returns False (and changes nothing) if aiortc's internals are not what this was written
     against."""
-    routers = []
+    routers, maps = [], []
     for transceiver in pc.getTransceivers():
-        router = getattr(transceiver.receiver.transport, "_rtp_router", None)
-        if type(router) is _GuardedRouter:
+        transport = transceiver.receiver.transport
+        router = getattr(transport, "_rtp_router", None)
+        extensions = getattr(transport, "_rtp_header_extensions_map", None)
+        if type(router) is _GuardedRouter and type(extensions) is _GuardedExtensionsMap:
             continue
-        if type(router) is not RtpRouter:
+        if type(router) is not RtpRouter or type(extensions) is not HeaderExtensionsMap:
             return False
         routers.append(router)
+        maps.append(extensions)
     for router in routers:
         router.__class__ = _GuardedRouter
+    for extensions in maps:
+        extensions.__class__ = _GuardedExtensionsMap
     return True
