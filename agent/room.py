@@ -474,6 +474,13 @@ def _mono_int16(samples: np.ndarray[Any, Any], channels: int) -> Int16Array:
     return mono
 
 
+def _negotiated_opus(transceiver: Any) -> bool:
+    """Whether the section was negotiated with Opus first, as the fan-out sends it (aiortc
+    keeps the negotiated codecs on the transceiver, the offer's order, Opus moved first)."""
+    codecs = getattr(transceiver, "_codecs", None) or []
+    return bool(codecs) and str(codecs[0].mimeType).lower() == "audio/opus"
+
+
 @dataclasses.dataclass
 class _Subscription:
     track: FanoutTrack
@@ -559,6 +566,13 @@ class RoomMember:
         # by aiortc into a queue nobody reads, without bound: ~200 KB/s for the whole call.
         self._send_on(audio[0], agent_sub, room.agent, receive=self.slot is not None)
         for slot, transceiver in enumerate(audio[1 : 1 + room.settings.max_speakers]):
+            if not _negotiated_opus(transceiver):
+                # Only G.711/G.722 offered for it: the speakers' Opus packets would go out
+                # under that codec's payload type and play as noise (found by review). The
+                # slot is refused; this client does not hear that speaker.
+                transceiver.direction = "inactive"
+                log.info("room %s: slot %d offered without Opus: refused", room.name, slot)
+                continue
             sub = _Subscription(FanoutTrack(room.settings.subscriber_queue_frames))
             self._subs.append(sub)
             self._slots[slot] = sub

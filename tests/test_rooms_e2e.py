@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -546,3 +547,55 @@ async def test_a_room_keeps_within_what_its_receiver_allows(adaptation: bool) ->
             assert encoder.bitrate <= 16_000 and encoder.max_playback_rate == 8_000
         finally:
             await client.close()
+
+
+def _slots_without_opus(sdp: str) -> str:
+    """Keep Opus in the first audio section (the agent's) and drop it from the later ones
+    (the room's slots): a client (a SIP gateway, say) offering only G.711/G.722 for them."""
+    sections = re.split(r"(?=\r\nm=)", sdp)
+    out = [sections[0]]
+    audio = 0
+    for section in sections[1:]:
+        if section.startswith("\r\nm=audio"):
+            audio += 1
+            if audio > 1:
+                for pt in re.findall(r"a=rtpmap:(\d+) opus/", section):
+                    section = re.sub(rf"\r\na=(rtpmap|fmtp|rtcp-fb):{pt} [^\r]*", "", section)
+                    _, head, rest = section.split("\r\n", 2)
+                    fields = head.split(" ")
+                    head = " ".join(fields[:3] + [f for f in fields[3:] if f != pt])
+                    section = "\r\n" + head + "\r\n" + rest
+        out.append(section)
+    return "".join(out)
+
+
+async def test_a_slot_offered_without_opus_is_refused_not_sent_opus_under_g711() -> None:
+    """A slot offered only G.722/PCMU was answered sendonly with them, and the speaker's
+    Opus packets went out on it under that payload type: the listener played Opus bytes as
+    G.722, noise (found by review). The slot is answered inactive; the rest of the call
+    (the agent on track 0) goes on."""
+    async with room_server(RoomSettings()) as server, aiohttp.ClientSession() as http:
+        speaker = RtcClient(server.url, http)
+        listener = RtcClient(server.url, http)
+        answers: list[str] = []
+
+        def keep(answer: str) -> str:
+            answers.append(answer)
+            return answer
+
+        try:
+            await speaker.connect(room="g711", mic=ToneMicrophone(TONE_A), slots=1)
+            await listener.connect(
+                room="g711", slots=1, rewrite_offer=_slots_without_opus, rewrite_answer=keep
+            )
+            listener.send({"type": "say", "text": "one two three"})
+            await listener.wait_event(lambda e: e["type"] == "speech.ended", timeout=20)
+            heard = listener.slot_audio.get(0)
+            frames = len(heard.frames) if heard is not None else 0
+        finally:
+            await speaker.close()
+            await listener.close()
+    slot = [s for s in answers[0].split("\r\nm=")[1:] if s.startswith("audio")][1]
+    codecs = re.findall(r"a=rtpmap:\d+ ([^/]+)/", slot)
+    assert "opus" not in codecs and "a=inactive" in slot, (codecs, slot)
+    assert frames == 0, f"{frames} frames received on the refused slot"
