@@ -425,6 +425,13 @@ class Conversation:
                                 break  # nothing to say however long it goes on: llm_empty
                             continue
                         delta, pending = pending, ""
+                        limit = self.pipeline.settings.max_text_chars
+                        if len(delta) > limit and not self.pipeline.speakable(delta[:limit]):
+                            # Its first words come past the text limit (a rule of 5000
+                            # dashes first): nothing of it may be said, llm_empty. Opened
+                            # on the dashes it was a silent utterance no end settled, and
+                            # "spoken up to the limit" (found by review).
+                            break
                         # Another writer's stream (the client's text.delta, a room
                         # participant's) is open: the reply waits for its end, as a say
                         # queues behind it.

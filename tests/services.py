@@ -99,6 +99,7 @@ class FakeLLM(_Server):
     requests: list[dict[str, Any]] = field(default_factory=list)
     authorizations: list[str | None] = field(default_factory=list)
     finished: int = 0  # streams sent to the end
+    abandoned: int = 0  # streams whose client closed the connection before their end
     # Refuse, as the chat templates of Llama 2, Mistral or Gemma do, messages whose roles do
     # not alternate user/assistant starting with the user's (after an optional system one).
     strict_roles: bool = False
@@ -138,6 +139,14 @@ class FakeLLM(_Server):
         tokens = self.replies.popleft() if self.replies else self.default
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
+        try:
+            await self._stream(response, tokens)
+        except (ConnectionResetError, asyncio.CancelledError):
+            self.abandoned += 1  # a write found the connection closed (or aiohttp cancelled)
+            raise
+        return response
+
+    async def _stream(self, response: web.StreamResponse, tokens: list[str]) -> None:
         await response.write(b": keep-alive\n\n")
         if self.first_token_delay_s:
             await asyncio.sleep(self.first_token_delay_s)
@@ -154,4 +163,3 @@ class FakeLLM(_Server):
         await response.write(f"data: {json.dumps(done)}\n\ndata: [DONE]\n\n".encode())
         self.finished += 1
         await response.write_eof()
-        return response

@@ -392,8 +392,14 @@ async def test_interrupt_message_also_stops_the_llm(
             client.send({"type": "interrupt"})
             first = await client.wait_event(lambda e: e["type"] == "speech.ended", timeout=5)
             assert first["interrupted"] is True
-            await asyncio.sleep(0.5)
-            assert llm.finished == 0  # the stream was dropped, not read to its end
+            # The HTTP stream was closed, not left open (or read on) to its end, 6 s away:
+            # the fake server's next write, 0.2 s later at most, finds it gone. (Checking
+            # `finished` alone passed whether or not it was closed: found by review.)
+            deadline = time.monotonic() + 3
+            while llm.abandoned == 0:
+                assert time.monotonic() < deadline, "the LLM's stream was not closed"
+                await asyncio.sleep(0.05)
+            assert llm.finished == 0
             client.send({"type": "chat", "text": "and now?"})
             second = await client.wait_event(
                 lambda e: e["type"] == "speech.ended" and e["id"] != first["id"], timeout=10

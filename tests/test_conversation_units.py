@@ -1107,8 +1107,16 @@ class TextlessBrain(RecordingBrain):
 
 @pytest.mark.parametrize(
     "deltas",
-    [[], ["\n\n", " "], ["\U0001f44d"], ["\u2026", " \u2014", "\U0001f389"]],
-    ids=["nothing", "whitespace", "emoji", "marks"],
+    [
+        [],
+        ["\n\n", " "],
+        ["\U0001f44d"],
+        ["\u2026", " \u2014", "\U0001f389"],
+        # Its words come only past the 5000-character limit: opened on the dashes it was a
+        # silent utterance never settled, told "spoken up to the limit" (found by review).
+        ["-" * 1000] * 4 + ["-" * 999, "------ Hello there, here is the answer."],
+    ],
+    ids=["nothing", "whitespace", "emoji", "marks", "words_past_the_limit"],
 )
 async def test_an_answer_with_no_text_is_an_error_not_silence(deltas: list[str]) -> None:
     """A brain answer without any text (an empty completion; an LLM that only calls tools)
@@ -1125,6 +1133,7 @@ async def test_an_answer_with_no_text_is_an_error_not_silence(deltas: list[str])
         assert (error["code"], error["id"]) == ("llm_empty", reply_id), error
         assert not [e for e in events if e["type"].startswith("speech.")], events
         assert session.conversation.history == [{"role": "user", "content": "Anyone there?"}]
+        assert session.conversation._replies == {}  # settled, nothing kept for it
         brain = RecordingBrain()
         session.conversation._brain = brain
         session.conversation.ask("Hello?")
