@@ -37,6 +37,11 @@ def check_offer_sdp(sdp: object, max_sections: int) -> str:
         raise ApiError(413, "sdp_too_large", f"SDP is limited to {MAX_SDP_BYTES} bytes")
     if not sdp.lstrip().startswith("v=0"):
         raise ApiError(400, "bad_sdp", "SDP must start with 'v=0'")
+    # Lines as aiortc reads them (str.splitlines: \r, \x0c, \u2028... end a line too), so
+    # that the rewrites after this (opus_first, explicit_directions), which split on \r\n,
+    # see the same lines: an offer joining lines with \u2028 got past them, and Opus went
+    # out labelled PCMU (found by review).
+    sdp = "\r\n".join(sdp.splitlines()) + "\r\n"
     _check_attributes(sdp.splitlines())
     _check_mids(sdp.splitlines())
     sections = sum(1 for line in sdp.splitlines() if line.startswith("m="))

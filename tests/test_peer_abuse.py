@@ -205,3 +205,29 @@ async def test_a_candidate_port_out_of_range_is_refused_not_an_error_in_the_log(
         if r.levelno >= logging.ERROR
     ]
     assert status == 400 and not errors, f"answered {status}, then logged {errors}"
+
+
+@pytest.mark.parametrize("separator", ["\u2028", "\x0c", "\r"])
+async def test_lines_joined_as_aiortc_reads_them_still_get_opus_first(
+    live_server: LiveServer, separator: str
+) -> None:
+    """aiortc splits SDP with str.splitlines (\\u2028, \\x0c, a lone \\r end a line), the
+    rewrites that put Opus first split on \\r\\n: an offer listing PCMU first whose lines were
+    joined so got past them, and was answered PCMU first, with Opus bytes sent under it
+    (found by review)."""
+    from tests.test_shutdown import an_offer
+
+    sdp = (await an_offer()).replace(" 96 9 0 8\r\n", " 0 96 9 8\r\n", 1)
+    pcmu = "a=rtpmap:0 PCMU/8000\r\n"
+    assert " 0 96 9 8\r\n" in sdp and pcmu in sdp
+    sdp = sdp.replace(pcmu, "").replace("a=rtpmap:96 opus", pcmu + "a=rtpmap:96 opus", 1)
+    sdp = sdp.replace("\r\n", separator)
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(live_server.url + "/offer", json={"type": "offer", "sdp": sdp}) as resp,
+    ):
+        assert resp.status == 200, await resp.text()
+        answer = (await resp.json())["sdp"]
+    m_line = next(line for line in answer.splitlines() if line.startswith("m=audio"))
+    first = m_line.split()[3]
+    assert f"a=rtpmap:{first} opus/48000/2" in answer, (m_line, answer)
