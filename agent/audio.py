@@ -29,6 +29,11 @@ class StreamResampler:
 
     def process(self, chunk: PCM) -> PCM:
         samples = np.asarray(chunk, dtype=np.float32).reshape(-1)
+        if not np.isfinite(samples).all():
+            # An engine's NaN or inf (a vocoder's fp16 overflow): the filter spread one such
+            # sample over a whole block, cast to 37-75 ms of digital silence mid-word (found
+            # by review). Out of range becomes full scale, as to_int16 clips it.
+            samples = np.nan_to_num(samples, nan=0.0, posinf=1.0, neginf=-1.0)
         if self._stream is None:
             return samples
         out: PCM = self._stream.resample_chunk(samples)

@@ -532,12 +532,22 @@ class SpeechPipeline:
                 frames_out += 1
                 await self.buffer.put(pcm, due)
 
+        # Where the framer last started afresh: a caption's frame is counted from there.
+        frame_base = sample_base = 0
         while True:
             if utt.segments.empty():
                 # Waiting on the stream's writer (a client still typing, an LLM thinking),
                 # not on the engine: the silence meanwhile is no underrun, and nothing is
                 # being made (sounding).
                 self.buffer.producing = False
+                if engine_samples > sample_base:
+                    # The sentence made so far plays to its end now: its last partial frame
+                    # and the resampler's tail (10-33 ms) waited for the writer's next text
+                    # and played glued to it (found by review). Segments are separate engine
+                    # calls, so starting the filter afresh joins nothing that was joined.
+                    await put(framer.push(resampler.flush()) + framer.flush())
+                    resampler = StreamResampler(self.engine.sample_rate, self.rate)
+                    frame_base, sample_base = frames_out, engine_samples
             segment = await utt.segments.get()
             if segment is None:
                 break
@@ -547,7 +557,9 @@ class SpeechPipeline:
             # The segment's place on the utterance's audio timeline, counted in engine samples
             # (the resampler's filter delay would skew a count of output samples).
             start_ms = round(engine_samples * 1000 / self.engine.sample_rate)
-            frame_index = engine_samples * FRAMES_PER_SECOND // self.engine.sample_rate
+            frame_index = frame_base + (
+                (engine_samples - sample_base) * FRAMES_PER_SECOND // self.engine.sample_rate
+            )
             caption = {
                 "type": "speech.segment",
                 "id": utt.id,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import warnings
 from collections.abc import AsyncGenerator
 from typing import Any
 
@@ -340,3 +341,97 @@ async def test_worker_survives_a_failure_outside_the_engine() -> None:
     assert {"type": "speech.ended", "id": "a", "interrupted": True} in events
     assert any(e["type"] == "error" and e.get("id") == "a" for e in events)
     await pipeline.close()
+
+
+class OneBadSampleEngine(ToneEngine):
+    """One second of a 300 Hz tone at half scale, in 10 chunks, with a single non-finite
+    sample (a NaN from an fp16 overflow in a vocoder) in the middle."""
+
+    def __init__(self, sample_rate: int, bad: float) -> None:
+        super().__init__(sample_rate=sample_rate)
+        self.bad = bad
+
+    async def synthesize(
+        self, text: str, voice: VoiceOptions, *, continuation: bool = False
+    ) -> AsyncGenerator[PCM, None]:
+        t = np.arange(self.sample_rate) / self.sample_rate
+        audio = (0.5 * np.sin(2 * np.pi * 300 * t)).astype(np.float32)
+        audio[self.sample_rate // 2] = self.bad
+        for chunk in np.array_split(audio, 10):
+            yield chunk
+
+
+def _longest_zero_run(samples: np.ndarray) -> int:
+    best = run = 0
+    for is_zero in samples == 0:
+        run = run + 1 if is_zero else 0
+        best = max(best, run)
+    return best
+
+
+async def test_one_nan_sample_from_a_resampled_engine_costs_one_sample_not_tens_of_ms() -> None:
+    """A single NaN in a 22.05 kHz engine's chunk went through soxr, whose filter smeared
+    it over the whole block, cast to 0: a hard dropout (37.5 ms of digital zero) in the
+    middle of a word (found by review). It is one zero sample now."""
+    events: list[dict[str, Any]] = []
+    pipeline = SpeechPipeline(
+        OneBadSampleEngine(22_050, float("nan")), SpeechSettings(), events.append
+    )
+    assert pipeline.rate == 24_000  # resampled
+    pipeline.start()
+    drain = Drain(pipeline)
+    pipeline.say("hello world")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # "invalid value encountered in cast"
+        await wait_for(lambda: any(e["type"] == "speech.ended" for e in events))
+    drain.stop()
+    await pipeline.close()
+    played = np.concatenate(drain.frames)
+    # Within the tone (a 300 Hz sine at 24 kHz has at most ~1 exact-zero sample in a row):
+    zeros = _longest_zero_run(played[: int(0.9 * 24_000)])
+    assert zeros <= 24, f"a {zeros * 1000 / 24_000:.1f} ms hole of digital silence mid-speech"
+
+
+async def test_a_text_streams_sentence_plays_to_its_end_while_the_writer_pauses() -> None:
+    """A text stream (LLM tokens) whose writer pauses after a sentence: its last partial
+    20 ms frame (held by the Framer) and the resampler's filter tail (~33 ms at 22.05 ->
+    24 kHz) were only pushed out with the *next* segment's audio (or at text.end): the
+    sentence was cut short mid-waveform, then the stale tail played glued in front of the
+    next sentence (found by review). ``say`` never showed it: its segments are all queued
+    at once. The next sentence's caption still comes with its first frame."""
+    events: list[dict[str, Any]] = []
+    caption_at: list[int] = []  # frames played when each caption was sent
+
+    def emit(event: dict[str, Any]) -> None:
+        events.append(event)
+        if event["type"] == "speech.segment":
+            caption_at.append(len(drain.frames))
+
+    # 2 words x 0.25 s = 0.5 s of engine audio = exactly 25 frames of 24 kHz output.
+    pipeline = SpeechPipeline(
+        ToneEngine(sample_rate=22_050, seconds_per_word=0.25), SpeechSettings(), emit
+    )
+    pipeline.start()
+    drain = Drain(pipeline)
+    pipeline.text_delta("Hello there. And")  # "Hello there." is a segment; "And" waits
+    # The engine is instant: give it ample time to make and buffer the sentence.
+    await asyncio.sleep(0.5)
+    assert pipeline.buffer.producing is False  # waiting on the writer, not the engine
+    heard = len(drain.frames)
+    played = np.concatenate(drain.frames) if drain.frames else np.zeros(0, np.int16)
+    nonzero = int(np.count_nonzero(played))
+    try:
+        assert heard >= 25, (
+            f"only {heard} of the sentence's 25 frames were played while the writer paused "
+            f"({nonzero} non-zero samples of ~12000): its tail waits for the next delta"
+        )
+        pipeline.text_delta(" more words.")
+        pipeline.text_end()
+        await wait_for(lambda: any(e["type"] == "speech.ended" for e in events))
+    finally:
+        drain.stop()
+        await pipeline.close()
+    # The second caption rides the first frame after the flushed tail: the one that plays
+    # its first sample.
+    assert caption_at == [1, heard + 1], (caption_at, heard)
+    assert np.count_nonzero(drain.frames[heard]) > 0
