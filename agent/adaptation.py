@@ -16,6 +16,7 @@ from aiortc import RTCRtpSender
 from agent.bitrate import BitrateController
 from agent.config import AdaptationSettings
 from agent.feedback import Applier, FeedbackTap
+from agent.opus_rates import MIN_BITRATE as OPUS_MIN_BITRATE
 from agent.track import OpusPacketTrack
 
 
@@ -27,6 +28,15 @@ class ReceiverOpus:
     max_bitrate: int | None = None  # maxaveragebitrate
     max_playback_rate: int | None = None  # maxplaybackrate (Hz)
     transport_cc: bool = False
+
+
+def receiver_ceiling(bitrate: int, receiver: ReceiverOpus) -> int:
+    """The configured bitrate lowered by the receiver's maxaveragebitrate, but no lower
+    than libopus goes: a receiver asking 4 kbps got a stats ``ceiling`` of 4000 beside a
+    bitrate of 6000, and the raw value passed to encoders that clamp it (found by review)."""
+    if receiver.max_bitrate is not None:
+        bitrate = min(bitrate, receiver.max_bitrate)
+    return max(OPUS_MIN_BITRATE, bitrate)
 
 
 class NetworkAdaptation:
@@ -41,12 +51,9 @@ class NetworkAdaptation:
         self.track = track
         self.settings = settings
         self.receiver = receiver
-        ceiling = track.encoder.bitrate
-        if receiver.max_bitrate is not None:
-            ceiling = min(ceiling, receiver.max_bitrate)
-        self.ceiling = ceiling
+        self.ceiling = receiver_ceiling(track.encoder.bitrate, receiver)
         self.controller = BitrateController(
-            settings, ceiling, fec_allowed=receiver.fec, now=clock()
+            settings, self.ceiling, fec_allowed=receiver.fec, now=clock()
         )
         self.applier = Applier(
             track.set_bitrate,

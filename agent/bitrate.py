@@ -5,10 +5,11 @@ seconds), so the law is a pure function of the report sequence and is tested on 
 sequences. The control law:
 
 Loss (RTCP receiver reports; transport-cc windows where the peer sends them):
-- FEC: a report with loss >= ``fec_on_loss`` turns in-band FEC on and sets the expected
-  loss to the smoothed loss (at least ``fec_min_expected_loss_pct``: libopus only narrows
-  the band to fit FEC above 5%); FEC goes off after ``fec_off_after_s`` without loss.
-  Hysteresis by time, so a path with sporadic loss does not flap.
+- FEC: a report with loss turns in-band FEC on when the newest FEC_WINDOW_PACKETS (200)
+  packets lost at least ``fec_on_loss``, and sets the expected loss to the smoothed loss (at
+  least ``fec_min_expected_loss_pct``: libopus only narrows the band to fit FEC above 5%);
+  FEC goes off after ``fec_off_after_s`` without loss. Hysteresis by time, so a path with
+  sporadic loss does not flap.
 Bitrate decisions use loss smoothed per packet (so a receiver report of ~50 packets and two
 transport-cc windows of ~25 weigh the same), in three estimates: fast (the newest 50 packets
 weigh half: about the last 2 s), slow (a fifth: ~5 s) and long-run (3%: ~30 s).
@@ -27,10 +28,11 @@ weigh half: about the last 2 s), slow (a fifth: ~5 s) and long-run (3%: ~30 s).
   since the last update) to the ceiling, but not within ``increase_hold_s`` of a decrease.
 
 Congestion (queueing, not random loss), where the floor is ``min_bitrate``:
-- transport-cc: queueing delay above ``queuing_delay_overuse_ms`` and growing means the
-  path is over-used: bitrate x ``congestion_backoff`` (and at most that fraction of the rate
-  the receiver actually got); queueing above ``queuing_delay_hold_ms`` holds climbing
-  (while the report saying so is under CONGESTION_FRESH_S old).
+- transport-cc: queueing delay above ``queuing_delay_overuse_ms`` and growing faster than
+  ``queuing_delay_trend_ms_per_s`` means the path is over-used: bitrate x
+  ``congestion_backoff`` (and at most that fraction of the rate the receiver actually got,
+  unless the agent was silent: see APP_LIMITED); queueing above ``queuing_delay_hold_ms``
+  holds climbing (while the report saying so is under CONGESTION_FRESH_S old).
 - RTT above ``rtt_spike_factor`` x its baseline (the minimum of the last minute) and at least
   ``rtt_spike_min_s`` above it: same backoff, and no climbing while it lasts (as above).
 - REMB (where a peer sends one): an upper bound for as long as it is fresh (10 s).
@@ -55,6 +57,15 @@ REMB_FRESH_S = 10.0
 # audio receiver reports come every ~2.5-7 s, transport-cc every ~100 ms.
 CONGESTION_FRESH_S = 10.0
 RTT_BASELINE_WINDOW_S = 60.0
+# Packets sent at under this fraction of the target bitrate: the stream was application-
+# limited (silence), its receive rate no measure of the path.
+APP_LIMITED = 0.7
+# FEC is decided on the loss of at least this many packets (the newest reports covering
+# them; fewer at the start count as this many): one lost packet was 4% of a 25-packet
+# transport-cc window and 0.4% of a Chromium 250-packet receiver report, so a path losing
+# one packet in 400 had FEC on for good with one kind of feedback and off with the other
+# (found by review). 200 packets: 4 s of audio; a 1% path loses 2 in it on average.
+FEC_WINDOW_PACKETS = 200
 # Loss is smoothed per packet, not per report: an RTCP receiver report covers ~50 packets
 # (aiortc's: ~1 s; Chromium's: ~5 s, ~250), a transport-cc window ~25. Per REPORT_PACKETS
 # packets the newest loss weighs this much in each estimate, so both kinds of feedback give
@@ -100,6 +111,7 @@ class DelayReport:
     queuing_delay_ms: float
     delay_trend_ms_per_s: float
     receive_rate_bps: float | None = None
+    sent_rate_bps: float | None = None  # the same packets as sent (twcc.FeedbackSummary)
 
 
 class BitrateController:
@@ -128,6 +140,10 @@ class BitrateController:
         self._last_update = now
         self._last_decrease = -math.inf
         self._last_loss_time = -math.inf
+        # (packets, lost) of the newest reports covering FEC_WINDOW_PACKETS, and their sums.
+        self._fec_window: deque[tuple[int, float]] = deque()
+        self._fec_packets = 0
+        self._fec_lost = 0.0
         self._remb: tuple[float, int] | None = None  # (time, bitrate)
         self._rtt_samples: deque[tuple[float, float]] = deque(maxlen=256)
         # When the newest report of each kind said "congested" (None: it did not).
@@ -185,7 +201,16 @@ class BitrateController:
         self._long_loss = _smooth(self._long_loss, loss, LONG_LOSS_SMOOTHING, packets)
 
         # FEC and the loss libopus should expect.
-        if loss >= s.fec_on_loss:
+        window = self._fec_window
+        window.append((packets, loss * packets))
+        self._fec_packets += packets
+        self._fec_lost += loss * packets
+        while len(window) > 1 and self._fec_packets - window[0][0] >= FEC_WINDOW_PACKETS:
+            old_packets, old_lost = window.popleft()
+            self._fec_packets -= old_packets
+            self._fec_lost -= old_lost
+        window_loss = self._fec_lost / max(self._fec_packets, FEC_WINDOW_PACKETS)
+        if loss > 0 and window_loss >= s.fec_on_loss - 1e-9:
             self._last_loss_time = now
             if self.fec_allowed:
                 self._fec = True
@@ -221,9 +246,15 @@ class BitrateController:
         self.queuing_delay_ms = report.queuing_delay_ms
         elevated = report.queuing_delay_ms > s.queuing_delay_hold_ms
         self._queueing_elevated_at = report.time if elevated else None
-        if report.queuing_delay_ms > s.queuing_delay_overuse_ms and report.delay_trend_ms_per_s > 0:
+        growing = report.delay_trend_ms_per_s > s.queuing_delay_trend_ms_per_s
+        if report.queuing_delay_ms > s.queuing_delay_overuse_ms and growing:
             proposal = self._bitrate * s.congestion_backoff
-            if report.receive_rate_bps:
+            # What arrived bounds the path only if we sent near our target: the agent silent
+            # (35-byte packets, ~14 kbps at 32 kbps) is application-limited, and one
+            # over-use then cut 32 kbps straight to the 12 kbps floor (found by review).
+            sent = report.sent_rate_bps
+            limited = sent is not None and sent < APP_LIMITED * self._bitrate
+            if report.receive_rate_bps and not limited:
                 proposal = min(proposal, report.receive_rate_bps * s.congestion_backoff)
             self._decrease(report.time, proposal, s.min_bitrate, "queueing delay")
         elif not self._congested(report.time) and self.loss is not None and self._clean():
@@ -298,7 +329,11 @@ class BitrateController:
         s = self.settings
         # Capped: after a long quiet spell (a call on hold) one report must not compound a
         # huge exponent (it would overflow), nor jump further than a few seconds' climb.
-        elapsed = min(MAX_CLIMB_STEP_S, max(0.0, now - self._last_update))
+        # From the hold's end at the earliest: a report 5 s after a decrease (Chromium's
+        # receiver reports) climbed through the 2 s hold too, 2.0x instead of 1.5x (found by
+        # review).
+        climb_from = max(self._last_update, self._last_decrease + s.increase_hold_s)
+        elapsed = min(MAX_CLIMB_STEP_S, max(0.0, now - climb_from))
         self._last_update = now
         if now - self._last_decrease < s.increase_hold_s or self._bitrate >= self.ceiling:
             return

@@ -35,7 +35,7 @@ import numpy as np
 from aiortc import RTCDataChannel, RTCPeerConnection, RTCRtpSender
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
-from agent.adaptation import ReceiverOpus
+from agent.adaptation import ReceiverOpus, receiver_ceiling
 from agent.bitrate import BitrateController, EncoderTarget
 from agent.config import Config
 from agent.direct import DirectSender
@@ -611,9 +611,7 @@ class RoomMember:
         settings = self.room.config.adaptation
         receiver = self._receiver
         opus = self.room.config.opus
-        ceiling = opus.bitrate
-        if receiver.max_bitrate is not None:
-            ceiling = min(ceiling, receiver.max_bitrate)
+        ceiling = receiver_ceiling(opus.bitrate, receiver)
         control = (source or self.room.agent).control
         if not settings.enabled:
             fixed = EncoderTarget(

@@ -341,9 +341,13 @@ def test_a_climb_reaches_the_encoder_in_steps_of_at_least_min_step() -> None:
 
 
 def test_loss_of_exactly_fec_on_loss_turns_fec_on() -> None:
-    """FEC comes on with a report of loss >= fec_on_loss (1%), the threshold included."""
+    """FEC comes on with loss >= fec_on_loss (1%) over the newest 200 packets, the
+    threshold included; one lost packet among the first 100 is 0.5% of that."""
     controller = BitrateController(SETTINGS, CEILING)
-    assert controller.on_loss_report(LossReport(1.0, SETTINGS.fec_on_loss, packets=100)).fec
+    assert not controller.on_loss_report(LossReport(1.0, SETTINGS.fec_on_loss, packets=100)).fec
+    assert controller.on_loss_report(LossReport(2.0, SETTINGS.fec_on_loss, packets=100)).fec
+    controller = BitrateController(SETTINGS, CEILING)
+    assert controller.on_loss_report(LossReport(1.0, SETTINGS.fec_on_loss, packets=200)).fec
 
 
 def test_a_negative_rtt_is_ignored_and_does_not_poison_the_baseline() -> None:
