@@ -8,9 +8,10 @@ refused). After ``cooldown_s`` one probe utterance (``probe_text``) runs on the 
 (half-open); if it produces audio the breaker closes, otherwise it stays open for another
 cool-down. The probe runs on its own, so readiness comes back without waiting for traffic.
 
-An utterance whose engine stream gives no audio for ``stall_s`` (a hung engine) fails with
-``EngineStalled``, a failure like any other: without it a wedged engine kept its sessions
-silent for good and never opened the breaker.
+An utterance whose engine stream gives no audio for ``stall_s`` while the engine gives no
+stream any (a hung engine, not a busy one) fails with ``EngineStalled``, a failure like any
+other: without it a wedged engine kept its sessions silent for good and never opened the
+breaker.
 
 Cancellation (an interrupt, a hang-up) is neither a failure nor a success, and nor is a
 ``RequestError`` (a voice or option the engine refuses): that is one client's mistake, and
@@ -23,6 +24,7 @@ import asyncio
 import contextlib
 import contextvars
 import logging
+import math
 import time
 from collections import deque
 from collections.abc import AsyncGenerator, Callable
@@ -70,6 +72,9 @@ class CircuitBreaker:
         self.opened = 0  # times the breaker opened (figures)
         self._timer: asyncio.TimerHandle | None = None
         self._probe: asyncio.Task[None] | None = None
+        # When any stream last got audio from the engine (event-loop time): a stream is
+        # stalled only when the whole engine has been silent (see _next_chunk).
+        self._audio_at = -math.inf
 
     # --- TTSEngine -------------------------------------------------------------------------
     @property
@@ -103,25 +108,17 @@ class CircuitBreaker:
         reason = self.unavailable
         if reason is not None:
             raise EngineUnavailable(reason)
-        stall_s = self.settings.stall_s or None
         try:
             speech = self.inner.synthesize(text, voice, continuation=continuation)
             async with aclosing(speech) as chunks:
                 while True:
                     # Only the engine's own time is timed: between chunks the listener's
                     # back-pressure may hold us (a full buffer) for as long as it likes.
-                    deadline = asyncio.timeout(stall_s)
                     try:
-                        async with deadline:
-                            chunk = await anext(chunks)
+                        chunk = await self._next_chunk(chunks)
                     except StopAsyncIteration:
                         break
-                    except TimeoutError:
-                        if not deadline.expired():
-                            raise  # the engine's own
-                        raise EngineStalled(
-                            f"the speech engine produced no audio for {stall_s:g} s"
-                        ) from None
+                    self._audio_at = asyncio.get_running_loop().time()
                     yield chunk
         except (asyncio.CancelledError, GeneratorExit, RequestError):
             raise
@@ -129,6 +126,30 @@ class CircuitBreaker:
             self._failed(exc)
             raise
         self._succeeded()
+
+    async def _next_chunk(self, chunks: AsyncGenerator[PCM, None]) -> PCM:
+        """The stream's next chunk; ``EngineStalled`` once it has waited ``stall_s`` while
+        the engine gave no stream any audio. A stream queued behind a full batch of others
+        that are speaking waits its turn: the engine is busy, not hung (timing each stream
+        alone turned an overload into stalls in a row, an open breaker and an outage;
+        found by review)."""
+        stall_s = self.settings.stall_s
+        if not stall_s:
+            return await anext(chunks)
+        loop = asyncio.get_running_loop()
+        step = asyncio.ensure_future(anext(chunks))
+        try:
+            while True:
+                done, _ = await asyncio.wait({step}, timeout=stall_s)
+                if done:
+                    return step.result()
+                if loop.time() - self._audio_at >= stall_s:
+                    raise EngineStalled(f"the speech engine produced no audio for {stall_s:g} s")
+        finally:
+            if not step.done():
+                step.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await step
 
     def check_voice(self, voice: VoiceOptions) -> None:
         check_voice(self.inner, voice)  # the engine's own check, if it has one

@@ -459,9 +459,9 @@ class BreakerSettings:
     # After this long open, one probe utterance runs; its success closes the breaker.
     cooldown_s: float = 10.0
     probe_text: str = "Hello."
-    # An utterance whose engine stream gives no audio for this long (waiting for its turn in
-    # the engine included, the listener's own back-pressure not) fails (tts_failed) and
-    # counts as a failure: a hung engine (a wedged GPU, a lost replica) would otherwise keep
+    # An utterance whose engine stream gives no audio for this long while the engine gives
+    # no stream any (agent/breaker.py; the listener's own back-pressure does not count)
+    # fails (tts_failed) and counts as a failure: a hung engine (a wedged GPU, a lost replica) would otherwise keep
     # its sessions silent, queued speech behind it, with /readyz still ready. 0: no limit.
     stall_s: float = 60.0
 

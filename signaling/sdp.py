@@ -149,12 +149,16 @@ def _candidates_to_add(lines: list[str]) -> int:
     400 for a candidate port outside 0-65535 too: answered, aioice's checks to it raised
     OverflowError in ``sendto``, which closed the session's ICE socket and logged errors
     with tracebacks (found by review)."""
+    # aiortc bundles the first session-level BUNDLE group only: a second group, or one
+    # inside a media section, shares nothing (counting them let 90 candidates in).
     bundled_mids: set[str] = set()
     for line in lines:
-        if line.startswith("a=group:"):
-            bits = line[len("a=group:") :].split()
-            if bits and bits[0] == "BUNDLE":
-                bundled_mids.update(bits[1:])
+        if line.startswith("m="):
+            break
+        bits = line[len("a=group:") :].split() if line.startswith("a=group:") else []
+        if bits and bits[0] == "BUNDLE":
+            bundled_mids.update(bits[1:])
+            break
     sections: list[tuple[str | None, set[tuple[str, ...]]]] = [(None, set())]  # session level
     for line in lines:
         if line.startswith("m="):

@@ -11,6 +11,7 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 import aiohttp
+import numpy as np
 import pytest
 
 from agent.breaker import CircuitBreaker, EngineStalled
@@ -362,3 +363,62 @@ async def test_utterances_failing_after_the_breaker_opened_do_not_reopen_it() ->
         assert breaker.opened == 1 and breaker.retry_after_s == pytest.approx(retry - 5)
     finally:
         await breaker.close()
+
+
+class OneAtATimeEngine:
+    """A healthy engine with room for one stream at a time (a full batch): each stream
+    yields a chunk every 50 ms for ``stream_s``; the others wait for their turn."""
+
+    name = "busy"
+    sample_rate = 24_000
+    ready = True
+    failure = None
+
+    def __init__(self, stream_s: float) -> None:
+        self.stream_s = stream_s
+        self._turn = asyncio.Semaphore(1)
+        self.chunks = 0
+
+    async def start(self) -> None:
+        pass
+
+    async def close(self) -> None:
+        pass
+
+    async def synthesize(
+        self, text: str, voice: VoiceOptions, *, continuation: bool = False
+    ) -> AsyncGenerator[PCM, None]:
+        async with self._turn:
+            for _ in range(round(self.stream_s / 0.05)):
+                await asyncio.sleep(0.05)
+                self.chunks += 1
+                yield np.zeros(1200, dtype=np.float32)
+
+
+async def test_a_busy_engine_that_keeps_producing_audio_does_not_open_the_breaker() -> None:
+    """The stall timer ran per stream from its request, a place in the engine's batch
+    included. An engine that is merely saturated (full-size ChatTTS on CPU with a full
+    batch, Ray Serve queueing while a replica starts) produces audio all along, yet the
+    streams queued behind the batch each "stalled": ``failures`` of them in a row opened
+    the breaker, and the whole process refused speech (found by review)."""
+    settings = BreakerSettings(failures=2, window_s=30, cooldown_s=100, stall_s=0.3)
+    engine = OneAtATimeEngine(stream_s=1.0)
+    breaker = CircuitBreaker(engine, settings, time.monotonic)
+
+    async def speak(text: str) -> str:
+        try:
+            async for _chunk in breaker.synthesize(text, VoiceOptions()):
+                pass
+        except Exception as exc:  # noqa: BLE001
+            return type(exc).__name__
+        return "ok"
+
+    try:
+        outcomes = await asyncio.gather(*(speak(f"utterance {i}") for i in range(3)))
+        state = breaker.state
+    finally:
+        await breaker.close()
+    assert engine.chunks >= 20  # the engine was producing audio the whole time
+    assert state == "closed", (
+        f"a healthy engine busy with another stream opened the breaker: {outcomes}"
+    )

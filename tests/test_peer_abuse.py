@@ -231,3 +231,64 @@ async def test_lines_joined_as_aiortc_reads_them_still_get_opus_first(
     m_line = next(line for line in answer.splitlines() if line.startswith("m=audio"))
     first = m_line.split()[3]
     assert f"a=rtpmap:{first} opus/48000/2" in answer, (m_line, answer)
+
+
+def _second_bundle_group(sdp: str) -> str:
+    """aiortc bundles only the FIRST session-level BUNDLE group (rtcpeerconnection.py:
+    ``next(x for x in description.group if x.semantic == "BUNDLE")``)."""
+    return sdp.replace("t=0 0\r\n", "t=0 0\r\na=group:BUNDLE 0\r\na=group:BUNDLE 1 2\r\n", 1)
+
+
+def _media_level_bundle_group(sdp: str) -> str:
+    """A group line inside a media section: aiortc reads groups at session level only."""
+    return sdp.replace("a=mid:0\r\n", "a=mid:0\r\na=group:BUNDLE 0 1 2\r\n", 1)
+
+
+def _second_audio_as_video(sdp: str) -> str:
+    """Sections audio (mid 0), video (mid 1), data (mid 2). aiortc's default bundle policy
+    (BALANCED) gives each *kind* one transport whatever the offer says, so only sections of
+    different kinds can add candidates again."""
+    head, *sections = sdp.split("\r\nm=")
+    lines = sections[1].split("\r\n")
+    kept = [
+        line
+        for line in lines[1:]
+        if not line.startswith(("a=rtpmap:", "a=fmtp:", "a=rtcp-fb:", "a=extmap:", "a=ssrc"))
+    ]
+    port = lines[0].split()[1]
+    sections[1] = "\r\n".join(
+        [f"video {port} UDP/TLS/RTP/SAVPF 97", "a=rtpmap:97 VP8/90000", *kept]
+    )
+    return "\r\nm=".join([head, *sections])
+
+
+@pytest.mark.parametrize("rewrite", [_second_bundle_group, _media_level_bundle_group])
+async def test_bundle_groups_aiortc_ignores_do_not_lift_the_candidate_limit(
+    live_server: LiveServer, rewrite: Any
+) -> None:
+    """The mids of *every* ``a=group:BUNDLE`` line (any group, any level) were counted as
+    one shared transport; aiortc bundles only the first session-level group. The video and
+    data sections keep transports of their own and each added its 30 candidates: 90 added
+    (limit 64) (found by review)."""
+    from signaling.keys import SESSIONS
+    from signaling.sdp import MAX_CANDIDATES
+    from tests.test_http_errors import _same_candidates_in_every_section
+
+    sdp = rewrite(
+        _second_audio_as_video(await _same_candidates_in_every_section(2, 30, bundle=False))
+    )
+    assert sdp.count("a=candidate:") == 90 and "m=video" in sdp
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(live_server.url + "/offer", json={"type": "offer", "sdp": sdp}) as resp,
+    ):
+        text = await resp.text()
+    added = sum(
+        len(transport._connection.remote_candidates)
+        for peer in live_server.app[SESSIONS].peers()
+        for transport in peer.pc._RTCPeerConnection__iceTransports  # type: ignore[attr-defined]
+    )
+    assert resp.status == 400 and added == 0, (
+        f"answered {resp.status}; aiortc added {added} remote candidates "
+        f"(limit {MAX_CANDIDATES}): {text[:80]}"
+    )
