@@ -30,9 +30,9 @@ weigh half: about the last 2 s), slow (a fifth: ~5 s) and long-run (3%: ~30 s).
 Congestion (queueing, not random loss), where the floor is ``min_bitrate``:
 - transport-cc: queueing delay above ``queuing_delay_overuse_ms`` and growing faster than
   ``queuing_delay_trend_ms_per_s`` means the path is over-used: bitrate x
-  ``congestion_backoff`` (and at most that fraction of the rate the receiver actually got,
-  unless the agent was silent: see APP_LIMITED); queueing above ``queuing_delay_hold_ms``
-  holds climbing (while the report saying so is under CONGESTION_FRESH_S old).
+  ``congestion_backoff`` (and at most that fraction of the rate the receiver actually got);
+  queueing above ``queuing_delay_hold_ms`` holds climbing (while the report saying so is
+  under CONGESTION_FRESH_S old).
 - RTT above ``rtt_spike_factor`` x its baseline (the minimum of the last minute) and at least
   ``rtt_spike_min_s`` above it: same backoff, and no climbing while it lasts (as above).
 - REMB (where a peer sends one): an upper bound for as long as it is fresh (10 s).
@@ -57,9 +57,6 @@ REMB_FRESH_S = 10.0
 # audio receiver reports come every ~2.5-7 s, transport-cc every ~100 ms.
 CONGESTION_FRESH_S = 10.0
 RTT_BASELINE_WINDOW_S = 60.0
-# Packets sent at under this fraction of the target bitrate: the stream was application-
-# limited (silence), its receive rate no measure of the path.
-APP_LIMITED = 0.7
 # FEC is decided on the loss of at least this many packets (the newest reports covering
 # them; fewer at the start count as this many): one lost packet was 4% of a 25-packet
 # transport-cc window and 0.4% of a Chromium 250-packet receiver report, so a path losing
@@ -111,7 +108,6 @@ class DelayReport:
     queuing_delay_ms: float
     delay_trend_ms_per_s: float
     receive_rate_bps: float | None = None
-    sent_rate_bps: float | None = None  # the same packets as sent (twcc.FeedbackSummary)
 
 
 class BitrateController:
@@ -249,12 +245,12 @@ class BitrateController:
         growing = report.delay_trend_ms_per_s > s.queuing_delay_trend_ms_per_s
         if report.queuing_delay_ms > s.queuing_delay_overuse_ms and growing:
             proposal = self._bitrate * s.congestion_backoff
-            # What arrived bounds the path only if we sent near our target: the agent silent
-            # (35-byte packets, ~14 kbps at 32 kbps) is application-limited, and one
-            # over-use then cut 32 kbps straight to the 12 kbps floor (found by review).
-            sent = report.sent_rate_bps
-            limited = sent is not None and sent < APP_LIMITED * self._bitrate
-            if report.receive_rate_bps and not limited:
+            # As GCC: at most that fraction of what arrived, whatever we were sending. A
+            # queue growing while the agent is silent (~14 kbps) says the path carries less
+            # than that: its speech would only fill the queue faster. (Skipping the bound
+            # for a stream sending under its target, tried once, left a room subscriber on
+            # a shared encoder and a REMB-capped stream congesting: reviewed.)
+            if report.receive_rate_bps:
                 proposal = min(proposal, report.receive_rate_bps * s.congestion_backoff)
             self._decrease(report.time, proposal, s.min_bitrate, "queueing delay")
         elif not self._congested(report.time) and self.loss is not None and self._clean():

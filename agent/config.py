@@ -461,8 +461,9 @@ class BreakerSettings:
     probe_text: str = "Hello."
     # An utterance whose engine stream gives no audio for this long while the engine gives
     # no stream any (agent/breaker.py; the listener's own back-pressure does not count)
-    # fails (tts_failed) and counts as a failure: a hung engine (a wedged GPU, a lost replica) would otherwise keep
-    # its sessions silent, queued speech behind it, with /readyz still ready. 0: no limit.
+    # fails (tts_failed) and counts as a failure: a hung engine (a wedged GPU, a lost
+    # replica) would otherwise keep its sessions silent, queued speech behind it, with
+    # /readyz still ready. 0: no limit.
     stall_s: float = 60.0
 
     def __post_init__(self) -> None:

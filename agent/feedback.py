@@ -347,7 +347,6 @@ class FeedbackTap:
                             summary.queuing_delay_ms,
                             summary.delay_trend_ms_per_s or 0.0,
                             summary.receive_rate_bps,
-                            summary.sent_rate_bps,
                         )
                     )
                 )

@@ -30,7 +30,6 @@ MAX_REPORTED_PACKETS = 1024
 # Arrivals kept for the receive rate: its 0.5 s window holds ~25 of an audio stream's
 # packets (a tap records its own stream's); a peer claiming more at once keeps only these.
 MAX_RATE_PACKETS = 512
-FRAME_S = 0.020  # the track sends one packet per 20 ms frame
 # Transport feedbacks handled per compound RTCP packet (the rest are ignored).
 MAX_FEEDBACKS_PER_COMPOUND = 8
 # Packet status symbols (draft section 3.1.1).
@@ -293,10 +292,6 @@ class FeedbackSummary:
     queuing_delay_ms: float | None  # None when no packet was newly received
     delay_trend_ms_per_s: float | None  # None under 2 points
     receive_rate_bps: float | None  # None under 2 packets in the window
-    # What the same packets take as sent (every 20 ms, speech or silence): far below the
-    # target bitrate, the stream was application-limited (the agent silent) and its receive
-    # rate says nothing of the path's capacity. None with no packets in the window.
-    sent_rate_bps: float | None = None
 
 
 class FeedbackEstimator:
@@ -393,7 +388,6 @@ class FeedbackEstimator:
             self._queuing_delay_ms(delays, now_us),
             self._trend_ms_per_s(),
             self._receive_rate_bps(),
-            self._sent_rate_bps(),
         )
 
     def _remember(self, key: tuple[int, int], received: bool) -> None:
@@ -441,13 +435,6 @@ class FeedbackEstimator:
         self._rate_bytes += size
         if self._rate_newest is None or arrival > self._rate_newest:
             self._rate_newest = arrival
-
-    def _sent_rate_bps(self) -> float | None:
-        """The rate window's packets as sent: one per 20 ms frame (the track sends one per
-        frame, silence included), so their mean size makes the rate."""
-        if not self._rate:
-            return None
-        return self._rate_bytes * 8 / (len(self._rate) * FRAME_S)
 
     def _receive_rate_bps(self) -> float | None:
         newest = self._rate_newest

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 from aiortc.rtp import RtcpReceiverInfo, RtcpRrPacket
 
-from agent.bitrate import BitrateController, LossReport
+from agent.bitrate import BitrateController, DelayReport, LossReport
 from agent.config import AdaptationSettings
 from agent.feedback import Applier, FeedbackTap, _now_us
 from agent.twcc import build_transport_feedback
@@ -37,39 +37,38 @@ def _tap(clock: Clock) -> tuple[FeedbackTap, BitrateController, list[int]]:
     return tap, controller, applied
 
 
-def test_queueing_while_the_agent_is_silent_backs_off_by_0_85_not_to_the_floor() -> None:
-    """README: queueing "backs off x0.85 to as low as 12 kbps". While the agent listens
-    (about half a call) its track sends coded digital silence: 35-byte packets at 32 kbps
-    (measured with agent.opus.OpusEncoder), ~14 kbps. on_delay_report caps the backoff at
-    0.85 x the receive rate of those packets (~12 kbps), so ONE over-use reading during
-    silence sends the encoder from 32 kbps straight to the 12 kbps floor, and the agent's
-    next reply starts there (2 s hold + ~7 s climbing back). The receive rate of an
-    application-limited stream is not the path's capacity (GCC's ALR case)."""
-    clock = Clock()
-    tap, controller, _ = _tap(clock)
-    start = _now_us()
-    seq = 0
-    silence_bytes = 35  # OpusEncoder(32 kbps) output for digital silence
-    first_cut = None
-    for round_ in range(12):
-        base = seq
-        arrivals: list[int | None] = []
-        for i in range(5):
-            send = start + (round_ * 5 + i) * 20_000
-            tap._history.record(seq, send, silence_bytes)
-            # Queueing grows 10 ms per 100 ms (as in test_feedback's over-use test).
-            arrivals.append(send + 20_000 + round_ * 10_000 + i * 2_000)
-            seq += 1
-        clock.now += 0.1
-        ref = (arrivals[0] or 0) // 64_000 * 64_000
-        tap._on_rtcp_data(build_transport_feedback(base, ref, round_, arrivals, media_ssrc=SSRC))
-        if first_cut is None and controller.last_reason == "queueing delay":
-            first_cut = controller.target.bitrate
-    assert first_cut is not None, "no over-use seen"
-    # x0.85 of 32 kbps is 27.2 kbps; the code goes to the 12 kbps floor in one step.
-    assert first_cut >= int(CEILING * SETTINGS.congestion_backoff), (
-        f"one over-use during silence cut {CEILING} -> {first_cut} bps"
+def _overuse(time_s: float, receive_bps: float) -> DelayReport:
+    return DelayReport(
+        time=time_s, queuing_delay_ms=90.0, delay_trend_ms_per_s=30.0, receive_rate_bps=receive_bps
     )
+
+
+def _clean_start(ceiling: int) -> BitrateController:
+    controller = BitrateController(AdaptationSettings(), ceiling, fec_allowed=True, now=0.0)
+    controller.on_loss_report(LossReport(0.5, 0.0, packets=50))
+    return controller
+
+
+def test_overuse_cuts_below_a_remb_cap_the_encoder_was_sending_at() -> None:
+    """A REMB of 16 kbps caps the encoder while the controller's own estimate stays at 32
+    kbps: over-use must still cut below what arrived (15 kbps), not leave the encoder at the
+    REMB's 16 kbps (what skipping the receive-rate bound for a stream sending under its
+    estimate did, tried and reverted in review)."""
+    controller = _clean_start(32_000)
+    controller.on_remb(1.0, 16_000)
+    assert controller.target.bitrate == 16_000
+    target = controller.on_delay_report(_overuse(1.2, receive_bps=15_000))
+    assert target.bitrate <= 15_000 * SETTINGS.congestion_backoff + 1, target
+
+
+def test_a_room_subscriber_on_a_shared_encoder_held_low_backs_off_below_it() -> None:
+    """Rooms: a source's one encoder runs at the lowest subscriber's wish. A subscriber whose
+    own estimate is 32 kbps receives the 14 kbps another listener pulled it down to; when its
+    own path over-uses (12 kbps of 14 arrive) its wish must fall below 14 kbps, or the shared
+    encoder goes on congesting it."""
+    controller = _clean_start(32_000)
+    wish = controller.on_delay_report(_overuse(1.0, receive_bps=12_000))
+    assert wish.bitrate < 14_000, wish
 
 
 def _rr(fraction_lost: int, highest: int) -> RtcpRrPacket:
