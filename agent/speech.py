@@ -556,7 +556,11 @@ class SpeechPipeline:
                 utt.synth_started_at = time.monotonic()
             # The segment's place on the utterance's audio timeline, counted in engine samples
             # (the resampler's filter delay would skew a count of output samples).
-            start_ms = round(engine_samples * 1000 / self.engine.sample_rate)
+            # (Each flush for a writer's pause padded the timeline to a whole frame.)
+            start_ms = round(
+                frame_base * 1000 // FRAMES_PER_SECOND
+                + (engine_samples - sample_base) * 1000 / self.engine.sample_rate
+            )
             frame_index = frame_base + (
                 (engine_samples - sample_base) * FRAMES_PER_SECOND // self.engine.sample_rate
             )

@@ -435,3 +435,43 @@ async def test_a_text_streams_sentence_plays_to_its_end_while_the_writer_pauses(
     # its first sample.
     assert caption_at == [1, heard + 1], (caption_at, heard)
     assert np.count_nonzero(drain.frames[heard]) > 0
+
+
+async def test_caption_start_ms_stays_on_the_audio_timeline_after_writer_pauses() -> None:
+    """A text stream's partial frame is padded with zeros each time its writer pauses (an
+    LLM slower than the engine: after every sentence); ``start_ms`` counted in engine
+    samples alone fell behind the audio by up to 20 ms a pause (found by review)."""
+    events: list[dict[str, Any]] = []
+    caption_frames: list[int] = []
+
+    def emit(event: dict[str, Any]) -> None:
+        events.append(event)
+        if event["type"] == "speech.segment":
+            caption_frames.append(len(drain.frames))
+
+    # 2 words x 0.245 s = 0.49 s per sentence: 24.5 frames, so 10 ms of padding each pause.
+    pipeline = SpeechPipeline(
+        ToneEngine(sample_rate=24_000, seconds_per_word=0.245), SpeechSettings(), emit
+    )
+    pipeline.start()
+    drain = Drain(pipeline)
+    try:
+        for i in range(5):
+            pipeline.text_delta(f"Sentence {i}. ")
+            await asyncio.sleep(0.3)  # the writer (an LLM) is slower than the engine
+        pipeline.text_end()
+        await wait_for(lambda: any(e["type"] == "speech.ended" for e in events), timeout=20)
+    finally:
+        drain.stop()
+        await pipeline.close()
+    captions = [e for e in events if e["type"] == "speech.segment"]
+    # Each caption rides the frame with its first sample (frames counted from 1 after
+    # speech.started's): its start_ms should be that frame's place in the utterance.
+    shifts = [
+        (frame - caption_frames[0]) * 20 - c["start_ms"]
+        for frame, c in zip(caption_frames, captions, strict=True)
+    ]
+    assert max(abs(s) for s in shifts) < 20, (
+        f"caption start_ms behind the audio by {shifts} ms "
+        f"(start_ms {[c['start_ms'] for c in captions]})"
+    )
