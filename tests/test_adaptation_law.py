@@ -6,12 +6,11 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from aiortc.rtp import RtcpReceiverInfo, RtcpRrPacket
-
 from agent.bitrate import BitrateController, DelayReport, LossReport
 from agent.config import AdaptationSettings
 from agent.feedback import Applier, FeedbackTap, _now_us
 from agent.twcc import build_transport_feedback
+from tests.test_feedback import report
 
 SETTINGS = AdaptationSettings()
 CEILING = 32_000
@@ -71,19 +70,6 @@ def test_a_room_subscriber_on_a_shared_encoder_held_low_backs_off_below_it() -> 
     assert wish.bitrate < 14_000, wish
 
 
-def _rr(fraction_lost: int, highest: int) -> RtcpRrPacket:
-    info = RtcpReceiverInfo(
-        ssrc=SSRC,
-        fraction_lost=fraction_lost,
-        packets_lost=0,
-        highest_sequence=highest,
-        jitter=0,
-        lsr=0,
-        dlsr=0,
-    )
-    return RtcpRrPacket(ssrc=99, reports=[info])
-
-
 def test_fec_stays_off_on_a_path_losing_a_quarter_of_a_percent_whichever_feedback() -> None:
     """README: "any loss >= 1% turns on Opus in-band FEC"; bitrate.py: loss is smoothed per
     packet "so both kinds of feedback give the same estimates on the same path". But FEC is
@@ -109,7 +95,7 @@ def test_fec_stays_off_on_a_path_losing_a_quarter_of_a_percent_whichever_feedbac
         rr_tap._clock = Clock(5.0 * (k + 1))
         lost = sum(1 for p in range(highest, highest + 250) if p % 400 == 399)
         highest += 250
-        rr_tap._on_rtcp_packet(_rr(lost * 256 // 250, highest))
+        rr_tap._on_rtcp_packet(report(lost * 256 // 250, ssrc=SSRC, highest=highest))
     rr_fec_at_end = rr_controller.target.fec
     assert (twcc_fec_at_end, rr_fec_at_end) == (False, False), (
         f"0.25% loss: FEC on via transport-cc={twcc_fec_at_end}, via Chromium RRs={rr_fec_at_end}"

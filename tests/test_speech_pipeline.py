@@ -392,6 +392,25 @@ async def test_one_nan_sample_from_a_resampled_engine_costs_one_sample_not_tens_
     assert zeros <= 24, f"a {zeros * 1000 / 24_000:.1f} ms hole of digital silence mid-speech"
 
 
+def _captioned(
+    engine: ToneEngine,
+) -> tuple[SpeechPipeline, Drain, list[dict[str, Any]], list[int]]:
+    """A started pipeline played out by a Drain; its events, and the frames played when each
+    caption (speech.segment) was sent."""
+    events: list[dict[str, Any]] = []
+    caption_at: list[int] = []
+
+    def emit(event: dict[str, Any]) -> None:
+        events.append(event)
+        if event["type"] == "speech.segment":
+            caption_at.append(len(drain.frames))
+
+    pipeline = SpeechPipeline(engine, SpeechSettings(), emit)
+    pipeline.start()
+    drain = Drain(pipeline)
+    return pipeline, drain, events, caption_at
+
+
 async def test_a_text_streams_sentence_plays_to_its_end_while_the_writer_pauses() -> None:
     """A text stream (LLM tokens) whose writer pauses after a sentence: its last partial
     20 ms frame (held by the Framer) and the resampler's filter tail (~33 ms at 22.05 ->
@@ -399,20 +418,10 @@ async def test_a_text_streams_sentence_plays_to_its_end_while_the_writer_pauses(
     sentence was cut short mid-waveform, then the stale tail played glued in front of the
     next sentence (found by review). ``say`` never showed it: its segments are all queued
     at once. The next sentence's caption still comes with its first frame."""
-    events: list[dict[str, Any]] = []
-    caption_at: list[int] = []  # frames played when each caption was sent
-
-    def emit(event: dict[str, Any]) -> None:
-        events.append(event)
-        if event["type"] == "speech.segment":
-            caption_at.append(len(drain.frames))
-
     # 2 words x 0.25 s = 0.5 s of engine audio = exactly 25 frames of 24 kHz output.
-    pipeline = SpeechPipeline(
-        ToneEngine(sample_rate=22_050, seconds_per_word=0.25), SpeechSettings(), emit
+    pipeline, drain, events, caption_at = _captioned(
+        ToneEngine(sample_rate=22_050, seconds_per_word=0.25)
     )
-    pipeline.start()
-    drain = Drain(pipeline)
     pipeline.text_delta("Hello there. And")  # "Hello there." is a segment; "And" waits
     # The engine is instant: give it ample time to make and buffer the sentence.
     await asyncio.sleep(0.5)
@@ -441,20 +450,10 @@ async def test_caption_start_ms_stays_on_the_audio_timeline_after_writer_pauses(
     """A text stream's partial frame is padded with zeros each time its writer pauses (an
     LLM slower than the engine: after every sentence); ``start_ms`` counted in engine
     samples alone fell behind the audio by up to 20 ms a pause (found by review)."""
-    events: list[dict[str, Any]] = []
-    caption_frames: list[int] = []
-
-    def emit(event: dict[str, Any]) -> None:
-        events.append(event)
-        if event["type"] == "speech.segment":
-            caption_frames.append(len(drain.frames))
-
     # 2 words x 0.245 s = 0.49 s per sentence: 24.5 frames, so 10 ms of padding each pause.
-    pipeline = SpeechPipeline(
-        ToneEngine(sample_rate=24_000, seconds_per_word=0.245), SpeechSettings(), emit
+    pipeline, drain, events, caption_frames = _captioned(
+        ToneEngine(sample_rate=24_000, seconds_per_word=0.245)
     )
-    pipeline.start()
-    drain = Drain(pipeline)
     try:
         for i in range(5):
             pipeline.text_delta(f"Sentence {i}. ")
