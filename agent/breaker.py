@@ -13,6 +13,9 @@ stream any (a hung engine, not a busy one) fails with ``EngineStalled``, a failu
 other: without it a wedged engine kept its sessions silent for good and never opened the
 breaker.
 
+Failures that share an ``EngineError.incident`` (a crashed worker ends every stream of its
+batch) count once.
+
 Cancellation (an interrupt, a hang-up) is neither a failure nor a success, and nor is a
 ``RequestError`` (a voice or option the engine refuses): that is one client's mistake, and
 must not take speech down for every session.
@@ -67,6 +70,7 @@ class CircuitBreaker:
         self._clock = clock
         self.state = "closed"  # closed | open | half_open
         self._failures: deque[float] = deque()  # times of the current run of failures
+        self._incident: object | None = None  # the fault the last failure counted came from
         self._opened_at = 0.0
         self.last_error: str | None = None
         self.opened = 0  # times the breaker opened (figures)
@@ -178,6 +182,12 @@ class CircuitBreaker:
     def _failed(self, exc: Exception) -> None:
         now = self._clock()
         self.last_error = str(exc)[:200] or type(exc).__name__
+        incident = getattr(exc, "incident", None)
+        if incident is not None and incident is self._incident:
+            # Another stream the same fault ended: one crashed worker failing a batch of five
+            # opened the breaker, an outage of cooldown_s where the worker's restart takes 2 s.
+            return
+        self._incident = incident
         self._failures.append(now)
         while self._failures and now - self._failures[0] > self.settings.window_s:
             self._failures.popleft()

@@ -31,7 +31,16 @@ class VoiceOptions:
 
 
 class EngineError(Exception):
-    """An engine failed to produce speech for a piece of text (reported, session goes on)."""
+    """An engine failed to produce speech for a piece of text (reported, session goes on).
+
+    ``incident``: one shared object on every error that one fault caused (a crashed worker
+    ends every stream of its batch at once, and refuses new ones until it is restarted): the
+    circuit breaker counts them as one failure (agent/breaker.py). None: its own incident.
+    """
+
+    def __init__(self, *args: object, incident: object | None = None) -> None:
+        super().__init__(*args)
+        self.incident = incident  # in __dict__: pickled with the error (agent/raytts)
 
 
 class RequestError(EngineError):

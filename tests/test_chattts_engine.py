@@ -400,9 +400,18 @@ async def test_a_later_generation_of_a_segment_does_not_queue_behind_newer_strea
         pieces.append(stream)
         return stream
 
+    step = sched._gpt.step
+
+    def paced_step() -> None:
+        # At least 8 ms a step: the newer stream's 256 steps outlast the 1 s margin below
+        # on any machine (an idle one ran them in 0.7 s, and this test failed).
+        time.sleep(0.008)
+        step()
+
     max_batch, sched.max_batch = sched.max_batch, 1
     try:
         monkeypatch.setattr(sched, "submit", recording_submit)
+        monkeypatch.setattr(sched._gpt, "step", paced_step)
         synthesis = capped_engine.synthesize(text, VoiceOptions())
         assert await anext(synthesis) is not None
         newer = submit("another session speaks this long sentence " * 6, VoiceOptions())
@@ -528,6 +537,52 @@ async def test_a_crashed_worker_is_restarted_and_speaks_again(
         assert engine.scheduler.stats.steps > steps  # totals go on (metrics, replica stats)
     finally:
         await engine.close()
+
+
+async def test_one_worker_crash_ending_a_batch_is_one_breaker_failure(
+    tiny_settings: ChatTTSSettings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A crash ends every stream of the batch at once: counted one by one, six sessions
+    speaking opened the breaker (failures=5), refusing all speech and new sessions for
+    cooldown_s although the worker was back 2 s later (found by review). One fault, one
+    failure; the speech after the restart goes through the breaker."""
+    import agent.chattts.engine as engine_module
+
+    monkeypatch.setattr(engine_module, "RESTART_DELAY_S", 0.05)
+    settings = BreakerSettings(failures=5, window_s=30.0, cooldown_s=60.0)
+    engine = ChatTTSEngine(tiny_settings)
+    breaker = CircuitBreaker(engine, settings)
+    await breaker.start()
+    try:
+        scheduler = engine.scheduler
+        assert scheduler is not None
+        real_tick = scheduler._tick
+        sessions = 6
+
+        def tick() -> bool:
+            # Once every stream is in the worker's hands (batched or waiting for a slot).
+            if len(scheduler._streams) + len(scheduler._inbox) >= sessions:
+                raise RuntimeError("CUDA error: an illegal memory access (a test's)")
+            return real_tick()
+
+        monkeypatch.setattr(scheduler, "_tick", tick)
+        text = "this long sentence goes on and on until the worker thread under it crashes"
+        results = await asyncio.gather(
+            *(collect(breaker, text) for _ in range(sessions)), return_exceptions=True
+        )
+        crashed = [r for r in results if isinstance(r, EngineError)]
+        assert len(crashed) == sessions, results
+        assert all("illegal memory access" in str(e) for e in crashed)
+        assert breaker.state == "closed" and len(breaker._failures) == 1
+        # Refused while the worker is down: the same fault, still one failure.
+        with contextlib.suppress(EngineError):
+            await collect(breaker, "hello")
+        assert len(breaker._failures) == 1
+        await wait_for(lambda: engine.ready and engine.scheduler is not scheduler, timeout=10)
+        assert len(await collect(breaker, "hello again")) > 0
+        assert breaker.state == "closed" and not breaker._failures
+    finally:
+        await breaker.close()
 
 
 async def test_a_worker_that_keeps_crashing_is_left_failed(

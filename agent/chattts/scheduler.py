@@ -96,6 +96,7 @@ class Stream:
         self._buffered = 0
         self._done = False
         self._error: BaseException | None = None
+        self._incident: object | None = None  # what else the same fault failed (EngineError)
         self._event = asyncio.Event()
         self._cancelled = threading.Event()
         # Worker-only state.
@@ -116,7 +117,9 @@ class Stream:
                     resume = was_full and self._buffered <= self._max_buffered // 2
                 elif self._done:
                     if self._error is not None:
-                        raise EngineError(str(self._error)) from self._error
+                        raise EngineError(
+                            str(self._error), incident=self._incident
+                        ) from self._error
                     return None
                 else:
                     self._event.clear()
@@ -161,11 +164,12 @@ class Stream:
             self._buffered += len(chunk)
         self._signal()
 
-    def finish(self, error: BaseException | None = None) -> None:
+    def finish(self, error: BaseException | None = None, incident: object | None = None) -> None:
         self.stats.finished = time.perf_counter()
         with self._lock:
             self._done = True
             self._error = error
+            self._incident = incident
         self._signal()
 
     def _signal(self) -> None:
@@ -199,6 +203,9 @@ class Scheduler:
         self._voices = VoiceBank(chat, default_voice, max_new_tokens)
         self._cond = threading.Condition()
         self.crash: str | None = None  # why the worker stopped, if it crashed
+        # One object for every error the crash causes (EngineError.incident): the streams it
+        # ended and the ones refused until the engine restarts the worker.
+        self._crash_incident = object()
         self._inbox: collections.deque[Stream] = collections.deque()
         self._stop = False
         self._ids = itertools.count(1)
@@ -245,6 +252,8 @@ class Scheduler:
         resumes: speech already heard must not stall behind streams that have not started.
         The batch widens past ``max_batch`` only by such streams, at most one per utterance
         playing; new utterances still wait for a slot."""
+        if self.crash is not None:
+            raise EngineError(self.crash, incident=self._crash_incident)
         if not self.alive:
             raise EngineError("ChatTTS worker is not running")
         stream = Stream(
@@ -255,7 +264,7 @@ class Scheduler:
             if self._stop:
                 raise EngineError("engine is closed")
             if self.crash is not None:
-                raise EngineError(self.crash)
+                raise EngineError(self.crash, incident=self._crash_incident)
             self._inbox.append(stream)
             self._cond.notify()
         return stream
@@ -270,7 +279,7 @@ class Scheduler:
             with self._cond:  # under the lock: no stream can slip in unfinished
                 self.crash = f"ChatTTS worker crashed: {e!r}"
                 for s in [*self._streams, *self._inbox]:
-                    s.finish(e)
+                    s.finish(e, self._crash_incident)
                 self._inbox.clear()
             if self._on_crash is not None:
                 self._on_crash()
@@ -293,8 +302,9 @@ class Scheduler:
             while not self._stop and not self._runnable():
                 self._cond.wait(timeout=1.0)
             if self._stop:
+                closed = object()  # one incident: closing the engine ends every stream
                 for s in [*self._streams, *self._inbox]:
-                    s.finish(EngineError("engine closed"))
+                    s.finish(EngineError("engine closed"), closed)
                 return False
             # Cancelled before they started (e.g. interrupted while waiting): end them now,
             # they must not pile up behind a full batch.
