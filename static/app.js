@@ -81,7 +81,12 @@ const session = {
 };
 const texts = new Map(); // client id -> text we asked the agent to say
 const items = new Map(); // utterance id -> transcript <li>
-const captionTimers = new Map(); // utterance id -> Set of its captions' pending timers
+const captionTimers = new Map(); // caption key -> Set of its captions' pending timers
+// Utterance id -> the caption key of its current run (`id#n`, n counting speech.started):
+// an id said again right after itself is another run, whose captions the first run's
+// delayed end must not cancel or clear. Deleted at the run's end.
+const captionRuns = new Map();
+let captionRunCount = 0;
 const events = []; // the data-channel events received, in order (not `stats`), bounded
 const serverStats = []; // the server's `stats` events (its view of the network), bounded
 const stats = []; // every stats sample (what the plots draw)
@@ -510,6 +515,7 @@ function teardown(finalState, { notifyServer = false, keepToken = false } = {}) 
   }
   ui.audio.srcObject = null;
   cancelAllCaptions();
+  captionRuns.clear();
   setCaption(null, "");
   if (notifyServer && id) endOnServer(id);
   setState(finalState);
@@ -684,6 +690,7 @@ function handleEvent(msg) {
       if (old && ["done", "interrupted", "error"].includes(old.dataset.status)) items.delete(String(msg.id));
       const li = ensureItem(msg.id);
       if (li.dataset.status !== "error") setItemStatus(li, "speaking", "speaking");
+      captionRuns.set(String(msg.id ?? ""), `${msg.id}#${++captionRunCount}`);
       break;
     }
     case "speech.segment": {
@@ -696,8 +703,9 @@ function handleEvent(msg) {
       // The event leaves the server with the segment's first packet; the browser's jitter
       // buffer holds that audio a little longer: show the caption when it is heard.
       const delay = captionDelayMs();
-      if (delay > 0) setCaptionLater(msg.id, msg.text ?? "", delay);
-      else setCaption(msg.id, msg.text ?? "");
+      const key = captionKey(msg.id);
+      if (delay > 0) setCaptionLater(key, msg.text ?? "", delay);
+      else setCaption(key, msg.text ?? "");
       break;
     }
     case "speech.ended": {
@@ -706,7 +714,8 @@ function handleEvent(msg) {
       if (li.dataset.status === "error") { /* kept */ }
       else if (msg.interrupted) setItemStatus(li, "interrupted", "interrupted");
       else setItemStatus(li, "done", "done");
-      endCaptions(msg.id, captionDelayMs());
+      endCaptions(captionKey(msg.id), captionDelayMs());
+      captionRuns.delete(String(msg.id ?? ""));
       break;
     }
     case "user.speech.started": {
@@ -842,6 +851,10 @@ function removeTranscriptItem(li) {
     texts.delete(id);
   }
   li.remove();
+}
+
+function captionKey(id) {
+  return captionRuns.get(String(id ?? "")) ?? String(id ?? "");
 }
 
 function setCaption(id, text) {

@@ -292,6 +292,39 @@ async def test_the_last_caption_stays_until_its_audio_is_heard(agent_page: Agent
     )
 
 
+async def test_an_id_said_again_right_after_itself_shows_its_caption(
+    agent_page: AgentPage,
+) -> None:
+    """One id said twice in a row (a greeting sent twice over HTTP with its id): the first
+    run's end clears its caption once the jitter buffer played it, and that clear cancelled
+    every caption timer of the id, the second run's first one included: the second
+    sentence was never shown (found by review). Captions are kept per run."""
+    ap = agent_page
+    await connect(ap)
+    await ap.page.evaluate(
+        """() => {
+          window.__captions = [];
+          const el = document.getElementById('caption');
+          new MutationObserver(() => window.__captions.push(el.textContent))
+            .observe(el, {childList: true, characterData: true, subtree: true});
+        }"""
+    )
+    # Each feed first says the jitter buffer holds 300 ms (test_browser.FEED_JS).
+    await ap.page.evaluate(test_browser.FEED_JS, test_browser.utterance("greeting", "Hello there."))
+    await ap.page.wait_for_timeout(20)  # the second run's first packet, right behind
+    second = test_browser.utterance("greeting", "Welcome back.")
+    await ap.page.evaluate(test_browser.FEED_JS, second[:2])
+    await ap.page.wait_for_function(
+        "() => window.__captions.includes('Welcome back.')", timeout=2000
+    )
+    assert "Hello there." in await ap.page.evaluate("() => window.__captions")
+    await ap.page.evaluate(test_browser.FEED_JS, second[2:])
+    await ap.page.wait_for_function(
+        "() => document.getElementById('caption').textContent === ''", timeout=2000
+    )
+    assert not ap.page_errors(), ap.context()
+
+
 async def test_events_while_hang_up_waits_for_its_delete_make_no_new_items(
     agent_page: AgentPage,
 ) -> None:
