@@ -574,15 +574,60 @@ async def test_one_worker_crash_ending_a_batch_is_one_breaker_failure(
         assert len(crashed) == sessions, results
         assert all("illegal memory access" in str(e) for e in crashed)
         assert breaker.state == "closed" and len(breaker._failures) == 1
-        # Refused while the worker is down: the same fault, still one failure.
+        # Asked for at once: refused by the dead worker (the same fault: still one failure)
+        # or, once the restart is planned, spoken after it.
         with contextlib.suppress(EngineError):
             await collect(breaker, "hello")
-        assert len(breaker._failures) == 1
+        assert breaker.state == "closed" and len(breaker._failures) <= 1
         await wait_for(lambda: engine.ready and engine.scheduler is not scheduler, timeout=10)
         assert len(await collect(breaker, "hello again")) > 0
         assert breaker.state == "closed" and not breaker._failures
     finally:
         await breaker.close()
+
+
+async def test_speech_asked_for_while_a_crashed_worker_restarts_waits_for_it(
+    tiny_settings: ChatTTSSettings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Between a crash and the worker's restart (RESTART_DELAY_S) every new utterance failed
+    at once with "worker is not running": a session's next sentence lost to a fault it never
+    met. It waits for the restart; closing the engine meanwhile fails it, never hangs it."""
+    import agent.chattts.engine as engine_module
+
+    monkeypatch.setattr(engine_module, "RESTART_DELAY_S", 0.5)
+    engine = ChatTTSEngine(tiny_settings)
+    await engine.start()
+    try:
+
+        async def crash_the_worker() -> None:
+            scheduler = engine.scheduler
+            assert scheduler is not None
+
+            def out_of_memory() -> bool:
+                raise RuntimeError("CUDA out of memory (a test's)")
+
+            monkeypatch.setattr(scheduler, "_tick", out_of_memory)
+            # Straight to this scheduler: through the engine, a stream asked for after the
+            # worker died (its last real step done) would wait for the restart and speak.
+            with contextlib.suppress(EngineError):  # ended by the crash, or refused after it
+                await drain(scheduler.submit("meets the crash of the worker", VoiceOptions()))
+            await wait_for(lambda: engine._restarted is not None, timeout=10)
+            assert not engine.ready
+
+        await crash_the_worker()
+        crashed = engine.scheduler
+        assert len(await collect(engine, "hello again")) > 0
+        assert engine.scheduler is not crashed and engine.ready
+
+        await crash_the_worker()
+        waiting = asyncio.create_task(collect(engine, "never spoken"))
+        await asyncio.sleep(0.1)
+        assert not waiting.done()
+        await engine.close()
+        with pytest.raises(EngineError, match="closed"):
+            await asyncio.wait_for(waiting, timeout=5)
+    finally:
+        await engine.close()
 
 
 async def test_a_worker_that_keeps_crashing_is_left_failed(

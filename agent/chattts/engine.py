@@ -115,6 +115,9 @@ class ChatTTSEngine:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._crashes: collections.deque[float] = collections.deque()  # worker crash times
         self._restart: asyncio.TimerHandle | None = None
+        # Set while a crashed worker's restart is planned: speech asked for meanwhile waits
+        # the RESTART_DELAY_S for it instead of failing (what the crash ended still fails).
+        self._restarted: asyncio.Event | None = None
 
     @property
     def ready(self) -> bool:
@@ -193,15 +196,24 @@ class ChatTTSEngine:
             return
         log.warning("ChatTTS worker crashed: restarting it in %g s", RESTART_DELAY_S)
         self._restart = self._loop.call_later(RESTART_DELAY_S, self._restart_worker)
+        self._restarted = asyncio.Event()
 
     def _restart_worker(self) -> None:
         self._restart = None
-        if self.model is None or self.scheduler is None or self.scheduler.alive:
-            return  # closed meanwhile
-        stats = self.scheduler.stats  # counters read as totals (metrics, replica stats)
-        self.scheduler = self._new_scheduler(self.model)  # self.params: the warm-up's growth
-        self.scheduler.stats = stats
-        log.warning("ChatTTS worker restarted")
+        try:
+            if self.model is None or self.scheduler is None or self.scheduler.alive:
+                return  # closed meanwhile
+            stats = self.scheduler.stats  # counters read as totals (metrics, replica stats)
+            self.scheduler = self._new_scheduler(self.model)  # self.params: warm-up's growth
+            self.scheduler.stats = stats
+            log.warning("ChatTTS worker restarted")
+        finally:
+            self._release_waiters()
+
+    def _release_waiters(self) -> None:
+        if self._restarted is not None:
+            self._restarted.set()
+            self._restarted = None
 
     async def close(self) -> None:
         self._ready = False
@@ -213,6 +225,7 @@ class ChatTTSEngine:
             self.scheduler = None
         self.model = None
         self._voices = None
+        self._release_waiters()  # they find the engine closed
 
     def speakable(self, text: str) -> bool:
         """Whether the reading (``normalize_for_tts``, which this engine runs on every
@@ -246,6 +259,10 @@ class ChatTTSEngine:
         # Normalizing to measure is text work (~1 ms, ~10 ms for a 200-digit run): off the
         # loop, which paces every session's packets.
         for index, piece in enumerate(await asyncio.to_thread(self._generations, text)):
+            if self._restarted is not None:
+                await self._restarted.wait()  # set by the restart or by close
+            if self.scheduler is None:
+                raise EngineError("ChatTTS engine is closed")
             # A later piece of this text, or the next sentence of an utterance the caller
             # says is playing, continues speech already heard: it starts at once, not
             # behind streams that have not begun (the listener would hear a gap).
