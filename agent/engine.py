@@ -57,6 +57,14 @@ class UnknownVoice(RequestError):
     code = "unknown_voice"
 
 
+class UnreadableText(RequestError):
+    """The engine's text reading failed on this text (a bug there, logged with its
+    traceback): this text cannot be spoken, but the engine is sound, so the breaker must not
+    count it: one client repeating it would take speech down for everyone."""
+
+    code = "tts_failed"
+
+
 class EngineLoadError(Exception):
     """An engine could not load its model; the message tells the user what to do."""
 

@@ -24,7 +24,7 @@ from agent.chattts.engine import ChatTTSEngine, speech_tokens, split_spoken
 from agent.chattts.loader import load_chat
 from agent.chattts.scheduler import SAMPLE_RATE, Stream
 from agent.config import BreakerSettings, ChatTTSSettings, Config, SpeechSettings
-from agent.engine import EngineError, TTSEngine, UnknownVoice, VoiceOptions
+from agent.engine import EngineError, TTSEngine, UnknownVoice, UnreadableText, VoiceOptions
 from agent.speech import SpeechPipeline
 from agent.text.normalize import normalize_for_tts
 from signaling.logs import configure_logging
@@ -314,6 +314,29 @@ async def test_a_bad_voice_is_the_clients_error_and_does_not_open_the_breaker(
     good = chattts_engine.scheduler._voices.speaker_string(42)
     for voice in (good, "seed:7", "none", None):
         breaker.check_voice(VoiceOptions(voice=voice))
+
+
+async def test_text_the_reading_fails_on_is_not_an_engine_failure(
+    chattts_engine: ChatTTSEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The text reading raised on a few inputs (int() of a 4400-digit number in a URL, fixed
+    in agent/text/normalize.py): each such say counted as an engine failure, so one client
+    repeating it opened the breaker for every session (found by review). Whatever the
+    reading raises is that text's failure: tts_failed for it alone, logged, not counted."""
+    import agent.chattts.engine as engine_module
+
+    def broken_reading(text: str, lang: str | None = None) -> str:
+        raise ValueError("a bug in the reading (a test's)")
+
+    breaker = CircuitBreaker(chattts_engine, BreakerSettings(failures=2))
+    with monkeypatch.context() as patch:
+        patch.setattr(engine_module, "normalize_for_tts", broken_reading)
+        for _ in range(3):
+            with pytest.raises(UnreadableText) as info:
+                await collect(breaker, "one two three")
+            assert info.value.code == "tts_failed"
+    assert breaker.unavailable is None and not breaker._failures
+    assert len(await collect(breaker, "good morning")) > 0
 
 
 async def test_text_that_normalizes_to_nothing_yields_no_audio(

@@ -27,7 +27,7 @@ from agent.chattts.loader import LoadedModel, load_chat
 from agent.chattts.scheduler import SAMPLE_RATE, Scheduler
 from agent.chattts.voices import VoiceBank
 from agent.config import ChatTTSSettings
-from agent.engine import PCM, EngineError, VoiceOptions
+from agent.engine import PCM, EngineError, UnreadableText, VoiceOptions
 from agent.text.normalize import normalize_for_tts, reads_aloud
 from agent.threads import job_settling
 
@@ -258,7 +258,12 @@ class ChatTTSEngine:
         self.check_voice(voice)
         # Normalizing to measure is text work (~1 ms, ~10 ms for a 200-digit run): off the
         # loop, which paces every session's packets.
-        for index, piece in enumerate(await asyncio.to_thread(self._generations, text)):
+        try:
+            pieces = await asyncio.to_thread(self._generations, text)
+        except Exception as exc:
+            log.exception("could not read a text of %d characters", len(text))
+            raise UnreadableText(f"the text could not be read ({type(exc).__name__})") from exc
+        for index, piece in enumerate(pieces):
             if self._restarted is not None:
                 await self._restarted.wait()  # set by the restart or by close
             if self.scheduler is None:

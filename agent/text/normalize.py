@@ -174,6 +174,15 @@ def _digits(digits: str, zh: bool) -> str:
     return " ".join(_ONES[int(d)] for d in digits)
 
 
+def _int_words(digits: str, zh: bool) -> str:
+    """A whole number's words; digit by digit past _MAX_CARDINAL_DIGITS, like _read_number:
+    int() refuses more than 4300 digits (a ValueError, which failed the utterance and counted
+    towards the engine's circuit breaker; found by review), and no one says such a number."""
+    if len(digits) > _MAX_CARDINAL_DIGITS:
+        return _digits(digits, zh)
+    return read_int_zh(int(digits)) if zh else read_int_en(int(digits))
+
+
 def _read_number(int_part: str, frac: str | None, zh: bool) -> str:
     """Read ``int_part[.frac]`` (int_part may hold thousands commas) in either language."""
     int_part = int_part.replace(",", "")
@@ -374,7 +383,10 @@ _PER_WORDS: Final[Mapping[str, str]] = MappingProxyType(
 # ------------------------------------------------------------------------ patterns
 
 _INT: Final = r"[0-9]{1,3}(?:,[0-9]{3})+(?![0-9])|[0-9]+"
-_NUM: Final = rf"(?:{_INT})(?:\.[0-9]+)?"
+# Never from inside a run of digits: from every digit of a long run ("https://000...0 USD",
+# a URL held whole, up to 5000 characters) the rules that want a unit after the number
+# backtracked over the rest of the run: quadratic, 4 s with the GIL held (found by review).
+_NUM: Final = rf"(?<![0-9])(?:{_INT})(?:\.[0-9]+)?"
 _AMPM: Final = r"(?P<ampm>[AaPp])\.?[Mm](?![A-Za-z])\.?"
 # A URL is ASCII: the first non-ASCII character ends it. Chinese is written with no space
 # after a URL ("打开https://x.com/login然后登录"), and only its host is read: a URL that ran
@@ -436,6 +448,12 @@ _DIGIT_GROUPS: Final = re.compile(
 )
 _DOTTED: Final = re.compile(r"(?<![0-9.])[0-9]+(?:\.[0-9]+){2,}(?![0-9])")
 _RANGE: Final = re.compile(r"(?<=[0-9])(?:\s?[~～]\s?|[-–]|\s–\s|\sto\s)(?=[$€£¥]?[0-9])")
+# A range with its unit on both ends ("10点-22点", "5元-10元", "3%-5%", "10kg-20kg"): the dash
+# after a number's unit is "to". Left to _negative, a dash after a CJK character is a minus
+# sign ("气温-5度"): "ten o'clock, minus twenty-two o'clock" (found by review).
+_UNIT_RANGE: Final = re.compile(
+    r"(?<=[0-9])(?P<unit>[%％]|[\u4e00-\u9fff]|[A-Za-z]{1,3})[-–](?=[第$€£¥]?[0-9])"
+)
 _YEAR_RANGE: Final = re.compile(
     r"(?<![0-9])(?P<a>1[1-9][0-9]{2}|20[0-9]{2})(?:\s?[-–]\s?|\sto\s)"
     r"(?P<b>1[1-9][0-9]{2}|20[0-9]{2})(?![0-9])"
@@ -490,8 +508,12 @@ _PER_SLASH: Final = re.compile(
 )
 _AND_OR: Final = re.compile(r"\band/or\b", re.ASCII)
 _APOSTROPHE: Final = re.compile(r"(?<=[A-Za-z])['’](?=[A-Za-z])")
-_SPACED_DASH: Final = re.compile(r"[ \t]+-+[ \t]+|[ \t]*[—–]+[ \t]*")
-_PUNCT_RUN: Final = re.compile(r"[\s，。、,.]*[，。、,.][\s，。、,.]*")
+# Both start a match only where a run of their characters starts: from every position inside
+# a long run with no dash (or stop) in it, the greedy run backtracked all the way: quadratic,
+# 1.6 s for a 1000-character say (NFKD expands U+FDFA into 18 characters, most of them spaces),
+# with the GIL held off the loop all the while (found by review). The matches are the same.
+_SPACED_DASH: Final = re.compile(r"(?<![ \t])[ \t]+-+[ \t]+|(?:(?<![ \t])[ \t]+)?[—–]+[ \t]*")
+_PUNCT_RUN: Final = re.compile(r"(?<![\s，。、,.])[\s，。、,.]*[，。、,.][\s，。、,.]*")
 _CJK_SPACE: Final = re.compile(r"(?<=[\u4e00-\u9fff])\s+(?=[\u4e00-\u9fff])")
 _STOP_FOLLOWS: Final = re.compile(r"\s*(?:$|\n)|\s+[A-Z\u4e00-\u9fff]")
 
@@ -550,9 +572,13 @@ def _url(m: re.Match[str], zh: bool) -> str:
     url = m.group(0)
     trailing = len(url) - len(url.rstrip(".,;:!?)]}'\""))
     tail = url[len(url) - trailing :] if trailing else ""
-    host = re.sub(r"^(?:https?://)?(?:www\.)?", "", url[: len(url) - trailing], flags=re.I)
-    host = re.split(r"[/?#:]", host, maxsplit=1)[0]
-    return _sp(_read_domain(host, zh), zh) + tail
+    return _sp(_read_domain(_url_host(url[: len(url) - trailing]), zh), zh) + tail
+
+
+def _url_host(url: str) -> str:
+    """The part of a URL that is read: its host, without "www."."""
+    host = re.sub(r"^(?:https?://)?(?:www\.)?", "", url, flags=re.I)
+    return re.split(r"[/?#:]", host, maxsplit=1)[0]
 
 
 def _read_domain(host: str, zh: bool) -> str:
@@ -664,10 +690,10 @@ def _hour_ampm(m: re.Match[str], zh: bool) -> str:
 
 
 def _ratio(m: re.Match[str], zh: bool) -> str:
-    a, b = int(m["a"]), int(m["b"])
+    a, b = _int_words(m["a"], zh), _int_words(m["b"], zh)
     if zh:
-        return f"{read_int_zh(a)}比{read_int_zh(b)}"
-    return _sp(f"{read_int_en(a)} to {read_int_en(b)}", zh)
+        return f"{a}比{b}"
+    return _sp(f"{a} to {b}", zh)
 
 
 def _groups(parts: list[str], zh: bool) -> str:
@@ -707,6 +733,10 @@ def _range(m: re.Match[str], zh: bool) -> str:
     return "到" if zh else " to "
 
 
+def _unit_range(m: re.Match[str], zh: bool) -> str:
+    return m["unit"] + _range(m, zh)
+
+
 def _minus_op(m: re.Match[str], zh: bool) -> str:
     return "减" if zh else " minus "
 
@@ -731,7 +761,7 @@ def _compare(m: re.Match[str], zh: bool) -> str:
 
 def _hash_number(m: re.Match[str], zh: bool) -> str:
     if zh:
-        return read_int_zh(int(m["n"])) + "号"
+        return _int_words(m["n"], zh) + "号"
     return _sp("number " + _read_number(m["n"], None, zh), zh)
 
 
@@ -751,6 +781,8 @@ def _money(m: re.Match[str], zh: bool) -> str:
 
 
 def _money_en(int_part: str, frac: str | None, cur: _Currency) -> str:
+    if len(int_part.replace(",", "")) > _MAX_CARDINAL_DIGITS:  # a code, read digit by digit
+        return f"{_read_number(int_part, frac, False)} {cur.many}"
     amount = int(int_part.replace(",", ""))
     if frac and len(frac) == 2 and cur.sub_one and cur.sub_many:
         cents = int(frac)
@@ -840,6 +872,10 @@ def _year_zh(m: re.Match[str], zh: bool) -> str:
 
 
 def _fraction(m: re.Match[str], zh: bool) -> str:
+    if max(len(m["a"]), len(m["b"])) > _MAX_CARDINAL_DIGITS:
+        return _sp(
+            _int_words(m["a"], zh) + ("斜杠" if zh else " slash ") + _int_words(m["b"], zh), zh
+        )
     a, b = int(m["a"]), int(m["b"])
     if zh:
         if 0 < a < b:
@@ -908,6 +944,7 @@ _RULES: Final[tuple[_Rule, ...]] = (
     (_DIGIT_GROUPS, _digit_groups),
     (_DOTTED, _dotted),
     (_YEAR_RANGE, _year_range),
+    (_UNIT_RANGE, _unit_range),
     (_RANGE, _range),
     (_MINUS_OP, _minus_op),
     (_TIMES_OP, _times_op),
@@ -1014,8 +1051,10 @@ def reads_aloud(text: str) -> bool:
     quotes, emoji, or scripts ChatTTS cannot read (Cyrillic, kana, Arabic digits), which it
     turns into nothing. Linear time and no rules run, so cheap enough for the event loop (the
     reading itself takes 0.3 s for 5000 emoji); it agrees with the reading on every single
-    character but "<" and ">", counted as read (tests/test_normalize.py)."""
-    return _READ_ALOUD.search(_prepare(text)) is not None
+    character but "<" and ">", counted as read (tests/test_normalize.py). Of a URL only the
+    host counts, as only the host is read ("http://[::1]:8080/" reads as nothing)."""
+    text = _URL.sub(lambda m: f" {_url_host(m.group(0))} ", _prepare(text))
+    return _READ_ALOUD.search(text) is not None
 
 
 def normalize_for_tts(text: str, lang: str | None = None) -> str:
