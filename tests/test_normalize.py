@@ -470,7 +470,7 @@ def test_reading_a_long_run_takes_time_in_proportion(text: str, plain: str) -> N
     event loop pacing every session's audio waits all the same): a rule that backtracked
     quadratically over a run of digits or spaces stopped it for 1.6-4 s (found by review).
     Measured against text of the same size read in the same run, not against a clock."""
-    assert _seconds_to_read(text) < 5 * _seconds_to_read(plain) + 0.02
+    assert _seconds_to_read(text) < 5 * _seconds_to_read(plain) + 0.05
 
 
 @pytest.mark.parametrize(
