@@ -70,7 +70,7 @@ class CircuitBreaker:
         self._clock = clock
         self.state = "closed"  # closed | open | half_open
         self._failures: deque[float] = deque()  # times of the current run of failures
-        self._incident: object | None = None  # the fault the last failure counted came from
+        self._incident: str | None = None  # the fault the last failure counted came from
         self._opened_at = 0.0
         self.last_error: str | None = None
         self.opened = 0  # times the breaker opened (figures)
@@ -183,7 +183,7 @@ class CircuitBreaker:
         now = self._clock()
         self.last_error = str(exc)[:200] or type(exc).__name__
         incident = getattr(exc, "incident", None)
-        if incident is not None and incident is self._incident:
+        if incident is not None and incident == self._incident:
             # Another stream the same fault ended: one crashed worker failing a batch of five
             # opened the breaker, an outage of cooldown_s where the worker's restart takes 2 s.
             return

@@ -33,12 +33,14 @@ class VoiceOptions:
 class EngineError(Exception):
     """An engine failed to produce speech for a piece of text (reported, session goes on).
 
-    ``incident``: one shared object on every error that one fault caused (a crashed worker
-    ends every stream of its batch at once, and refuses new ones until it is restarted): the
-    circuit breaker counts them as one failure (agent/breaker.py). None: its own incident.
+    ``incident``: one key, equal on every error that one fault caused (a crashed worker ends
+    every stream of its batch at once, and refuses new ones until it is restarted; a Ray
+    replica that dies fails every stream it served): the circuit breaker counts them as one
+    failure (agent/breaker.py). A string, so that copies pickled apart (each stream's error
+    crosses from a replica on its own) still compare equal. None: its own incident.
     """
 
-    def __init__(self, *args: object, incident: object | None = None) -> None:
+    def __init__(self, *args: object, incident: str | None = None) -> None:
         super().__init__(*args)
         self.incident = incident  # in __dict__: pickled with the error (agent/raytts)
 

@@ -134,6 +134,84 @@ def test_both_chattts_engines_say_what_their_reading_makes_words_of() -> None:
     assert speaks(CircuitBreaker(ToneEngine(), BreakerSettings()), "Привет")  # no reading
 
 
+class _FailingResponse:
+    """A DeploymentResponseGenerator whose replica failed with ``error``, as Ray delivers it."""
+
+    def __init__(self, error: BaseException) -> None:
+        self._error = error
+
+    def __aiter__(self) -> _FailingResponse:
+        return self
+
+    async def __anext__(self) -> bytes:
+        await asyncio.sleep(0)
+        raise self._error
+
+    def cancel(self) -> None:
+        pass
+
+
+class _FailingHandle:
+    def __init__(self, errors: list[BaseException]) -> None:
+        self._errors = errors
+        self.synthesize = self
+
+    def options(self, **_: Any) -> _FailingHandle:
+        return self
+
+    def remote(self, *_: Any) -> _FailingResponse:
+        return _FailingResponse(self._errors.pop(0))
+
+
+def _replica_crash_errors(streams: int) -> list[BaseException]:
+    """What each stream of a replica gets when its ChatTTS worker crashes: its own pickled
+    copy of the one EngineError the crash ended the batch with, in a RayTaskError."""
+    import pickle
+
+    from ray.exceptions import RayTaskError
+
+    crash = EngineError("ChatTTS worker crashed: CUDA out of memory", incident="crash 1")
+    return [
+        RayTaskError(
+            "ServeReplica:voice-agent-tts:ChatTTS.handle_request_streaming",
+            "Traceback (most recent call last): ...",
+            pickle.loads(pickle.dumps(crash)),
+        ).as_instanceof_cause()
+        for _ in range(streams)
+    ]
+
+
+def _replica_death_errors(streams: int) -> list[BaseException]:
+    from ray.exceptions import RayActorError
+
+    return [RayActorError(actor_id="a1b2", error_msg="The actor died") for _ in range(streams)]
+
+
+@pytest.mark.parametrize("errors", [_replica_crash_errors, _replica_death_errors])
+async def test_one_fault_failing_a_replicas_streams_is_one_breaker_failure(
+    errors: Any,
+) -> None:
+    """A replica's crashed worker or the replica's death fails every stream it served: five
+    sessions speaking opened the breaker (default 5 in 30 s), and speech failed on every
+    replica for the cool-down (found by review). Each stream's error crosses from the
+    replica on its own: the incident is a string, equal on every copy."""
+    from agent.breaker import CircuitBreaker
+    from agent.config import BreakerSettings
+
+    engine = RayServeEngine(RaySettings(), Config().chattts)
+    engine._handle = _FailingHandle(errors(5))  # type: ignore[assignment]
+    engine._warm = True
+    breaker = CircuitBreaker(engine, BreakerSettings(failures=5))
+
+    async def speak() -> None:
+        async for _ in breaker.synthesize("hello there", VoiceOptions()):
+            pass
+
+    failed = await asyncio.gather(*(speak() for _ in range(5)), return_exceptions=True)
+    assert all(isinstance(f, EngineError) and "replica failed" in str(f) for f in failed)
+    assert breaker.state == "closed" and len(breaker._failures) == 1
+
+
 def test_tts_flag_selects_the_plane() -> None:
     parse = build_parser({}).parse_args
     local = config_from_args(parse(["serve"]), {})
@@ -444,18 +522,27 @@ async def test_a_continuation_travels_to_the_replica(
 async def test_a_dead_replica_fails_its_streams_and_serve_restarts_it(
     ray_engine: tuple[RayServeEngine, Config],
 ) -> None:
+    from agent.breaker import CircuitBreaker
+    from agent.config import BreakerSettings
+
     engine, _config = ray_engine
     before = await replica_stats(engine)
-    stream = engine.synthesize(LONG_TEXT, VoiceOptions())
+    # Two sessions' streams on the replica: its one death is one failure for the breaker.
+    breaker = CircuitBreaker(engine, BreakerSettings(failures=2))
+    streams = [breaker.synthesize(LONG_TEXT, VoiceOptions()) for _ in range(2)]
     try:
-        assert len(await anext(stream)) > 0
+        for stream in streams:
+            assert len(await anext(stream)) > 0
         os.kill(before["pid"], signal.SIGKILL)  # the replica's process dies mid-stream
-        with pytest.raises(EngineError, match="speech replica failed") as failed:
-            async for _ in stream:
-                pass
-        assert "\n" not in str(failed.value) and "Traceback" not in str(failed.value)
+        for stream in streams:
+            with pytest.raises(EngineError, match="speech replica failed") as failed:
+                async for _ in stream:
+                    pass
+            assert "\n" not in str(failed.value) and "Traceback" not in str(failed.value)
+        assert breaker.state == "closed", breaker.unavailable
     finally:
-        await stream.aclose()
+        for stream in streams:
+            await stream.aclose()
     # Serve notices, readiness drops, a new replica is started and readiness comes back.
     deadline = time.monotonic() + 90
     saw_not_ready = False

@@ -22,6 +22,7 @@ import itertools
 import logging
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
@@ -96,7 +97,7 @@ class Stream:
         self._buffered = 0
         self._done = False
         self._error: BaseException | None = None
-        self._incident: object | None = None  # what else the same fault failed (EngineError)
+        self._incident: str | None = None  # what else the same fault failed (EngineError)
         self._event = asyncio.Event()
         self._cancelled = threading.Event()
         # Worker-only state.
@@ -164,7 +165,7 @@ class Stream:
             self._buffered += len(chunk)
         self._signal()
 
-    def finish(self, error: BaseException | None = None, incident: object | None = None) -> None:
+    def finish(self, error: BaseException | None = None, incident: str | None = None) -> None:
         self.stats.finished = time.perf_counter()
         with self._lock:
             self._done = True
@@ -205,7 +206,7 @@ class Scheduler:
         self.crash: str | None = None  # why the worker stopped, if it crashed
         # One object for every error the crash causes (EngineError.incident): the streams it
         # ended and the ones refused until the engine restarts the worker.
-        self._crash_incident = object()
+        self._crash_incident = f"ChatTTS worker crash {uuid.uuid4().hex}"
         self._inbox: collections.deque[Stream] = collections.deque()
         self._stop = False
         self._ids = itertools.count(1)
@@ -302,7 +303,7 @@ class Scheduler:
             while not self._stop and not self._runnable():
                 self._cond.wait(timeout=1.0)
             if self._stop:
-                closed = object()  # one incident: closing the engine ends every stream
+                closed = f"ChatTTS closed {uuid.uuid4().hex}"  # one incident: every stream ends
                 for s in [*self._streams, *self._inbox]:
                     s.finish(EngineError("engine closed"), closed)
                 return False

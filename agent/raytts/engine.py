@@ -203,7 +203,10 @@ class RayServeEngine:
             if isinstance(original, RequestError):
                 raise type(original)(*original.args) from None
             log.warning("speech replica failed", exc_info=exc)
-            raise EngineError(f"the speech replica failed: {_first_line(original)}") from None
+            raise EngineError(
+                f"the speech replica failed: {_first_line(original)}",
+                incident=_incident(original),
+            ) from None
         finally:
             if not finished:
                 # aclose() (barge-in, hang-up) or task cancellation: the replica's generator
@@ -340,6 +343,18 @@ def unplaceable_replica(resources: dict[str, float], settings: RaySettings) -> s
                 f"each, {flag}) but the local Ray instance has {have:g} ({offer})"
             )
     return None
+
+
+def _incident(exc: BaseException) -> str | None:
+    """The fault behind a replica's failure, for the breaker to count once (EngineError):
+    the replica engine's own (a crashed worker ending its batch), or the actor that died,
+    which failed every stream it served (found by review: five streams on a replica that
+    died opened the breaker for every session, on every replica)."""
+    incident = getattr(exc, "incident", None)
+    if isinstance(incident, str):
+        return incident
+    actor = getattr(exc, "actor_id", None)  # RayActorError, ActorDiedError
+    return f"Ray actor {actor} died" if actor else None
 
 
 def _first_line(exc: BaseException, limit: int = 300) -> str:
