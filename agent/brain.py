@@ -28,10 +28,16 @@ class EchoBrain:
     name = "echo"
 
     async def reply(self, history: list[Message]) -> AsyncGenerator[str, None]:
+        # Every user message since the agent last spoke: a reply answers every turn since
+        # the last one heard (a transcript that came late, a reply cut off unheard). Only the
+        # newest was said back, so "My name is Ann." went unspoken (found by review).
+        unanswered: list[str] = []
         for message in reversed(history):
-            if message["role"] == "user":
-                yield message["content"]
-                return
+            if message["role"] != "user":
+                break
+            unanswered.append(message["content"])
+        if unanswered:
+            yield " ".join(reversed(unanswered))
 
 
 class LLMBrain:

@@ -12,7 +12,7 @@ import aiohttp
 import numpy as np
 import pytest
 
-from agent.brain import alternating
+from agent.brain import EchoBrain, alternating
 from agent.config import Config
 from agent.conversation_config import ListenSettings, ServiceSettings
 from agent.httpservice import ServiceError
@@ -1244,6 +1244,60 @@ async def test_every_reply_being_prepared_is_cancelled_not_only_the_newest(how: 
         await asyncio.sleep(0.6)
         assert all(task.cancelled() for task in tasks), tasks
         assert not [e for e in events if e["type"] == "speech.started"], events
+    finally:
+        drain.stop()
+        await session.close()
+
+
+def echo_session(stt: ScriptedSTT, engine: ToneEngine) -> tuple[AgentSession, list[Any], Drain]:
+    session = AgentSession("s", engine, Config())  # no --llm-url: the echo brain
+    events: list[dict[str, Any]] = []
+    session.outbox.send = events.append  # type: ignore[method-assign, assignment]
+    session.conversation._transcriber = stt  # type: ignore[assignment]
+    session.pipeline.start()
+    assert isinstance(session.conversation.brain, EchoBrain)
+    return session, events, Drain(session.pipeline)
+
+
+async def test_the_echo_brain_says_back_every_turn_its_reply_answers() -> None:
+    """README, Conversation: the reply "answers every turn since the last reply" ("the
+    next reply answers both"), and the echo brain (the default, no --llm-url) "speaks the
+    transcript back". A barge-in that cuts the first turn's echo before it is heard leaves
+    that turn open for the next reply (README item 5), but EchoBrain.reply speaks only
+    the last user message: "My name is Ann." is never said back, although its transcript
+    was shown and the reply was meant to answer it (found by review)."""
+    engine = ToneEngine(seconds_per_word=0.05, first_chunk_delay_s=0.5)
+    stt = ScriptedSTT(("My name is Ann.", 0.0), ("What is my name?", 0.05))
+    session, events, drain = echo_session(stt, engine)
+    try:
+        say_turn(session)  # "My name is Ann.": its echo is being prepared, not heard yet
+        await wait_for(lambda: session.pipeline.busy)
+        say_turn(session, 0.5)  # barges in (unheard: the question stays open), then ends
+        await wait_for(
+            lambda: [e for e in events if e["type"] == "speech.ended" and not e["interrupted"]],
+            timeout=5,
+        )
+        said = " ".join(e["text"] for e in events if e["type"] == "speech.segment")
+        assert "What is my name?" in said, events
+        assert "My name is Ann." in said, said
+    finally:
+        drain.stop()
+        await session.close()
+
+
+async def test_the_echo_brain_says_back_a_turn_whose_transcript_came_late() -> None:
+    """The same without a barge-in: the first turn's transcript comes back after the user
+    began the next (README: "a transcript that arrives after the user started another turn
+    gets no reply of its own, the next reply answers both"); the echo says only the second."""
+    stt = ScriptedSTT(("My name is Ann.", 0.3), ("What is my name?", 0.0))
+    session, events, drain = echo_session(stt, ToneEngine(seconds_per_word=0.05))
+    try:
+        say_turn(session)
+        say_turn(session, 0.5)
+        await wait_for(lambda: [e for e in events if e["type"] == "speech.ended"], timeout=5)
+        await asyncio.sleep(0.2)
+        said = [e["text"] for e in events if e["type"] == "speech.segment"]
+        assert " ".join(said).count("My name is Ann.") == 1, said
     finally:
         drain.stop()
         await session.close()
