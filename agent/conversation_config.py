@@ -46,18 +46,29 @@ class ListenSettings:
     max_pending_windows: int = 64
 
     def __post_init__(self) -> None:
-        if not 0.0 < self.vad_neg_threshold <= self.vad_threshold < 1.0:
-            raise ValueError("VAD thresholds need 0 < neg_threshold <= threshold < 1")
-        if self.min_speech_ms < 0 or self.end_of_turn_silence_ms < VAD_WINDOW_MS:
+        # Each names its flag (signaling/conversation_flags.py), as agent/config.py does: a
+        # bad value in an env file must say which one (found by review).
+        if not 0.0 < self.vad_threshold < 1.0:
+            raise ValueError("the VAD threshold (--vad-threshold) must be above 0 and below 1")
+        if not 0.0 < self.vad_neg_threshold <= self.vad_threshold:
             raise ValueError(
-                f"min speech must be >= 0 ms and end-of-turn silence >= {VAD_WINDOW_MS} ms"
+                "the VAD silence threshold (--vad-neg-threshold) must be above 0 and at most "
+                f"the VAD threshold (--vad-threshold, {self.vad_threshold:g})"
+            )
+        if self.min_speech_ms < 0:
+            raise ValueError("the minimum speech (--min-speech-ms) must be 0 ms or more")
+        if self.end_of_turn_silence_ms < VAD_WINDOW_MS:
+            raise ValueError(
+                f"the end-of-turn silence (--end-of-turn-ms) must be {VAD_WINDOW_MS} ms or more"
             )
         if not 0 <= self.receive_reorder_wait <= 14:
             raise ValueError("receive_reorder_wait must be 0-14")
-        if self.vad_threads < 1 or self.max_pending_windows < 1:
-            raise ValueError("vad_threads and max_pending_windows must be positive")
+        if self.vad_threads < 1:
+            raise ValueError("the VAD threads (--vad-threads) must be 1 or more")
+        if self.max_pending_windows < 1:
+            raise ValueError("max_pending_windows must be 1 or more")
         if not 0 < self.max_turn_s < math.inf:  # also refuses nan
-            raise ValueError("max_turn_s must be a positive number of seconds")
+            raise ValueError("the longest turn (--max-turn-s) must be a positive number of seconds")
 
 
 @dataclass(frozen=True)
@@ -88,8 +99,10 @@ class ServiceSettings:
     max_history_messages: int = 40
 
     def __post_init__(self) -> None:
-        # Not min(...) <= 0: min(15.0, nan) is 15.0, and a timeout of nan fails at once.
-        if not all(0 < t < math.inf for t in (self.stt_timeout_s, self.llm_timeout_s)):
-            raise ValueError("service timeouts must be a positive number of seconds")
+        # Not "<= 0": a timeout of nan compares false with everything, and fails at once.
+        if not 0 < self.stt_timeout_s < math.inf:
+            raise ValueError("the STT timeout (--stt-timeout) must be a positive number of seconds")
+        if not 0 < self.llm_timeout_s < math.inf:
+            raise ValueError("the LLM timeout (--llm-timeout) must be a positive number of seconds")
         if self.llm_max_tokens < 1 or self.max_history_messages < 2:
             raise ValueError("llm_max_tokens must be >= 1 and max_history_messages >= 2")

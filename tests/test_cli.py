@@ -368,6 +368,15 @@ def test_an_empty_or_blank_variable_is_unset(
         (["--metrics-token", ""], {}, "(--metrics-token) is empty: leave it out"),
         # No request can present it: a header's value loses its surrounding whitespace.
         (["--metrics-token", "s3cret "], {}, "(--metrics-token) starts or ends with whitespace"),
+        # The conversation's named no flag ("service timeouts must be positive": which one?).
+        (["--end-of-turn-ms", "10"], {}, "(--end-of-turn-ms) must be 32 ms or more"),
+        (["--min-speech-ms", "-5"], {}, "(--min-speech-ms) must be 0 ms or more"),
+        (["--vad-threshold", "1.5"], {}, "(--vad-threshold) must be above 0 and below 1"),
+        (["--vad-neg-threshold", "0.6"], {}, "(--vad-neg-threshold) must be above 0 and at"),
+        (["--vad-threads", "0"], {}, "(--vad-threads) must be 1 or more"),
+        (["--max-turn-s", "0"], {}, "(--max-turn-s) must be a positive number"),
+        (["--stt-timeout", "0"], {}, "(--stt-timeout) must be a positive number"),
+        ([], {"VOICE_AGENT_LLM_TIMEOUT": "0"}, "(--llm-timeout) must be a positive number"),
     ],
 )
 def test_a_setting_that_would_crash_or_be_changed_is_refused(
