@@ -61,9 +61,19 @@ def verify_token(token: str | None, secret: str) -> Claims:
     if not token:
         raise _unauthorized("a token is required (Authorization: Bearer, or 'token')")
     try:
-        payload = jwt.decode(token, secret, algorithms=[ALGORITHM], options={"require": ["exp"]})
+        # iat is not checked: it only says when the token was made, and a token minted on a
+        # host whose clock runs a second ahead was refused as "invalid" until then, i.e.
+        # always when a page fetches one and uses it at once (found by review).
+        payload = jwt.decode(
+            token,
+            secret,
+            algorithms=[ALGORITHM],
+            options={"require": ["exp"], "verify_iat": False},
+        )
     except jwt.ExpiredSignatureError:
         raise _unauthorized("the token has expired") from None
+    except jwt.ImmatureSignatureError:
+        raise _unauthorized("the token is not valid yet ('nbf'; check the clocks)") from None
     except jwt.MissingRequiredClaimError:
         raise _unauthorized("the token is invalid: it has no 'exp' claim") from None
     except (jwt.InvalidTokenError, UnicodeError):
@@ -75,7 +85,9 @@ def verify_token(token: str | None, secret: str) -> Claims:
     room = payload.get("room")
     if role not in ROLES:
         raise _unauthorized(f"the token is invalid: 'role' must be one of {', '.join(ROLES)}")
-    if room is not None and not is_room_name(room):
+    # Present, the claim must name a room: {"room": null} (a backend whose room variable was
+    # unset) was a token for every room, failing open (found by review).
+    if "room" in payload and not is_room_name(room):
         # A room the API itself refuses to name ('', too long, a newline in it) would
         # otherwise be joined silently: room_for takes the token's room as it is.
         raise _unauthorized(f"the token is invalid: 'room' must be a string of {ROOM_NAME_RULE}")
@@ -94,7 +106,9 @@ async def request_token(request: web.Request) -> str | None:
         return value.strip()
     if "token" in request.query:
         return request.query["token"]
-    if request.content_type == "application/json" and request.body_exists:
+    # Any body but WHEP's SDP: the JSON handlers parse a body whatever its Content-Type
+    # (fetch() with a string body sends text/plain), and a token in it was unseen: 401.
+    if request.content_type != "application/sdp" and request.body_exists:
         # The body is cached: the handler reads it again. Bad JSON is the handler's error to
         # report to an authenticated caller; here it only means "no token". Decoded in its
         # Content-Type's charset, as the handler decodes it (signaling/routes.py

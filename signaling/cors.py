@@ -20,7 +20,9 @@ from signaling.errors import Handler, error_response
 # can read. Refused by the preflight, it was a network error the player may take as fatal.
 ALLOW_METHODS = "GET, POST, DELETE, PATCH, OPTIONS"
 # X-Session-Token (signaling/routes.py SESSION_TOKEN_HEADER): a WHEP resume sends it.
-ALLOW_HEADERS = "Authorization, Content-Type, X-Session-Token"
+# If-Match: a WHEP player's ICE-restart PATCH must carry it (RFC 9725 4.3); not allowed, the
+# preflight failed the PATCH as a network error after all (found by review).
+ALLOW_HEADERS = "Authorization, Content-Type, X-Session-Token, If-Match, If-None-Match"
 # Headers a cross-origin page may read: WHEP's Location, ETag and session token (for a
 # resume), and the back-off hint.
 EXPOSE_HEADERS = "Location, ETag, X-Session-Token, Retry-After"

@@ -448,3 +448,62 @@ async def test_a_resume_refused_by_auth_is_counted_as_a_resume(
         labels["worker"] = "front"
     assert value(samples, "voice_agent_resumes_total", **labels) == 1
     assert value(samples, "voice_agent_offers_total", **labels) == 0
+
+
+async def test_a_token_whose_room_claim_is_null_is_invalid_not_valid_for_every_room(
+    live_server: LiveServer,
+) -> None:
+    """README: "`room`: the token is valid for that room only (a room name ...; a token
+    with any other `room` is invalid, 401)". A backend that mints {"room": null} (its room
+    variable unset) hands out a token that is valid for EVERY room: auth.verify_token reads
+    payload.get("room") and None means "any room" (fail-open; found by review). A null
+    `role` is refused 401, a null `room` is not."""
+    unbound = {"Authorization": f"Bearer {token(room=None)}"}
+    async with aiohttp.ClientSession() as http:
+        async with http.get(live_server.url + "/ice-servers", headers=unbound) as resp:
+            assert resp.status == 401, (resp.status, await resp.text())
+        # ... and what it opens: an offer for any room gets past auth (400 bad_sdp here,
+        # never the 401/403 a room-bound or invalid token gets).
+        async with http.post(
+            live_server.url + "/offer",
+            json={**{"type": "offer", "sdp": "v=0"}, "room": "someone-elses"},
+            headers=unbound,
+        ) as resp:
+            assert resp.status in (401, 403), (resp.status, await resp.text())
+
+
+async def test_a_token_in_a_json_body_sent_as_text_plain_is_read(live_server: LiveServer) -> None:
+    """The handlers read a body as JSON whatever its Content-Type (fetch() with a string
+    body sends text/plain;charset=UTF-8, and without --auth-secret that offer is answered),
+    but auth.request_token looks for the body's `token` only under application/json: with
+    the token in the body, as README says a browser may put it, the same request is a 401
+    "a token is required" (found by review)."""
+    body = json.dumps({**{"type": "offer", "sdp": "v=0"}, "token": token()})
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(
+            live_server.url + "/offer",
+            data=body,
+            headers={"Content-Type": "text/plain;charset=UTF-8"},
+        ) as resp,
+    ):
+        text = await resp.text()
+        assert resp.status != 401, text
+        assert resp.status == 400 and json.loads(text)["error"]["code"] == "no_audio", text
+
+
+async def test_a_token_minted_on_a_host_whose_clock_is_a_little_ahead_is_accepted(
+    live_server: LiveServer,
+) -> None:
+    """`voice-agent token` (or any JWT library) stamps `iat`; PyJWT refuses a token whose
+    iat is later than now with no leeway, and verify_token reports it as "invalid (bad
+    signature or format)". A token minted on another host whose clock runs 2 s ahead is
+    refused for its first 2 s, i.e. always when a page fetches a token and uses it at
+    once (found by review)."""
+    now = int(time.time())
+    skewed = {"Authorization": f"Bearer {token(iat=now + 2)}"}
+    async with (
+        aiohttp.ClientSession() as http,
+        http.get(live_server.url + "/ice-servers", headers=skewed) as resp,
+    ):
+        assert resp.status == 200, await resp.text()

@@ -92,7 +92,12 @@ class TestAllowList:
         (trickle ICE, ICE restart). The server does neither and answers 405 with Allow; but
         PATCH was not among the preflight's methods, so a cross-origin player's PATCH failed
         as a network error before it could see the 405 (found by review)."""
-        patch = {**PREFLIGHT, "Access-Control-Request-Method": "PATCH"}
+        # An ICE restart's PATCH must carry If-Match (RFC 9725 4.3): not among the allowed
+        # headers, the preflight failed it all the same (found by review).
+        patch = {
+            "Access-Control-Request-Method": "PATCH",
+            "Access-Control-Request-Headers": "authorization, content-type, if-match",
+        }
         async with aiohttp.ClientSession() as http:
             async with http.options(
                 live_server.url + "/whep/abc", headers={"Origin": ALLOWED, **patch}
@@ -100,6 +105,8 @@ class TestAllowList:
                 assert resp.status == 204
                 methods = resp.headers["Access-Control-Allow-Methods"].split(", ")
                 assert "PATCH" in methods
+                allowed = resp.headers["Access-Control-Allow-Headers"].lower().split(", ")
+                assert {"authorization", "content-type", "if-match"} <= set(allowed)
             async with http.patch(
                 live_server.url + "/whep/abc",
                 data="a=end-of-candidates\r\n",
