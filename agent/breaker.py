@@ -71,6 +71,7 @@ class CircuitBreaker:
         self.state = "closed"  # closed | open | half_open
         self._failures: deque[float] = deque()  # times of the current run of failures
         self._incident: str | None = None  # the fault the last failure counted came from
+        self._incident_at = -math.inf  # when that failure was counted
         self._opened_at = 0.0
         self.last_error: str | None = None
         self.opened = 0  # times the breaker opened (figures)
@@ -183,11 +184,16 @@ class CircuitBreaker:
         now = self._clock()
         self.last_error = str(exc)[:200] or type(exc).__name__
         incident = getattr(exc, "incident", None)
-        if incident is not None and incident == self._incident:
+        if (
+            incident is not None
+            and incident == self._incident
+            and now - self._incident_at <= self.settings.window_s
+        ):
             # Another stream the same fault ended: one crashed worker failing a batch of five
             # opened the breaker, an outage of cooldown_s where the worker's restart takes 2 s.
+            # Within the window only: a fault whose errors go on is a failure again.
             return
-        self._incident = incident
+        self._incident, self._incident_at = incident, now
         self._failures.append(now)
         while self._failures and now - self._failures[0] > self.settings.window_s:
             self._failures.popleft()

@@ -676,5 +676,15 @@ async def test_a_worker_that_keeps_crashing_is_left_failed(
         await asyncio.sleep(0.3)
         assert not engine.ready and "illegal memory access" in str(engine.failure)
         assert engine._restart is None
+        # Every utterance now fails at once, each a failure of its own: the breaker opens
+        # (say: 503 tts_unavailable). Tagged with the crash's incident for good, they
+        # counted once and it never did (found by review).
+        breaker = CircuitBreaker(engine, BreakerSettings(failures=3, cooldown_s=60.0))
+        for _ in range(3):
+            with pytest.raises(EngineError):
+                await collect(breaker, "hello")
+        assert breaker.unavailable is not None
+        if breaker._timer is not None:
+            breaker._timer.cancel()
     finally:
         await engine.close()

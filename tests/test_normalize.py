@@ -425,6 +425,11 @@ def test_reads_aloud_examples(text: str, read: bool) -> None:
         ("10kg-20kg", "ten kilograms to twenty kilograms"),
         ("气温-5度", "气温负五度"),  # still a minus sign: no number before the dash
         ("今天-5度", "今天负五度"),
+        # A connective between numbers is no unit: its dash is a minus sign (review).
+        ("明天最低气温-8到-3度", "明天最低气温负八到负三度"),
+        ("气温-5到-1度", "气温负五到负一度"),
+        ("温度5至-3度", "温度五至负三度"),
+        ("3加-2等于1", "三加负二等于一"),
     ],
 )
 def test_a_range_with_its_unit_on_both_ends_is_read_as_a_range(text: str, expected: str) -> None:
@@ -435,7 +440,17 @@ def test_a_range_with_its_unit_on_both_ends_is_read_as_a_range(text: str, expect
 
 
 @pytest.mark.parametrize(
-    "text", ["http://[::1]:8080/", "https://(", "http://?q=hello", "https:///path", "www.x.com"]
+    "text",
+    [
+        "http://[::1]:8080/",
+        "https://(",
+        "http://?q=hello",
+        "https:///path",
+        "www.x.com",
+        "http://www.",  # a URL ending in punctuation: read "www" (review)
+        "www.!",
+        "https://www.)",
+    ],
 )
 def test_reads_aloud_agrees_with_the_reading_of_a_url(text: str) -> None:
     """Only a URL's host is read: one whose host has no letters (an IPv6 literal) reads as

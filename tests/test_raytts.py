@@ -182,9 +182,12 @@ def _replica_crash_errors(streams: int) -> list[BaseException]:
 
 
 def _replica_death_errors(streams: int) -> list[BaseException]:
-    from ray.exceptions import RayActorError
+    from ray.exceptions import ActorDiedError
 
-    return [RayActorError(actor_id="a1b2", error_msg="The actor died") for _ in range(streams)]
+    errors = [ActorDiedError() for _ in range(streams)]
+    for error in errors:
+        error.actor_id = "a1b2"  # as Ray sets it from the dead actor's context
+    return errors
 
 
 @pytest.mark.parametrize("errors", [_replica_crash_errors, _replica_death_errors])

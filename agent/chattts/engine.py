@@ -187,6 +187,7 @@ class ChatTTSEngine:
         while crashes and now - crashes[0] > RESTART_WINDOW_S:
             crashes.popleft()
         if len(crashes) > MAX_RESTARTS:
+            self.scheduler.crash_incident = None  # see Scheduler.crash_incident
             log.error(
                 "ChatTTS worker crashed %d times in %g s: not restarted (the engine stays "
                 "failed; restart the process)",
@@ -208,6 +209,8 @@ class ChatTTSEngine:
             self.scheduler.stats = stats
             log.warning("ChatTTS worker restarted")
         finally:
+            if self.scheduler is not None and not self.scheduler.alive:
+                self.scheduler.crash_incident = None  # not restarted: see crash_incident
             self._release_waiters()
 
     def _release_waiters(self) -> None:

@@ -204,9 +204,11 @@ class Scheduler:
         self._voices = VoiceBank(chat, default_voice, max_new_tokens)
         self._cond = threading.Condition()
         self.crash: str | None = None  # why the worker stopped, if it crashed
-        # One object for every error the crash causes (EngineError.incident): the streams it
-        # ended and the ones refused until the engine restarts the worker.
-        self._crash_incident = f"ChatTTS worker crash {uuid.uuid4().hex}"
+        # One key for every error the crash causes (EngineError.incident): the streams it
+        # ended and the ones refused while a restart is pending. The engine sets it to None
+        # when it gives up restarting: refusals from then on are failures of their own, or
+        # the breaker, counting one failure for good, would never open on a dead engine.
+        self.crash_incident: str | None = f"ChatTTS worker crash {uuid.uuid4().hex}"
         self._inbox: collections.deque[Stream] = collections.deque()
         self._stop = False
         self._ids = itertools.count(1)
@@ -254,7 +256,7 @@ class Scheduler:
         The batch widens past ``max_batch`` only by such streams, at most one per utterance
         playing; new utterances still wait for a slot."""
         if self.crash is not None:
-            raise EngineError(self.crash, incident=self._crash_incident)
+            raise EngineError(self.crash, incident=self.crash_incident)
         if not self.alive:
             raise EngineError("ChatTTS worker is not running")
         stream = Stream(
@@ -265,7 +267,7 @@ class Scheduler:
             if self._stop:
                 raise EngineError("engine is closed")
             if self.crash is not None:
-                raise EngineError(self.crash, incident=self._crash_incident)
+                raise EngineError(self.crash, incident=self.crash_incident)
             self._inbox.append(stream)
             self._cond.notify()
         return stream
@@ -280,7 +282,7 @@ class Scheduler:
             with self._cond:  # under the lock: no stream can slip in unfinished
                 self.crash = f"ChatTTS worker crashed: {e!r}"
                 for s in [*self._streams, *self._inbox]:
-                    s.finish(e, self._crash_incident)
+                    s.finish(e, self.crash_incident)
                 self._inbox.clear()
             if self._on_crash is not None:
                 self._on_crash()

@@ -353,8 +353,13 @@ def _incident(exc: BaseException) -> str | None:
     incident = getattr(exc, "incident", None)
     if isinstance(incident, str):
         return incident
-    actor = getattr(exc, "actor_id", None)  # RayActorError, ActorDiedError
-    return f"Ray actor {actor} died" if actor else None
+    from ray.exceptions import ActorDiedError  # imported: the error came from Ray
+
+    # Died, not merely unavailable for a while (ActorUnavailableError, also a
+    # RayActorError): each of those is a failure of its own.
+    if isinstance(exc, ActorDiedError) and exc.actor_id:
+        return f"Ray actor {exc.actor_id} died"
+    return None
 
 
 def _first_line(exc: BaseException, limit: int = 300) -> str:

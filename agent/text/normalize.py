@@ -451,8 +451,10 @@ _RANGE: Final = re.compile(r"(?<=[0-9])(?:\s?[~～]\s?|[-–]|\s–\s|\sto\s)(?=
 # A range with its unit on both ends ("10点-22点", "5元-10元", "3%-5%", "10kg-20kg"): the dash
 # after a number's unit is "to". Left to _negative, a dash after a CJK character is a minus
 # sign ("气温-5度"): "ten o'clock, minus twenty-two o'clock" (found by review).
+# The same unit must close the second end: a connective is no unit ("-8到-3度", "3加-2").
 _UNIT_RANGE: Final = re.compile(
-    r"(?<=[0-9])(?P<unit>[%％]|[\u4e00-\u9fff]|[A-Za-z]{1,3})[-–](?=[第$€£¥]?[0-9])"
+    r"(?<=[0-9])(?P<unit>[%％]|[\u4e00-\u9fff]|[A-Za-z]{1,3})[-–]"
+    r"(?=[第$€£¥]?[0-9][0-9.,]*(?P=unit))"
 )
 _YEAR_RANGE: Final = re.compile(
     r"(?<![0-9])(?P<a>1[1-9][0-9]{2}|20[0-9]{2})(?:\s?[-–]\s?|\sto\s)"
@@ -569,16 +571,17 @@ def _split_num(number: str) -> tuple[str, str | None]:
 
 
 def _url(m: re.Match[str], zh: bool) -> str:
-    url = m.group(0)
+    host, tail = _url_host(m.group(0))
+    return _sp(_read_domain(host, zh), zh) + tail
+
+
+def _url_host(url: str) -> tuple[str, str]:
+    """The part of a URL that is read (its host, without "www."), and the punctuation after
+    it that ends the sentence, not the URL ("see x.com.")."""
     trailing = len(url) - len(url.rstrip(".,;:!?)]}'\""))
     tail = url[len(url) - trailing :] if trailing else ""
-    return _sp(_read_domain(_url_host(url[: len(url) - trailing]), zh), zh) + tail
-
-
-def _url_host(url: str) -> str:
-    """The part of a URL that is read: its host, without "www."."""
-    host = re.sub(r"^(?:https?://)?(?:www\.)?", "", url, flags=re.I)
-    return re.split(r"[/?#:]", host, maxsplit=1)[0]
+    host = re.sub(r"^(?:https?://)?(?:www\.)?", "", url[: len(url) - trailing], flags=re.I)
+    return re.split(r"[/?#:]", host, maxsplit=1)[0], tail
 
 
 def _read_domain(host: str, zh: bool) -> str:
@@ -1053,7 +1056,7 @@ def reads_aloud(text: str) -> bool:
     reading itself takes 0.3 s for 5000 emoji); it agrees with the reading on every single
     character but "<" and ">", counted as read (tests/test_normalize.py). Of a URL only the
     host counts, as only the host is read ("http://[::1]:8080/" reads as nothing)."""
-    text = _URL.sub(lambda m: f" {_url_host(m.group(0))} ", _prepare(text))
+    text = _URL.sub(lambda m: " {} {}".format(*_url_host(m.group(0))), _prepare(text))
     return _READ_ALOUD.search(text) is not None
 
 
