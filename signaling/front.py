@@ -58,6 +58,7 @@ from signaling.metrics import (
     offers_counter,
     resumes_counter,
 )
+from signaling.resume import MAX_TOKEN_CHARS
 from signaling.routes import SESSION_TOKEN_HEADER
 from signaling.shutdown import Drain, log_listening, shutting_down
 from signaling.workers import Worker, WorkerPool
@@ -161,7 +162,7 @@ async def post_offer(request: web.Request) -> web.StreamResponse:
         # already: its sessions were all detached, so it had nothing to wait for).
         request.app[DRAIN].check()
         # A session token names its worker like a session id does.
-        answer = await _forward(request, _session_worker(request, resume), body)
+        answer = await _forward(request, _resume_worker(request, resume), body)
     else:
         room = text("room") or claims(request).room
         answer = await _forward_new_session(request, room, body)
@@ -176,7 +177,7 @@ async def post_whep(request: web.Request) -> web.StreamResponse:
     resume = request.headers.get(SESSION_TOKEN_HEADER)
     if resume is not None:
         request.app[DRAIN].check()  # as for /offer's resume
-        answer = await _forward(request, _session_worker(request, resume))
+        answer = await _forward(request, _resume_worker(request, resume))
     else:
         room = request.query.get("room") or claims(request).room
         answer = await _forward_new_session(request, room)
@@ -237,6 +238,10 @@ def _new_session_worker(request: web.Request, room: str | None) -> Worker:
 
 async def to_session_worker(request: web.Request) -> web.StreamResponse:
     _check_session_path(request)
+    # As a worker's middleware checks it, before the 404 the front may answer itself: a
+    # request without a token got 404 for an id naming no worker (or one restarting) and
+    # 401 otherwise, which told a stranger which workers were up (found by review).
+    await _check_token(request)
     session_id = request.match_info["session_id"]
     return await _forward(request, _session_worker(request, session_id), session_id=session_id)
 
@@ -284,6 +289,16 @@ def workers_refusal(workers: Iterable[Worker]) -> ApiError | None:
 
 def _retry_after(refusal: dict[str, Any]) -> int:
     return int(refusal.get("headers", {}).get("Retry-After", 1))
+
+
+def _resume_worker(request: web.Request, token: str) -> Worker:
+    """The worker a resume's session token names; 400 ``bad_token`` for one that is no token
+    at all, as one process answers it (signaling/resume.py), not the front's 404."""
+    if not 0 < len(token) <= MAX_TOKEN_CHARS:
+        raise ApiError(
+            400, "bad_token", f"'resume' must be a session token (1-{MAX_TOKEN_CHARS} chars)"
+        )
+    return _session_worker(request, token)
 
 
 def _session_worker(request: web.Request, session_id_or_token: str) -> Worker:

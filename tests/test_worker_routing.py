@@ -885,3 +885,52 @@ async def test_a_rooms_unready_worker_is_said_to_be_not_ready() -> None:
         error = (await resp.json())["error"]
     assert (resp.status, error["code"]) == (503, "not_ready"), error
     assert error["message"] == "the worker for room 'a' is not ready yet", error["message"]
+
+
+@pytest.mark.parametrize("token", ["", "x" * 300])
+async def test_a_resume_with_a_malformed_token_is_bad_token_as_in_one_process(token: str) -> None:
+    """README: 400 ``bad_token`` is "a resume that is not a token string" (the registry's
+    TokenBook: 1-256 characters), which one process answers to ``"resume": ""`` or an
+    over-long token, and to the same in ``X-Session-Token``. The front routes the token by
+    its ``w<index>-`` prefix first and answers any token without one 404
+    ``unknown_session`` itself, so the same request gets another status and code (found
+    by review)."""
+    config = Config(host="127.0.0.1", port=0, listen=ListenSettings(enabled=False))
+    offer = await an_offer()
+    async with front_and_worker(config, workers=2) as url, aiohttp.ClientSession() as http:
+        body = {"type": "offer", "sdp": offer, "resume": token}
+        async with http.post(url + "/offer", json=body) as resp:
+            offer_got = (resp.status, (await resp.json())["error"]["code"])
+        headers = {"Content-Type": "application/sdp", "X-Session-Token": token}
+        async with http.post(url + "/whep", data=offer, headers=headers) as resp:
+            whep_got = (resp.status, (await resp.json())["error"]["code"])
+    assert (offer_got, whep_got) == ((400, "bad_token"), (400, "bad_token"))
+
+
+async def test_session_requests_without_a_token_are_unauthorized_at_the_front() -> None:
+    """README, Authentication: with --auth-secret every signaling request, GET/DELETE
+    /sessions/{id} included, needs a token, "otherwise: 401 unauthorized" (one process
+    checks it before looking the session up). The front answers a session request it
+    routes nowhere (an id naming no worker, or a worker that is restarting) 404
+    ``unknown_session`` without looking at the token: an unauthenticated client gets 404,
+    and tells a restarting worker (404) from a running one (401; found by review)."""
+    secret = "s" * 40
+    config = Config(
+        host="127.0.0.1",
+        port=0,
+        listen=ListenSettings(enabled=False),
+        security=SecuritySettings(auth_secret=secret),
+    )
+    pools: list[WorkerPool] = []
+    async with (
+        front_and_worker(config, workers=2, pools=pools) as url,
+        aiohttp.ClientSession() as http,
+    ):
+        async with http.get(f"{url}/sessions/w1-{'a' * 32}") as resp:
+            running = resp.status  # worker 1 is up: it answers, 401
+        _restarting(pools[0])
+        async with http.get(f"{url}/sessions/w0-{'a' * 32}") as resp:
+            restarting = resp.status
+        async with http.delete(f"{url}/sessions/{'a' * 32}") as resp:
+            no_worker = resp.status
+    assert (running, restarting, no_worker) == (401, 401, 401)
