@@ -3,12 +3,21 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-HOST ?= 0.0.0.0
-PORT ?= 8080
+# VOICE_AGENT_HOST / VOICE_AGENT_PORT as for `voice-agent serve` (the flags below would
+# override them): `VOICE_AGENT_HOST=127.0.0.1 make run` listened on every interface.
+HOST ?= $(or $(VOICE_AGENT_HOST),0.0.0.0)
+PORT ?= $(or $(VOICE_AGENT_PORT),8080)
 ARGS ?=
 TINY_MODEL := models/tiny
 
 .PHONY: install run run-tiny test lint typecheck unit bench clean
+
+# A .venv whose scripts cannot start (the Python they name removed, the checkout moved) is
+# removed and built again: the stamp alone kept it, and `make run` failed until `make clean`.
+VENV_STARTS := $(shell p=$$(head -n1 $(BIN)/voice-agent 2>/dev/null | cut -c3-); 	[ -n "$$p" ] && "$$p" -c 'print("yes")' 2>/dev/null)
+ifneq ($(VENV_STARTS),yes)
+$(shell rm -rf $(VENV))
+endif
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), "Python 3.11 is required"'

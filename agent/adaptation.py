@@ -78,7 +78,10 @@ class NetworkAdaptation:
             track.set_fec(track.encoder.fec and self.receiver.fec)
             return
         stats = self.track.stats
-        last = [0]
+        # From the count so far: a resumed session's track carries the call's stats over,
+        # and its first packet was recorded as every byte sent since the call began (found
+        # by review; aiortc's send path only, the lean one passes each packet's own size).
+        last = [stats.bytes]
 
         def packet_size() -> int:
             # The packet being serialised is the one the track returned last.

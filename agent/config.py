@@ -224,12 +224,24 @@ class RaySettings:
     health_interval_s: float = 2.0  # how often the media process reads the app's status
 
     def __post_init__(self) -> None:
-        if self.replicas < 1 or self.max_replicas < 0 or not 0 < self.lead_s < math.inf:
-            raise ValueError("tts replicas must be >= 1, max replicas >= 0, lead > 0")
+        # Each names its flag (signaling/cli.py): --ray-cpus -1 reached ray.init and failed
+        # only after the server was up, as /readyz engine_failed (found by review).
+        if self.replicas < 1:
+            raise ValueError("the replicas (--tts-replicas) must be 1 or more")
+        if self.max_replicas < 0:
+            raise ValueError("the most replicas (--tts-max-replicas) must be 0 or more")
+        if not 0 < self.lead_s < math.inf:
+            raise ValueError("the lead (--tts-lead) must be a positive number of seconds")
         if self.max_streams < 1:
-            raise ValueError(f"tts max streams must be at least 1, got {self.max_streams}")
-        if not (0 <= self.gpus_per_replica < math.inf and 0 <= self.cpus_per_replica < math.inf):
-            raise ValueError("resources per replica must not be negative")
+            raise ValueError(
+                f"a replica's streams (--tts-max-streams) must be 1 or more, got {self.max_streams}"
+            )
+        if not 0 <= self.gpus_per_replica < math.inf:
+            raise ValueError("the GPUs per replica (--tts-gpus-per-replica) must not be negative")
+        if not 0 <= self.cpus_per_replica < math.inf:
+            raise ValueError("the CPUs per replica (--tts-cpus-per-replica) must not be negative")
+        if self.local_cpus is not None and self.local_cpus < 1:
+            raise ValueError("the local Ray instance's CPUs (--ray-cpus) must be 1 or more")
         # Ray Serve refuses it only when the deployment starts, after the server is up.
         # (Checked even without autoscaling: turning it on later should not find it broken.)
         if not 0 < self.target_streams < math.inf:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import socket
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
@@ -488,6 +489,7 @@ def serve(config: Config) -> None:
     from signaling.keys import DRAIN, SESSIONS
     from signaling.shutdown import serve as serve_app
 
+    _check_listen_address(config)
     # The address is logged once bound (signaling/shutdown.py log_listening): --port 0
     # picks the port then.
     if config.workers > 1:
@@ -518,6 +520,34 @@ def serve(config: Config) -> None:
     app = product_app(config)
     # Until SIGTERM/SIGINT; then drain (signaling/shutdown.py) and return: exit status 0.
     asyncio.run(serve_app(app, config, app[SESSIONS], app[DRAIN], **runner_options()))
+
+
+def _check_listen_address(config: Config) -> None:
+    """A usage error now if the port is taken (or the address not this machine's), before
+    the model's download and the workers' start: it was an OSError traceback at the end of
+    the start-up (found by review). Bound as asyncio binds it, then let go."""
+    if config.port == 0:
+        return
+    where = f"{config.host}:{config.port}"
+    try:
+        infos = socket.getaddrinfo(
+            config.host or None, config.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )
+    except socket.gaierror as exc:
+        _usage_error(f"cannot listen on {where}: {exc.strerror}")
+    for family, kind, proto, _, address in infos:
+        try:
+            sock = socket.socket(family, kind, proto)
+        except OSError:
+            continue  # a family this kernel lacks (no IPv6): asyncio skips it too
+        with sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            try:
+                sock.bind(address)
+            except OSError as exc:
+                _usage_error(f"cannot listen on {where}: {exc.strerror or exc}")
 
 
 def _usage_error(message: str) -> NoReturn:

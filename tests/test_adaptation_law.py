@@ -4,13 +4,22 @@ after a hold, the ceiling reported)."""
 
 from __future__ import annotations
 
+import dataclasses
 from types import SimpleNamespace
+from typing import Any
 
+import pytest
+
+import agent.adaptation as adaptation_module
+from agent.adaptation import ReceiverOpus
 from agent.bitrate import BitrateController, DelayReport, LossReport
-from agent.config import AdaptationSettings
+from agent.config import AdaptationSettings, Config, OpusSettings
 from agent.feedback import Applier, FeedbackTap, _now_us
+from agent.session import AgentSession
 from agent.twcc import build_transport_feedback
+from tests.doubles import ToneEngine
 from tests.test_feedback import report
+from tests.test_track import tone_frame, unpaced
 
 SETTINGS = AdaptationSettings()
 CEILING = 32_000
@@ -193,3 +202,57 @@ def test_fec_comes_on_for_a_path_losing_two_percent_and_for_a_burst() -> None:
     tap._count_twcc_loss(0.5, 25, 0)
     tap._count_twcc_loss(1.0, 25, 3)
     assert controller.target.fec and controller.target.expected_loss_pct >= 6
+
+
+class _CapturingTap:
+    """Stands in for FeedbackTap: keeps the packet_size callback the adaptation built (the
+    one TransportSequenceMap calls for every packet aiortc's sender serialises)."""
+
+    last: _CapturingTap | None = None
+
+    def __init__(self, sender: Any, controller: Any, apply: Any, **kw: Any) -> None:
+        self.packet_size = kw["packet_size"]
+        _CapturingTap.last = self
+
+    def install(self, transport_cc: bool) -> None:
+        pass
+
+    def tick(self) -> None:
+        pass
+
+
+class _Transceiver:
+    sender = None
+
+
+async def test_transport_cc_packet_size_after_a_resume_is_the_packet_not_the_whole_call(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On aiortc's send path with transport-cc, each packet's size is read as the growth of
+    ``track.stats.bytes`` since the last packet. A resume (renew_track) carries the stats
+    over to the new track but the new adaptation's closure starts from 0, so the first
+    packet on the new connection is recorded (SendHistory) as every byte sent in the call
+    so far. Latent: the receive-rate estimate leaves the window's first arrival out, so it
+    only skews the 0.85 x arrived-rate backoff cap when that first packet is lost or
+    reordered behind the second (found by review)."""
+    monkeypatch.setattr(adaptation_module, "FeedbackTap", _CapturingTap)
+    # --send-path aiortc: aiortc's sender serialises (and stamps) every packet.
+    config = dataclasses.replace(Config(), opus=OpusSettings(direct_send=False))
+    session = AgentSession("s1", ToneEngine(), config, expects_channel=False)
+    # The first connection: some speech goes out.
+    session.track = unpaced(session.track)
+    for i in range(50):
+        await session.pipeline.buffer.put(tone_frame(i, session.pipeline.buffer.sample_rate))
+    for _ in range(50):
+        await session.track.recv()
+    assert session.track.stats.bytes > 2000
+    # The connection drops; the client resumes on a new one.
+    session.renew_track()
+    session.track = unpaced(session.track)
+    session.attach_sender(_Transceiver(), ReceiverOpus(transport_cc=True))  # type: ignore[arg-type]
+    tap = _CapturingTap.last
+    assert tap is not None
+    await session.pipeline.buffer.put(tone_frame(0, session.pipeline.buffer.sample_rate))
+    packet = await session.track.recv()
+    assert tap.packet_size() == len(bytes(packet))
+    session.track.stop()

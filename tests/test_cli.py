@@ -5,6 +5,11 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import shlex
+import shutil
+import socket
+import subprocess
+import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -534,3 +539,101 @@ def test_the_front_downloads_the_model_only_where_its_workers_load_it(
     ray = RaySettings(address="ray://auto") if tts == "ray" else RaySettings()
     serve(Config(tts=tts, ray=ray, workers=2))
     assert len(calls) == downloads
+
+
+MAKE_ROOT = Path(__file__).resolve().parent.parent
+
+
+def _make_n(target: str, env: dict[str, str], cwd: Path = MAKE_ROOT) -> str:
+    if shutil.which("make") is None:
+        pytest.skip("no make")
+    full = {k: v for k, v in os.environ.items() if not k.startswith("VOICE_AGENT_")}
+    full.pop("HOST", None)
+    full.pop("PORT", None)
+    full.update(env)
+    done = subprocess.run(
+        ["make", "-n", target], cwd=cwd, env=full, capture_output=True, text=True, timeout=30
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_make_run_honours_the_documented_voice_agent_host_and_port_variables() -> None:
+    """README: every flag of `voice-agent serve` can be set as VOICE_AGENT_<FLAG>; `make run`
+    is the README's way to start. The Makefile passes `--host 0.0.0.0 --port 8080` itself,
+    which beat the variables: VOICE_AGENT_HOST=127.0.0.1 make run listened on every
+    interface, VOICE_AGENT_PORT=9000 on 8080 (found by review)."""
+    env = {"VOICE_AGENT_HOST": "127.0.0.1", "VOICE_AGENT_PORT": "9000"}
+    out = _make_n("run", env)
+    line = next(ln for ln in out.splitlines() if "voice-agent serve" in ln)
+    argv = shlex.split(line)
+    argv = argv[argv.index("serve") :]
+    config = config_from_args(build_parser(env).parse_args(argv), env)
+    assert (config.host, config.port) == ("127.0.0.1", 9000), line
+
+
+def test_make_run_repairs_a_venv_whose_python_is_gone(tmp_path: Path) -> None:
+    """A .venv whose interpreter is gone (the checkout moved, the Python it was made with
+    removed) but whose stamp is there: `make run` should rebuild it, not run a
+    .venv/bin/voice-agent that cannot start (found by review)."""
+    shutil.copy(MAKE_ROOT / "Makefile", tmp_path / "Makefile")
+    shutil.copy(MAKE_ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    (tmp_path / ".venv" / "bin").mkdir(parents=True)
+    stamp = tmp_path / ".venv" / ".installed"
+    stamp.touch()
+    os.utime(stamp, (os.path.getmtime(tmp_path / "pyproject.toml") + 10,) * 2)
+    out = _make_n("run", {}, cwd=tmp_path)
+    assert "-m venv" in out, out
+
+
+def test_a_negative_ray_cpus_is_a_usage_error(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every other negative count is refused at start naming its flag; --ray-cpus -1 went
+    to ray.init(num_cpus=-1), which refuses it ("Resource quantities must be nonnegative")
+    only once the server is up: /readyz engine_failed, naming no flag (found by review)."""
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    served: list[Config] = []
+    monkeypatch.setattr("signaling.cli.serve", served.append)
+    monkeypatch.setattr("signaling.cli.configure_logging", lambda config: None)
+    argv = ["serve", "--tts", "ray", "--workers", "1", "--ray-cpus", "-1"]
+    try:
+        status = main(argv, {})
+    except SystemExit as exc:
+        status = exc.code  # type: ignore[assignment]
+    err = capsys.readouterr().err
+    assert (status, served) == (2, []), f"accepted: local_cpus={served[0].ray.local_cpus}"
+    assert "--ray-cpus" in err
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_a_port_already_in_use_is_a_plain_error_not_a_traceback(
+    workers: str, tmp_path: Path
+) -> None:
+    """A second `make run` (or anything on 8080) ended in an OSError traceback; with
+    --workers above 1 (the default on a multi-core machine) only after the model's download
+    and the workers' start (found by review)."""
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen()
+    port = busy.getsockname()[1]
+    model = tmp_path / "model-file"
+    model.write_text("not a model")  # the engine fails fast, no download
+    try:
+        done = subprocess.run(
+            [
+                *(sys.executable, "-m", "signaling", "serve", "--host", "127.0.0.1"),
+                *("--port", str(port), "--workers", workers, "--no-listen"),
+                *("--model-dir", str(model)),
+            ],
+            cwd=MAKE_ROOT,
+            env={**os.environ, "PYTHONPATH": str(MAKE_ROOT)},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    finally:
+        busy.close()
+    assert done.returncode != 0
+    assert "Traceback" not in done.stderr, done.stderr[-600:]
+    assert str(port) in done.stderr
