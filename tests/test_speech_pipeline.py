@@ -15,6 +15,7 @@ from agent.config import BreakerSettings, SpeechSettings
 from agent.engine import PCM, VoiceOptions
 from agent.speech import SpeechError, SpeechPipeline
 from agent.text.normalize import reads_aloud
+from tests.doubles import FailingEngine as ModeFailingEngine
 from tests.doubles import ToneEngine, tone_frequency
 
 
@@ -474,3 +475,30 @@ async def test_caption_start_ms_stays_on_the_audio_timeline_after_writer_pauses(
         f"caption start_ms behind the audio by {shifts} ms "
         f"(start_ms {[c['start_ms'] for c in captions]})"
     )
+
+
+async def test_no_first_audio_is_observed_for_an_utterance_that_made_no_audio() -> None:
+    """voice_agent_first_audio_seconds is "synthesis start to its first audio packet sent"
+    (README, Metrics). An utterance the engine fails on before any audio (a crashed worker,
+    or tts_unavailable while the breaker is open) sends no audio packet, yet a ~0 s sample
+    was observed: during an outage the first-audio histogram reported instant speech (found
+    by review)."""
+    engine = ModeFailingEngine(seconds_per_word=0.05)
+    engine.mode = "start"  # raises before any audio
+    events: list[dict[str, Any]] = []
+    observed: list[float] = []
+    pipeline = SpeechPipeline(
+        engine, SpeechSettings(), events.append, on_first_audio=observed.append
+    )
+    pipeline.start()
+    drain = Drain(pipeline)
+    try:
+        pipeline.say("One two three.", "a")
+        await wait_for(lambda: any(e["type"] == "speech.ended" for e in events))
+        await asyncio.sleep(0.05)
+        assert drain.frames == []  # nothing was played
+        assert list(pipeline.stats.first_audio_latencies) == []  # the internal stat agrees
+        assert observed == [], f"first audio observed for an utterance with no audio: {observed}"
+    finally:
+        drain.stop()
+        await pipeline.close()
