@@ -656,17 +656,22 @@ async def test_an_offer_in_another_charset_joins_its_room_on_the_rooms_worker(
             assert (await resp.json())["session_id"].startswith("w1-")
 
 
-async def test_a_header_sent_twice_reaches_the_worker_twice() -> None:
-    """The front copied the request's headers into a dict, keeping the last of a repeated
-    one, while it (like the worker) reads the first: with two tokens, the front checked one
-    and the worker the other (found by review). One process answers by the first."""
-    secret = "s" * 32
-    config = Config(
+def _authenticated(secret: str) -> Config:
+    """A front whose workers need a token, with no voice activity model to load."""
+    return Config(
         host="127.0.0.1",
         port=0,
         listen=ListenSettings(enabled=False),
         security=SecuritySettings(auth_secret=secret),
     )
+
+
+async def test_a_header_sent_twice_reaches_the_worker_twice() -> None:
+    """The front copied the request's headers into a dict, keeping the last of a repeated
+    one, while it (like the worker) reads the first: with two tokens, the front checked one
+    and the worker the other (found by review). One process answers by the first."""
+    secret = "s" * 32
+    config = _authenticated(secret)
     body = b'{"type": "offer", "sdp": "v=0"}'
     good = mint_token(secret, ttl_s=60).encode()
     async with front_and_worker(config) as url:
@@ -915,12 +920,7 @@ async def test_session_requests_without_a_token_are_unauthorized_at_the_front() 
     ``unknown_session`` without looking at the token: an unauthenticated client gets 404,
     and tells a restarting worker (404) from a running one (401; found by review)."""
     secret = "s" * 40
-    config = Config(
-        host="127.0.0.1",
-        port=0,
-        listen=ListenSettings(enabled=False),
-        security=SecuritySettings(auth_secret=secret),
-    )
+    config = _authenticated(secret)
     pools: list[WorkerPool] = []
     async with (
         front_and_worker(config, workers=2, pools=pools) as url,
