@@ -634,18 +634,15 @@ class SpeechPipeline:
         if utt.started or utt.ended or utt.pieces == 0:
             return
         utt.started = True
-        if utt.first_chunk_at is None:
-            # No audio: an utterance the engine failed (or the open breaker refused) before
-            # its first chunk still starts, so that its error names an id the client has seen
-            # (tests/test_datachannel_contract.py), but it is no first audio: the histogram
-            # got a ~1 ms sample for each, near-instant speech all through an outage (found
-            # by review).
-            self._emit({"type": "speech.started", "id": utt.id})
-            return
-        self.stats.first_audio_latencies.append(time.monotonic() - utt.first_chunk_at)
-        if utt.synth_started_at is not None and self._on_first_audio is not None:
-            try:
-                self._on_first_audio(time.monotonic() - utt.synth_started_at)
-            except Exception:  # a measurement must never stop speech
-                log.exception("first-audio observer failed")
+        # An utterance with no audio (the engine failed, or the open breaker refused, before
+        # its first chunk) still starts, so that its error names an id the client has seen
+        # (tests/test_datachannel_contract.py), but it is no first audio: the histogram got a
+        # ~1 ms sample for each, near-instant speech all through an outage (found by review).
+        if utt.first_chunk_at is not None:
+            self.stats.first_audio_latencies.append(time.monotonic() - utt.first_chunk_at)
+            if utt.synth_started_at is not None and self._on_first_audio is not None:
+                try:
+                    self._on_first_audio(time.monotonic() - utt.synth_started_at)
+                except Exception:  # a measurement must never stop speech
+                    log.exception("first-audio observer failed")
         self._emit({"type": "speech.started", "id": utt.id})

@@ -58,7 +58,7 @@ from signaling.metrics import (
     offers_counter,
     resumes_counter,
 )
-from signaling.resume import MAX_TOKEN_CHARS
+from signaling.resume import checked_token
 from signaling.routes import SESSION_TOKEN_HEADER
 from signaling.shutdown import Drain, log_listening, shutting_down
 from signaling.workers import Worker, WorkerPool
@@ -294,11 +294,7 @@ def _retry_after(refusal: dict[str, Any]) -> int:
 def _resume_worker(request: web.Request, token: str) -> Worker:
     """The worker a resume's session token names; 400 ``bad_token`` for one that is no token
     at all, as one process answers it (signaling/resume.py), not the front's 404."""
-    if not 0 < len(token) <= MAX_TOKEN_CHARS:
-        raise ApiError(
-            400, "bad_token", f"'resume' must be a session token (1-{MAX_TOKEN_CHARS} chars)"
-        )
-    return _session_worker(request, token)
+    return _session_worker(request, checked_token(token))
 
 
 def _session_worker(request: web.Request, session_id_or_token: str) -> Worker:

@@ -22,6 +22,16 @@ def new_token() -> str:
     return secrets.token_urlsafe(32)
 
 
+def checked_token(token: object) -> str:
+    """``token`` if it could be a session token, else 400 ``bad_token`` (the front checks it
+    before routing, as a worker's TokenBook would)."""
+    if not isinstance(token, str) or not 0 < len(token) <= MAX_TOKEN_CHARS:
+        raise ApiError(
+            400, "bad_token", f"'resume' must be a session token (1-{MAX_TOKEN_CHARS} chars)"
+        )
+    return token
+
+
 def _digest(token: str) -> bytes:
     # surrogatepass: JSON may carry lone surrogates; they must not become a 500.
     return hashlib.sha256(token.encode("utf-8", "surrogatepass")).digest()
@@ -45,11 +55,7 @@ class TokenBook:
 
     def session_id(self, token: object) -> str:
         """The live session ``token`` belongs to, or a 4xx saying why there is none."""
-        if not isinstance(token, str) or not 0 < len(token) <= MAX_TOKEN_CHARS:
-            raise ApiError(
-                400, "bad_token", f"'resume' must be a session token (1-{MAX_TOKEN_CHARS} chars)"
-            )
-        digest = _digest(token)
+        digest = _digest(checked_token(token))
         session_id = self._live.get(digest)
         if session_id is not None:
             return session_id
