@@ -34,7 +34,7 @@ from agent.opus_rates import MAX_BITRATE as OPUS_MAX_BITRATE
 from agent.opus_rates import MIN_BITRATE as OPUS_MIN_BITRATE
 from signaling.auth import mint_token
 from signaling.conversation_flags import add_conversation_flags, conversation_settings
-from signaling.envflags import ENV_PREFIX, EnvParser, env_value, number
+from signaling.envflags import ENV_PREFIX, EnvParser, env_value, number, unknown_variables
 from signaling.logs import configure_logging
 
 SEND_PATHS = ("direct", "aiortc")
@@ -550,6 +550,19 @@ def _check_listen_address(config: Config) -> None:
                 _usage_error(f"cannot listen on {where}: {exc.strerror or exc}")
 
 
+# Variables of serve's read other than by a flag's own name: the ICE servers' list, and the
+# test suite's switch (a shell that ran ``make test`` may still export it).
+SERVE_VARIABLES = ("ICE_SERVERS", "REQUIRE_BROWSER")
+
+
+def _subcommand(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
+    """The parser of subcommand ``name``."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return action.choices[name]  # type: ignore[no-any-return]
+    raise KeyError(name)
+
+
 def _usage_error(message: str) -> NoReturn:
     """argparse's way: the message on stderr, exit status 2."""
     sys.stderr.write(f"voice-agent: error: {message}\n")
@@ -598,6 +611,8 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
             configure_logging(config)
         except ValueError as exc:  # a setting the Config refuses (e.g. a short secret)
             parser.error(str(exc))
+        for line in unknown_variables(_subcommand(parser, "serve"), env, also=SERVE_VARIABLES):
+            logging.getLogger(__name__).warning("%s", line)
         serve(config)
         return 0
     if args.command == "token":

@@ -14,6 +14,7 @@ The variables of a subcommand are read when that subcommand is parsed: a bad
 from __future__ import annotations
 
 import argparse
+import difflib
 import math
 import sys
 from collections.abc import Collection, Iterable, Mapping, Sequence
@@ -124,6 +125,32 @@ class EnvParser(argparse.ArgumentParser):
             if found:
                 action.default = value
         return errors
+
+
+def unknown_variables(
+    parser: argparse.ArgumentParser, env: Mapping[str, str], also: Iterable[str] = ()
+) -> list[str]:
+    """One line per ``VOICE_AGENT_*`` variable that names none of ``parser``'s flags (nor
+    ``also``, the variables read elsewhere), with the nearest flag's variable when one is
+    close: a typo (``VOICE_AGENT_MAX_SESION``) was ignored without a word, and the server
+    ran with the default the operator meant to change."""
+    # A repeatable flag's variable is read by its caller under its own name (``also``):
+    # ``VOICE_AGENT_ICE_SERVER`` is not read, ``VOICE_AGENT_ICE_SERVERS`` is.
+    known = {
+        name
+        for action in parser._actions
+        if not isinstance(action, argparse._HelpAction | argparse._AppendAction)
+        and (name := env_name(action)) is not None
+    }
+    known.update(also)
+    lines = []
+    for variable in sorted(env):
+        if not variable.startswith(ENV_PREFIX) or variable[len(ENV_PREFIX) :] in known:
+            continue
+        line = f"{variable} is not a setting of {parser.prog}; it is ignored"
+        near = difflib.get_close_matches(variable[len(ENV_PREFIX) :], known, n=1, cutoff=0.75)
+        lines.append(line + (f" (did you mean {ENV_PREFIX}{near[0]}?)" if near else ""))
+    return lines
 
 
 def _asks_help(args: Sequence[str]) -> bool:

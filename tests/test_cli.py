@@ -637,3 +637,52 @@ def test_a_port_already_in_use_is_a_plain_error_not_a_traceback(
     assert done.returncode != 0
     assert "Traceback" not in done.stderr, done.stderr[-600:]
     assert str(port) in done.stderr
+
+
+def test_a_misspelt_voice_agent_variable_is_named_at_start_with_what_was_meant() -> None:
+    """``VOICE_AGENT_MAX_SESION=5`` was ignored without a word: the server ran with the
+    default the operator meant to change. ``VOICE_AGENT_ICE_SERVER`` (the flag's name, but
+    the variable is ICE_SERVERS) likewise; the variables serve does read are not named."""
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen()
+    port = busy.getsockname()[1]
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(MAKE_ROOT),
+        "VOICE_AGENT_MAX_SESION": "5",
+        "VOICE_AGENT_ICE_SERVER": "stun:a.example:3478",
+        "VOICE_AGENT_ICE_SERVERS": "stun:b.example:3478",
+        "VOICE_AGENT_BITRATE": "24000",
+        "VOICE_AGENT_REQUIRE_BROWSER": "1",
+    }
+    try:
+        # The port is taken: serve stops right after its start-up checks.
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "signaling",
+                "serve",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+            ],
+            cwd=MAKE_ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    finally:
+        busy.close()
+    assert done.returncode == 2, done.stderr[-600:]
+    assert (
+        "VOICE_AGENT_MAX_SESION is not a setting of voice-agent serve; it is ignored "
+        "(did you mean VOICE_AGENT_MAX_SESSIONS?)"
+    ) in done.stderr
+    assert "VOICE_AGENT_ICE_SERVER is not a setting" in done.stderr
+    assert "did you mean VOICE_AGENT_ICE_SERVERS?" in done.stderr
+    for read in ("VOICE_AGENT_ICE_SERVERS is", "VOICE_AGENT_BITRATE", "VOICE_AGENT_REQUIRE"):
+        assert read not in done.stderr
