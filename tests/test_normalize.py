@@ -504,3 +504,33 @@ def test_a_number_of_thousands_of_digits_is_read_digit_by_digit(shape: str, pref
         assert ALLOWED_CHARS.fullmatch(spoken)
         if "/" not in text[len(prefix) :] and "#" not in text:  # a URL's path is not read
             assert spoken.count("one") + spoken.count("一") >= 4400, spoken[:100]
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        # Read "twelve slash twenty five slash two thousand twenty four" before.
+        ("Meet me on 12/25/2024.", "Meet me on December twenty fifth, twenty twenty four."),
+        ("Due 25/12/2024.", "Due December twenty fifth, twenty twenty four."),  # day first
+        ("Due 3/4/2024.", "Due March fourth, twenty twenty four."),  # "/": the US order
+        ("Am 25.12.2024 zu.", "Am December twenty fifth, twenty twenty four zu."),
+        ("Due 3.4.2024.", "Due April third, twenty twenty four."),  # ".": day first
+        ("Due 2024.12.25.", "Due December twenty fifth, twenty twenty four."),
+        ("会议在2024.12.25举行", "会议在二零二四年十二月二十五日举行"),
+        ("会议在12/25/2024举行", "会议在二零二四年十二月二十五日举行"),
+        # No date: no month among the first two, no four-digit year, a longer dotted run.
+        (
+            "Pages 31/31/2024 x",
+            "Pages thirty one slash thirty one slash two thousand twenty four x",
+        ),
+        ("score 3/4/5", "score three slash four slash five"),
+        ("v1.2.2024.5", "v one dot two dot two thousand twenty four dot five"),
+    ],
+)
+def test_a_date_written_with_digits_is_read_as_a_date(text: str, expected: str) -> None:
+    assert normalize_for_tts(text) == expected
+
+
+def test_reading_a_long_run_of_slashed_numbers_takes_time_in_proportion() -> None:
+    text = "1/" * 2500
+    assert _seconds_to_read(text) < 5 * _seconds_to_read("a/" * 2500) + 0.05

@@ -409,8 +409,17 @@ _DOMAIN: Final = re.compile(
 )
 _ACRONYM: Final = re.compile(r"\b(?:[A-Za-z]\.){2,}", re.ASCII)
 _ISO_DATE: Final = re.compile(
-    r"(?<![0-9])(?P<y>[0-9]{4})(?P<sep>[-/])(?P<m>0?[1-9]|1[0-2])(?P=sep)"
-    r"(?P<d>0?[1-9]|[12][0-9]|3[01])(?![0-9])"
+    r"(?<![0-9.])(?P<y>[0-9]{4})(?P<sep>[-/.])(?P<m>0?[1-9]|1[0-2])(?P=sep)"
+    r"(?P<d>0?[1-9]|[12][0-9]|3[01])(?![0-9]|\.[0-9])"
+)
+# A date with its year last: 12/25/2024 (the US order), 25/12/2024, 25.12.2024 (day first).
+# Read as "twelve slash twenty five slash two thousand twenty four" before. Only with four
+# year digits: "3/4/5" is no date. Which end is the month: the one that can be (<= 12);
+# when both can, "/" is month first (the US order, and English is where it is written so),
+# "." day first (as German and most of Europe write it).
+_DATE_YEAR_LAST: Final = re.compile(
+    r"(?<![0-9./])(?P<a>0?[1-9]|[12][0-9]|3[01])(?P<sep>[/.])(?P<b>0?[1-9]|[12][0-9]|3[01])"
+    r"(?P=sep)(?P<y>[0-9]{4})(?![0-9]|[./][0-9])"
 )
 _MONTH_DAY: Final = re.compile(
     r"\b(?P<month>" + "|".join(sorted(_MONTH_BY_NAME, key=len, reverse=True)) + r")\.?"
@@ -621,6 +630,15 @@ def _date_words(year: int | None, month: int, day: int, zh: bool) -> str:
 
 def _iso_date(m: re.Match[str], zh: bool) -> str:
     return _sp(_date_words(int(m["y"]), int(m["m"]), int(m["d"]), zh), zh)
+
+
+def _date_year_last(m: re.Match[str], zh: bool) -> str:
+    first, second = int(m["a"]), int(m["b"])
+    if first > 12 and second > 12:
+        return m.group(0)  # no month: left to the rules for numbers
+    month_first = second > 12 or (first <= 12 and m["sep"] == "/")
+    month, day = (first, second) if month_first else (second, first)
+    return _sp(_date_words(int(m["y"]), month, day, zh), zh)
 
 
 def _month_day(m: re.Match[str], zh: bool) -> str:
@@ -936,6 +954,7 @@ _RULES: Final[tuple[_Rule, ...]] = (
     (_DOMAIN, _domain),
     (_ABBREVIATION, _abbreviation),
     (_ISO_DATE, _iso_date),
+    (_DATE_YEAR_LAST, _date_year_last),
     (_MONTH_DAY, _month_day),
     (_TIME_RANGE, _time_range),
     (_CLOCK, _clock),
