@@ -250,12 +250,13 @@ class OpusPacketTrack(MediaStreamTrack):
         self._pts += FRAME_SAMPLES
         due = self._start + self._pts / SAMPLE_RATE
         late = now - due
-        if arrived:
-            if late < 0:
-                self._start += late
-                self._lead -= late
-                self.stats.early_rephases += 1
+        if arrived and late < 0:
+            self._start += late
+            self._lead -= late
+            self.stats.early_rephases += 1
         elif late > self._max_late:
+            # Whatever woke the tick (speech arriving after a stall too: its packets all fell
+            # due at once, found by review).
             # The loop stalled: move the clock instead of bursting packets to catch up, by
             # whole frames, so the track keeps its phase. Moving it to "now" would give
             # every track that one stall delayed the same phase: from then on their packets

@@ -5,6 +5,7 @@ covered end to end in tests/test_direct_send.py)."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from dataclasses import dataclass, field
 
@@ -213,3 +214,67 @@ async def test_a_failing_encode_loses_one_packet_and_the_clock_goes_on() -> None
     track.stop()
     with pytest.raises(MediaStreamError):
         await parked
+
+
+def _put_now(buffer: PlayoutBuffer, pcm: object) -> None:
+    """buffer.put on a buffer with room never suspends: run it to its end, synchronously."""
+    coro = buffer.put(pcm)  # type: ignore[arg-type]
+    with pytest.raises(StopIteration):
+        coro.send(None)
+
+
+def test_an_onset_that_arrives_after_a_stall_re_phases_like_any_late_tick() -> None:
+    """Fake clock. A tick more than ``max_late_s`` late moves the clock (no catch-up burst);
+    it did not when a frame's arrival started the late tick: then every missed tick fell due
+    at once (found by review)."""
+    for arrived in (False, True):
+        buffer = PlayoutBuffer(100)
+        track = OpusPacketTrack(buffer)  # default max_late_s=0.06
+        track._start = 100.0
+        track._pts = 10 * 960 - 960  # the next packet is due at 100.2
+        buffer._frames.append((tone_frame(0), ()))
+        now = 100.2 + 0.070  # the loop stalled: 70 ms late, more than max_late_s
+        track._advance(now, arrived)
+        next_due = track._start + (track._pts + 960) / 48_000
+        # Whatever woke the tick, the next packet must not already be overdue by more than
+        # max_late_s (a burst of back-to-back packets follows otherwise).
+        assert next_due - now > -FRAME_SECONDS, (arrived, next_due - now)
+        track.stop()
+
+
+async def test_speech_onset_after_a_producer_stall_is_not_sent_as_a_burst() -> None:
+    """Real loop, lean send path. The track is idle (silence); the speech producer blocks the
+    loop ~85 ms (a synchronous engine call, a normalizer, a GC) and then puts its first frames.
+    The onset goes out at once (the arrival wakes the track) ~65 ms after its tick was due,
+    and the clock was not moved: the following speech packets were all overdue and went out
+    back to back (3-4 packets, 80 ms of audio, in one burst) instead of on a 20 ms grid."""
+    loop = asyncio.get_running_loop()
+    buffer = PlayoutBuffer(500)
+    stalled: list[float] = []
+
+    def producer() -> None:
+        time.sleep(0.085)  # blocks the loop just after a tick
+        stalled.append(time.monotonic())
+        for i in range(50):
+            _put_now(buffer, tone_frame(i))
+
+    class Sender(RecordingSender):
+        def send(self, payload: bytes, pts: int) -> None:
+            super().send(payload, pts)
+            if len(self.sent) == 10:
+                loop.call_soon(producer)  # right after this tick's send
+
+    sender = Sender()
+    track = direct_track(buffer, sender)
+    parked = asyncio.ensure_future(track.recv())
+    await until(lambda: len(sender.sent) >= 20)
+    track.stop()
+    with pytest.raises(MediaStreamError):
+        await parked
+    first = next(i for i, s in enumerate(sender.sent) if len(s[1]) > 40)
+    stamps = [s[0] for s in sender.sent[first : first + 6]]
+    gaps = [round((b - a) * 1000, 1) for a, b in itertools.pairwise(stamps)]
+    back_to_back = sum(1 for g in gaps if g < 5.0)
+    # After a stall the clock moves instead of bursting: at most the one packet that is due
+    # within the next frame may follow at once.
+    assert back_to_back <= 1, (gaps, track.stats.late_rephases)
