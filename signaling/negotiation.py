@@ -35,6 +35,9 @@ class OpusOffer:
     maxptime: int | None = None
     transport_cc_ext_id: int | None = None  # the extmap id, when transport-cc was offered
     transport_cc_feedback: bool = False  # a=rtcp-fb:<opus> transport-cc
+    # (mid, Opus payload type) of every audio section offering Opus: the answer keeps the
+    # offer's (aiortc keeps it only in 96-127, and 35-63 are dynamic too with rtcp-mux).
+    section_payload_types: tuple[tuple[str, int], ...] = ()
 
     @property
     def transport_cc(self) -> bool:
@@ -83,6 +86,7 @@ def read_opus_offer(sdp: str) -> OpusOffer:
         ),
         transport_cc_ext_id=ext_id,
         transport_cc_feedback=feedback,
+        section_payload_types=_opus_payload_types(sdp),
     )
     if (offer.minptime and offer.minptime > FRAME_MS) or (
         offer.maxptime and offer.maxptime < FRAME_MS
@@ -98,12 +102,17 @@ def read_opus_offer(sdp: str) -> OpusOffer:
 
 def tune_answer(pc: RTCPeerConnection, offer: OpusOffer) -> None:
     """Adjust the negotiated audio transceivers; call after setRemoteDescription."""
+    payload_types = dict(offer.section_payload_types)
     for transceiver in pc.getTransceivers():
         if transceiver.kind != "audio":
             continue
         for codec in transceiver._codecs:
             if codec.mimeType.lower() != "audio/opus":
                 continue
+            # The offer's payload type, in the answer and on every packet: aiortc keeps it
+            # only in 96-127, and answered Opus offered on 63 (a dynamic type too, RFC 5761
+            # section 4) on 96, which the client cannot decode (found by review).
+            codec.payloadType = payload_types.get(transceiver.mid or "", codec.payloadType)
             # What we receive (minptime=10 and no FEC: aiortc's decoder does not use it) and
             # what we send: mono (sprop-stereo=0) whatever the receiver would prefer.
             codec.parameters = {"minptime": 10, "useinbandfec": 0, "stereo": 0, "sprop-stereo": 0}
@@ -121,9 +130,28 @@ def tune_answer(pc: RTCPeerConnection, offer: OpusOffer) -> None:
             )
 
 
-def _first_audio_section(sdp: str) -> list[str]:
-    """The first audio section: the one aiortc sends our track on (addTrack takes the first
-    audio transceiver; signaling/sdp.py check_offer_sdp makes sure that one receives)."""
+def _opus_payload_types(sdp: str) -> tuple[tuple[str, int], ...]:
+    """(mid, payload type) of each audio section's first Opus rtpmap."""
+    found: list[tuple[str, int]] = []
+    for section in _sections(sdp):
+        if not section[0].startswith("m=audio"):
+            continue
+        mid = next((line[len("a=mid:") :] for line in section if line.startswith("a=mid:")), None)
+        for line in section:
+            pt, _, encoding = line.removeprefix("a=rtpmap:").partition(" ")
+            if (
+                line.startswith("a=rtpmap:")
+                and encoding.lower().startswith("opus/48000")
+                and _NUMBER.fullmatch(pt)
+            ):
+                if mid is not None:
+                    found.append((mid, int(pt)))
+                break
+    return tuple(found)
+
+
+def _sections(sdp: str) -> list[list[str]]:
+    """The media sections' lines (stripped), each starting with its m-line."""
     sections: list[list[str]] = []
     for raw in sdp.splitlines():
         line = raw.strip()
@@ -131,7 +159,13 @@ def _first_audio_section(sdp: str) -> list[str]:
             sections.append([])
         if sections:
             sections[-1].append(line)
-    audio = [sec for sec in sections if sec[0].startswith("m=audio")]
+    return sections
+
+
+def _first_audio_section(sdp: str) -> list[str]:
+    """The first audio section: the one aiortc sends our track on (addTrack takes the first
+    audio transceiver; signaling/sdp.py check_offer_sdp makes sure that one receives)."""
+    audio = [sec for sec in _sections(sdp) if sec[0].startswith("m=audio")]
     return audio[0] if audio else []
 
 

@@ -42,6 +42,7 @@ def check_offer_sdp(sdp: object, max_sections: int) -> str:
     # see the same lines: an offer joining lines with \u2028 got past them, and Opus went
     # out labelled PCMU (found by review).
     sdp = "\r\n".join(sdp.splitlines()) + "\r\n"
+    sdp = _listed_formats_only(_session_direction_into_sections(sdp))
     _check_attributes(sdp.splitlines())
     _check_mids(sdp.splitlines())
     sections = sum(1 for line in sdp.splitlines() if line.startswith("m="))
@@ -70,6 +71,91 @@ def check_offer_sdp(sdp: object, max_sections: int) -> str:
         message = "the offer's first audio section has no opus/48000: the agent sends Opus"
         raise ApiError(400, "no_opus", message)
     return sdp
+
+
+def _session_direction_into_sections(sdp: str) -> str:
+    """A direction at session level, written into each audio/video section stating none.
+
+    RFC 4566 section 6: it applies to every such section. aiortc reads directions in
+    sections only: a session-level ``a=inactive`` offer was answered sendrecv, a listen-only
+    ``a=recvonly`` one sendrecv too, the agent listening to a microphone that never sends
+    (found by review)."""
+    lines = sdp.split("\r\n")
+    first_media = next((i for i, line in enumerate(lines) if line.startswith("m=")), len(lines))
+    session_level = [line.strip() for line in lines[:first_media] if line.strip() in DIRECTIONS]
+    if not session_level:
+        return sdp
+    out = [line for line in lines[:first_media] if line.strip() not in DIRECTIONS]
+    section: list[str] = []
+    for line in [*lines[first_media:], "m=end"]:
+        if line.startswith("m="):
+            media = section and section[0].startswith(("m=audio", "m=video"))
+            if media and not any(each.strip() in DIRECTIONS for each in section):
+                section.insert(1, session_level[0])
+            out.extend(section)
+            section = []
+        section.append(line)
+    return "\r\n".join(out)
+
+
+def _listed_formats_only(sdp: str) -> str:
+    """Audio/video sections without the rtpmap, fmtp and rtcp-fb lines of payload types
+    their m-line does not list.
+
+    An m-line lists the formats its offerer takes; an ``a=rtpmap`` for another (SDP edited
+    to drop Opus, its rtpmap left behind) is no offer of it. aiortc reads codecs from
+    rtpmap lines alone: such an offer was answered with Opus, on a payload type the client
+    never offered, where the README says 400 ``no_opus`` (found by review)."""
+    lines = sdp.split("\r\n")
+    listed: set[str] | None = None  # the current audio/video section's formats
+    out: list[str] = []
+    for line in lines:
+        if line.startswith("m="):
+            parts = line.split()
+            media = line.startswith(("m=audio", "m=video"))
+            listed = {_format(f) for f in parts[3:]} if media else None
+        elif listed is not None and line.startswith(("a=rtpmap:", "a=fmtp:", "a=rtcp-fb:")):
+            payload_type = line.split(":", 1)[1].split(" ", 1)[0]
+            if payload_type != "*" and _format(payload_type) not in listed:
+                continue
+        out.append(line)
+    return "\r\n".join(out)
+
+
+def _format(value: str) -> str:
+    """A payload type as its number reads ("096" is 96, as aiortc's int() reads both)."""
+    return str(int(value)) if _DIGITS.fullmatch(value) else value
+
+
+def bundle_as_offered(answer: str, offer: str) -> str:
+    """The answer's BUNDLE group limited to the offer's (RFC 8843 section 7.3).
+
+    aiortc answers every section bundled, whatever the offer said, while it bundles only
+    what the offer's first session-level group names: an offer without BUNDLE was answered
+    with a group the server did not do, and a client following it moved its data channel
+    onto the audio transport, where nobody listened (the call never connected; found by
+    review)."""
+    offered: list[str] = []
+    for line in offer.splitlines():
+        if line.startswith("m="):
+            break
+        bits = line[len("a=group:") :].split() if line.startswith("a=group:") else []
+        if bits and bits[0] == "BUNDLE":
+            offered = bits[1:]
+            break
+    newline = "\r\n" if "\r\n" in answer else "\n"
+    out: list[str] = []
+    in_session = True
+    for line in answer.split(newline):
+        if line.startswith("m="):
+            in_session = False
+        if in_session and line.startswith("a=group:BUNDLE"):
+            items = [mid for mid in line.split()[1:] if mid in offered]
+            if not items:
+                continue
+            line = " ".join(["a=group:BUNDLE", *items])
+        out.append(line)
+    return newline.join(out)
 
 
 def _check_attributes(lines: list[str]) -> None:

@@ -40,6 +40,7 @@ from signaling.resume import TokenBook, new_token, session_expired
 from signaling.rooms import RoomRegistry, offer_sends_audio
 from signaling.sdp import (
     add_mdns_fallback,
+    bundle_as_offered,
     check_dtls_fingerprints,
     check_offer_sdp,
     explicit_directions,
@@ -309,7 +310,7 @@ class SessionRegistry:
             await _close_quietly(pc)
             raise
         peer.life = life
-        return pc, pc.localDescription.sdp
+        return pc, bundle_as_offered(pc.localDescription.sdp, offer_sdp)
 
     # --- resume --------------------------------------------------------------------------
     def by_token(self, token: object) -> Peer:

@@ -17,6 +17,7 @@ from signaling.sdp import check_offer_sdp
 from tests.conftest import LiveServer
 from tests.mic import ClipMic
 from tests.rtc_client import RtcClient, opus_fmtp_rewriter
+from tests.test_fuzz import BASE_OFFER
 
 # The audio section of a Chrome 156 offer (trimmed to what matters here).
 CHROME_AUDIO = """v=0
@@ -247,8 +248,6 @@ def test_the_first_audio_section_decides(second: str, code: str) -> None:
 # Media ids aiortc cannot bundle (found by tests/test_fuzz.py): a bundled section with no
 # transport made setRemoteDescription raise, or, answered, its connect task died.
 def _mid_variant(change: str) -> str:
-    from tests.test_fuzz import BASE_OFFER
-
     group, mid0, mid1 = "a=group:BUNDLE 0 1\r\n", "a=mid:0\r\n", "a=mid:1\r\n"
     return {
         "base": BASE_OFFER,
@@ -305,3 +304,122 @@ async def test_an_offer_aiortc_would_answer_and_then_fail_is_a_400(
     await asyncio.sleep(0.3)  # a connect task would have run and died by now
     assert not [r for r in caplog.records if r.levelname == "ERROR"], caplog.text
     assert len(live_server.app[SESSIONS]) == 0
+
+
+async def _post_offer(live_server: LiveServer, sdp: str) -> tuple[int, dict]:
+    """The status and JSON body of an offer (its session, if any, closed at once)."""
+    offer = {"type": "offer", "sdp": sdp}
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(live_server.url + "/offer", json=offer) as r,
+    ):
+        body = await r.json()
+        if r.status == 200:
+            async with http.delete(live_server.url + "/sessions/" + body["session_id"]):
+                pass
+        return r.status, body
+
+
+async def test_an_offer_without_bundle_is_not_answered_with_a_bundle_group(
+    live_server: LiveServer,
+) -> None:
+    """RFC 8843 section 7.3: an answerer must not add a BUNDLE group the offer does not
+    have. aiortc's createAnswer bundles every section whatever the offer said, while the
+    server itself gave each section its own transport (different ports in the answer):
+    the answer claimed a bundle that the server did not do (found by review)."""
+    offer = BASE_OFFER.replace("a=group:BUNDLE 0 1\r\n", "")
+    status, body = await _post_offer(live_server, offer)
+    assert status == 200, body
+    answer = body["sdp"]
+    ports = re.findall(r"^m=\S+ (\d+) ", answer, re.M)
+    assert len(set(ports)) == 2  # not bundled: a transport (and port) per section
+    assert "a=group:BUNDLE" not in answer, re.findall(r"^a=group:.*$", answer, re.M)
+
+
+async def test_an_offer_bundling_only_its_audio_is_answered_with_that_group(
+    live_server: LiveServer,
+) -> None:
+    """The same with a partial group: the offer bundles mid 0 alone (the data channel on a
+    transport of its own); the answer must not put mid 1 in the group."""
+    offer = BASE_OFFER.replace("a=group:BUNDLE 0 1", "a=group:BUNDLE 0")
+    status, body = await _post_offer(live_server, offer)
+    assert status == 200, body
+    groups = re.findall(r"^a=group:BUNDLE(.*)$", body["sdp"], re.M)
+    assert [g.split() for g in groups] == [["0"]], groups
+
+
+async def test_opus_left_out_of_the_m_line_is_not_offered(live_server: LiveServer) -> None:
+    """An m-line lists the payload types the offerer takes; an a=rtpmap for one it does not
+    list (SDP munged to drop Opus, leaving its rtpmap) is no offer of it. The offer's first
+    audio section offers G722/PCMU/PCMA only: 400 no_opus (README), not a 200 whose answer
+    sends Opus under payload type 96, which the client never offered."""
+    offer = BASE_OFFER.replace("UDP/TLS/RTP/SAVPF 96 9 0 8", "UDP/TLS/RTP/SAVPF 9 0 8")
+    status, body = await _post_offer(live_server, offer)
+    assert status == 400 and body["error"]["code"] == "no_opus", (
+        status,
+        re.findall(r"^m=audio.*$", body.get("sdp", ""), re.M),
+    )
+
+
+async def test_without_bundle_the_call_connects(live_server: LiveServer) -> None:
+    """End to end: an aiortc client whose offer reaches the server without a BUNDLE group.
+    The answer's group makes the client bundle its data channel onto the audio transport,
+    where the server (which did not bundle) did not listen for it: it never opened."""
+    async with aiohttp.ClientSession() as http:
+        client = RtcClient(live_server.url, http)
+        try:
+            await client.connect(
+                rewrite_offer=lambda sdp: re.sub(r"a=group:BUNDLE[^\r\n]*\r\n", "", sdp)
+            )
+        finally:
+            await client.close()
+
+
+async def test_opus_on_a_low_dynamic_payload_type_keeps_it_in_the_answer(
+    live_server: LiveServer,
+) -> None:
+    """With rtcp-mux, 35-63 are dynamic payload types too (RFC 5761 section 4; libwebrtc
+    allocates there once 96-127 run out). aiortc keeps an offered payload type only in
+    96-127: an offer with Opus on 63 gets an answer (and packets) with Opus on 96, a payload
+    type the offer never listed, which the client cannot decode (JSEP 5.3.1: the answer
+    uses the offer's payload types)."""
+    offer = BASE_OFFER.replace("SAVPF 96 9 0 8", "SAVPF 63 9 0 8").replace(
+        "a=rtpmap:96 opus", "a=rtpmap:63 opus"
+    )
+    status, body = await _post_offer(live_server, offer)
+    assert status == 200, body
+    mline = re.findall(r"^m=audio.*$", body["sdp"], re.M)[0].split()
+    rtpmap = re.findall(r"^a=rtpmap:(\d+) opus/48000/2", body["sdp"], re.M)
+    assert rtpmap == ["63"] and "96" not in mline[3:], (mline, rtpmap)
+
+
+SESSION_LEVEL = "a=msid-semantic:WMS *\r\n"
+
+
+async def test_a_session_level_inactive_first_audio_is_refused(live_server: LiveServer) -> None:
+    """RFC 4566 section 6: a direction attribute at session level applies to every media
+    section that states none. Such an offer's audio section is inactive: README says 400
+    no_audio (it must accept audio from the agent); it was answered 200, sendrecv."""
+    offer = BASE_OFFER.replace("a=recvonly\r\n", "").replace(
+        SESSION_LEVEL, SESSION_LEVEL + "a=inactive\r\n"
+    )
+    status, body = await _post_offer(live_server, offer)
+    assert status == 400 and body["error"]["code"] == "no_audio", (
+        status,
+        re.findall(r"^a=(?:sendrecv|sendonly|recvonly|inactive)\r?$", body.get("sdp", ""), re.M),
+    )
+
+
+async def test_a_session_level_recvonly_audio_is_answered_sendonly(
+    live_server: LiveServer,
+) -> None:
+    """The same with ``a=recvonly`` at session level (a listen-only WHEP offer): the answer
+    must be sendonly (RFC 3264 section 6.1), not sendrecv."""
+    offer = BASE_OFFER.replace("a=recvonly\r\n", "").replace(
+        SESSION_LEVEL, SESSION_LEVEL + "a=recvonly\r\n"
+    )
+    status, body = await _post_offer(live_server, offer)
+    assert status == 200, body
+    audio = body["sdp"].split("m=audio", 1)[1].split("m=application", 1)[0]
+    directions = re.findall(r"^a=(sendrecv|sendonly|recvonly|inactive)\r?$", audio, re.M)
+    assert directions == ["sendonly"], directions
