@@ -286,7 +286,9 @@ async def get_session(request: web.Request) -> web.Response:
 
 
 async def ice_servers(request: web.Request) -> web.Response:
-    """The ICE servers the browser should use: the same list the server uses."""
+    """The ICE servers the browser should use (the same list the server uses), and how many
+    speaker slots a room page should offer (``--room-max-speakers``): a page offering fewer
+    never heard the higher slots' speakers (found by review)."""
     config = request.app[CONFIG]
     servers = []
     for url in config.ice_servers:
@@ -295,7 +297,7 @@ async def ice_servers(request: web.Request) -> web.Response:
             server["username"] = config.ice_username
             server["credential"] = config.ice_credential or ""
         servers.append(server)
-    return web.json_response({"iceServers": servers})
+    return web.json_response({"iceServers": servers, "roomSlots": config.rooms.max_speakers})
 
 
 async def healthz(request: web.Request) -> web.Response:

@@ -3,14 +3,18 @@
 // Plain ES module, no build step. Wire contract: README "Rooms".
 //
 // Media layout (the server's): audio transceiver 0 carries the agent (and our microphone
-// the other way); transceivers 1..SLOTS are receive-only "slots", slot s carrying the
+// the other way); transceivers 1..slots are receive-only "slots", slot s carrying the
 // person who holds speaker slot s. They are offered up front, so later speakers need no
 // renegotiation.
 
 import { MEDIA_STALL_MS, audioPackets, sessionStatus } from "./audiowatch.js";
 
 const TOKEN = new URLSearchParams(location.search).get("token");
-const SLOTS = Number(new URLSearchParams(location.search).get("slots") || 4);
+// ?slots=N overrides the number of speaker slots offered; else the server's
+// --room-max-speakers (GET /ice-servers "roomSlots"): fewer, and the higher slots' speakers
+// would be listed, shown talking, and never heard.
+const SLOTS_PARAM = new URLSearchParams(location.search).get("slots");
+const DEFAULT_SLOTS = 4;
 // ?processing=off: no echo cancellation / noise suppression / gain control on the microphone
 // (music, test tones; a steady tone is what noise suppression removes).
 const RAW_MIC = new URLSearchParams(location.search).get("processing") === "off";
@@ -239,11 +243,17 @@ async function join(room, name, speak) {
   }
 }
 
+function slotCount(offered) {
+  const wanted = Number(SLOTS_PARAM ?? offered ?? DEFAULT_SLOTS);
+  return Number.isInteger(wanted) && wanted >= 0 ? wanted : DEFAULT_SLOTS;
+}
+
 async function connectTo(room, name, speak, stale) {
   let servers = [];
+  let roomSlots;
   try {
     const resp = await fetch("/ice-servers", { headers: headers() });
-    if (resp.ok) servers = (await resp.json()).iceServers || [];
+    if (resp.ok) ({ iceServers: servers = [], roomSlots } = await resp.json());
   } catch (err) {
     console.warn("no /ice-servers", err);
   }
@@ -276,7 +286,7 @@ async function connectTo(room, name, speak, stale) {
   const order = [];
   order.push(call.mic ? pc.addTransceiver(call.mic, { direction: "sendrecv" })
                       : pc.addTransceiver("audio", { direction: "recvonly" }));
-  for (let i = 0; i < SLOTS; i++) order.push(pc.addTransceiver("audio", { direction: "recvonly" }));
+  for (let i = 0; i < slotCount(roomSlots); i++) order.push(pc.addTransceiver("audio", { direction: "recvonly" }));
   pc.addEventListener("track", (ev) => play(order.indexOf(ev.transceiver), ev.track));
   pc.addEventListener("connectionstatechange", () => onConnectionState(pc));
   const channel = pc.createDataChannel("agent");
@@ -482,8 +492,28 @@ window.addEventListener("pagehide", () => {
   }
 });
 
+// The token's "room" claim, or null. Read without checking the signature: the server does
+// that; the page only needs to know which room to ask for.
+function roomOfToken(token) {
+  try {
+    const part = token.split(".")[1].replace(/-/g, "+").replace(/_/g, "/");
+    const bytes = Uint8Array.from(atob(part), (c) => c.charCodeAt(0));
+    const claims = JSON.parse(new TextDecoder().decode(bytes));
+    return typeof claims.room === "string" ? claims.room : null;
+  } catch {
+    return null; // no token, or not a JWT: the server will say so at Join
+  }
+}
+
 // For tests and the console.
 window.voiceRoom = { events, tracks, people, call, join, leave, send, setMuted };
 const params = new URLSearchParams(location.search);
 if (params.get("room")) ui.room.value = params.get("room");
+// A token minted for one room (`voice-agent token --room standup`) joins that room only:
+// the box shows it and cannot be changed (it said "lobby", and Join was refused 403).
+const tokenRoom = roomOfToken(TOKEN);
+if (tokenRoom !== null) {
+  ui.room.value = tokenRoom;
+  ui.room.readOnly = true;
+}
 if (params.get("name")) ui.name.value = params.get("name");

@@ -17,12 +17,14 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import numpy as np
 import pytest
 
 from signaling.keys import SESSIONS
 from tests.conftest import LiveServer
-from tests.doubles import tone_frequency
+from tests.doubles import ToneMicrophone, tone_frequency
+from tests.rtc_client import RtcClient
 from tests.server_process import ServerProcess
 from tests.test_browser import (
     CHROMIUM,
@@ -724,3 +726,80 @@ async def test_a_finished_call_leaves_nothing_connected_in_the_audio_graph(
         await page.click("#leave")
         await page.wait_for_selector('#state[data-state="idle"]')
         assert await page.evaluate("() => window.__audioLinks") == 0
+
+
+def five_speakers_config() -> Any:
+    from agent.config import Config, RoomSettings
+
+    return Config(host="127.0.0.1", port=0, rooms=RoomSettings(max_speakers=5))
+
+
+@pytest.mark.parametrize("server_config", [five_speakers_config()], ids=["max_speakers_5"])
+async def test_the_room_page_hears_every_speaker_the_server_admits(
+    one_browser: Browser,  # noqa: F811 - the fixture imported above
+    live_server: LiveServer,
+) -> None:
+    """`--room-max-speakers 5`: the server admits five microphones, but room.js offered a
+    fixed 4 slots (?slots= default): the fifth speaker (slot 4) was listed, shown talking,
+    and never heard on the page (found by review). It offers what /ice-servers says."""
+    page = await (await one_browser.new_context()).new_page()
+    page.set_default_timeout(20_000)
+    await page.goto(f"{live_server.url}/room.html?room=wide")
+    await page.set_checked("#speak", False)
+    await page.click("#join")
+    await page.wait_for_selector('#state[data-state="connected"]')
+    tones = [600.0, 900.0, 1200.0, 1500.0, 1800.0]  # slots 0..4, in join order
+    async with aiohttp.ClientSession() as http:
+        speakers = [RtcClient(live_server.url, http) for _ in tones]
+        try:
+            for client, tone in zip(speakers, tones, strict=True):
+                await client.connect(room="wide", mic=ToneMicrophone(tone), name=f"s{tone:.0f}")
+            state = await page.evaluate(
+                "() => window.voiceRoom.events.find((e) => e.type === 'room.state')"
+            )
+            assert state["max_speakers"] == 5, state
+            seen: set[float] = set()
+            deadline = time.monotonic() + 12
+            while time.monotonic() < deadline and seen != set(tones):
+                tracks = await page.evaluate(TRACKS_JS)
+                seen |= {tone for tone in tones if heard(tracks, tone)}
+                await asyncio.sleep(0.2)
+            assert tones[3] in seen, (seen, tracks)  # slot 3: the setup works
+            assert seen == set(tones), f"speakers never heard: {set(tones) - seen}"
+        finally:
+            for client in speakers:
+                await client.close()
+
+
+def authenticated_config() -> Any:
+    from agent.config import Config, SecuritySettings
+
+    return Config(host="127.0.0.1", port=0, security=SecuritySettings(auth_secret=ROOM_SECRET))
+
+
+@pytest.mark.parametrize("server_config", [authenticated_config()], ids=["auth"])
+async def test_a_room_bound_token_joins_its_room_from_the_room_page(
+    one_browser: Browser,  # noqa: F811 - the fixture imported above
+    live_server: LiveServer,
+) -> None:
+    """A token minted for one room (`voice-agent token --room standup`), opened as the
+    README says (room.html?token=...): the page sent its room box's value ("lobby" by
+    default) and the join was refused 403 forbidden (found by review). The box now shows
+    the token's room, read-only."""
+    from signaling.auth import mint_token
+
+    token = mint_token(ROOM_SECRET, ttl_s=600, room="standup")
+    page = await (await one_browser.new_context()).new_page()
+    page.set_default_timeout(10_000)
+    await page.goto(f"{live_server.url}/room.html?token={token}")
+    await page.set_checked("#speak", False)
+    await page.click("#join")
+    await page.wait_for_function(
+        "() => ['connected', 'idle'].includes(document.getElementById('state').dataset.state)"
+        " && (document.getElementById('state').dataset.state === 'connected'"
+        " || !document.getElementById('alert').hidden)"
+    )
+    alert = await page.text_content("#alert")
+    assert await page.get_attribute("#state", "data-state") == "connected", alert
+    assert await page.input_value("#room-name") == "standup"
+    assert await page.eval_on_selector("#room-name", "(box) => box.readOnly")

@@ -395,7 +395,7 @@ async def test_not_ready_engine_refuses_offers(live_server: LiveServer) -> None:
 async def test_ice_servers_for_the_browser(live_server: LiveServer) -> None:
     async with aiohttp.ClientSession() as http, http.get(live_server.url + "/ice-servers") as resp:
         assert resp.status == 200
-        assert await resp.json() == {"iceServers": []}
+        assert await resp.json() == {"iceServers": [], "roomSlots": 4}
 
 
 async def test_an_offer_aiortc_cannot_answer_is_a_400_not_a_500(live_server: LiveServer) -> None:
