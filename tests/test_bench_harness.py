@@ -5,6 +5,7 @@ when a run fails. A wrong harness makes every recorded figure wrong without fail
 from __future__ import annotations
 
 import asyncio
+import collections
 import re
 import sys
 import types
@@ -136,3 +137,55 @@ async def test_soak_times_the_warm_up_without_its_settle_wait(
     warm_up, rest = rates
     # The same cycles in both phases: the same rate (a settle wait counted made it ~1/2).
     assert warm_up > 0.7 * rest, out
+
+
+def test_system_busy_counts_a_vms_guest_time_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Linux counts a vCPU's time in user (nice) and again in guest (guest_nice): summed
+    whole, "others CPU%" read too high on a machine hosting VMs (found by review)."""
+    import psutil
+
+    fields = "user nice system idle iowait irq softirq steal guest guest_nice"
+    cpu_times = collections.namedtuple("cpu_times", fields)  # type: ignore[misc]
+    # 10 s of user time, 4 s of which ran a guest's vCPU (already inside user).
+    times = cpu_times(10.0, 0.0, 2.0, 50.0, 0.0, 0.0, 0.0, 0.0, 4.0, 0.0)
+    monkeypatch.setattr(psutil, "cpu_times", lambda: times)
+    assert _common.system_busy() == pytest.approx(12.0)
+
+
+def _latency_result(heard: int, done: int, n: int = 2, asked: int = 10) -> dict[str, Any]:
+    return {
+        "n": n,
+        "variant": "ours",
+        "sessions_done": done,
+        "utterances": heard,
+        "expected": asked,
+        "missing": asked - heard,
+        "others_cpu_pct": 0.0,
+        "steal_pct": 0.0,
+        "server_wait_pct": 0.0,
+        "sent_ms": [1.0] * heard,
+        "client_ms": [1.2] * heard,
+        "buffered_ms": [],
+        "marked_ms": [],
+        "complexity": 9,
+        "band_cap_hz": None,
+        "rung": "9",
+        "complexity_steps_down": 0,
+        "complexity_steps_up": 0,
+    }
+
+
+@pytest.mark.parametrize(
+    ("heard", "done", "met"),
+    [(10, 2, True), (6, 2, False), (10, 1, False)],
+    ids=["complete", "utterances_missing", "a_session_unfinished"],
+)
+def test_the_latency_table_fails_a_run_that_lost_utterances_or_sessions(
+    heard: int, done: int, met: bool
+) -> None:
+    """Percentiles over the utterances that worked, with nothing saying that 4 of 10 were
+    never heard or a session never finished, printed "yes" (found by review)."""
+    out = latency.summarize([_latency_result(heard, done)])
+    row = next(line for line in out.splitlines() if line.lstrip("| ").startswith("ours"))
+    assert f"{heard}/10" in row and f"{done}/2" in row, row
+    assert row.rstrip(" |").endswith("yes" if met else "NO"), row
