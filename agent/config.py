@@ -579,3 +579,10 @@ def _check_ice_server(url: str) -> None:
         raise ValueError(f"{usage} (aiortc: {exc})") from None
     if not used:
         raise ValueError(usage)
+    # aiortc takes any digits for a port: 99999 started the server, then every offer's ICE
+    # gathering failed to send to it (an OverflowError traceback per session, and no
+    # reflexive or relayed candidate: the calls from behind NAT it was configured for).
+    for server in ("stun_server", "turn_server"):
+        address = used.get(server)
+        if address is not None and not 1 <= address[1] <= 65535:
+            raise ValueError(f"{usage}: port {address[1]} is not 1-65535")

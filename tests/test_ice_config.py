@@ -29,7 +29,8 @@ async def test_ice_servers_are_served(live_server: LiveServer) -> None:
                     "username": "alice",
                     "credential": "secret",
                 },
-            ]
+            ],
+            "roomSlots": 4,
         }
 
 
@@ -83,3 +84,15 @@ def test_a_turn_server_without_credentials_is_refused_at_start(
             ice_credential=credential,
         )
     assert Config(ice_servers=("stun:a.example",)).ice_servers == ("stun:a.example",)
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["stun:stun.example.com:99999", "stun:192.0.2.1:70000", "turn:turn.example.com:65536"],
+)
+def test_an_ice_server_whose_port_no_socket_can_use_is_refused_at_start(url: str) -> None:
+    """aiortc parses any digits as a port: the server started, then every offer's ICE
+    gathering failed to send to it (an OverflowError traceback per session, no reflexive
+    or relayed candidate) where ``--port 70000`` is a usage error (found by review)."""
+    with pytest.raises(ValueError, match="is not 1-65535"):
+        Config(ice_servers=(url,), ice_username="u", ice_credential="c")
