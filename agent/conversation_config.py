@@ -4,8 +4,10 @@
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 
+_HEADER_VALUE = re.compile(r"[\x20-\x7e\t]*")  # what an API key in a header may hold
 VAD_WINDOW_SAMPLES = 512  # silero-vad's window at 16 kHz: 32 ms
 VAD_SAMPLE_RATE = 16_000
 VAD_WINDOW_MS = VAD_WINDOW_SAMPLES * 1000 // VAD_SAMPLE_RATE
@@ -106,3 +108,12 @@ class ServiceSettings:
             raise ValueError("the LLM timeout (--llm-timeout) must be a positive number of seconds")
         if self.llm_max_tokens < 1 or self.max_history_messages < 2:
             raise ValueError("llm_max_tokens must be >= 1 and max_history_messages >= 2")
+        # A key no header can carry (a secret file's line end read into a Config built in
+        # code; the environment's value is stripped) failed every request as "internal",
+        # or as the service's "invalid JSON", with nothing naming the key (found by review).
+        for flag, key in (("--stt-api-key", self.stt_api_key), ("--llm-api-key", self.llm_api_key)):
+            if key is not None and not _HEADER_VALUE.fullmatch(key):
+                raise ValueError(
+                    f"the API key ({flag}) has characters an HTTP header cannot carry "
+                    "(a line end, a control character, or non-ASCII)"
+                )

@@ -12,6 +12,7 @@ spoken.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 from collections.abc import AsyncGenerator
@@ -36,6 +37,9 @@ Message = dict[str, str]
 # A line, an event's data or a whole answer larger than this is no chat completion.
 MAX_SSE_LINE = 1 << 20
 MAX_SSE_EVENT = 1 << 20
+# After [DONE]: how long, and how much, to read for the body's end before letting go.
+FINISH_BODY_S = 0.1
+FINISH_BODY_BYTES = 1 << 16
 
 
 class ChatCompletions:
@@ -104,11 +108,19 @@ class ChatCompletions:
                 except aiohttp.ClientError as exc:
                     raise ServiceError("llm_failed", f"the LLM stream broke: {exc}") from None
                 for event in data:
-                    if event.strip() == "[DONE]":
+                    if event.type == "error":
+                        # After its 200 headers (llama.cpp: a prompt past the context size,
+                        # then its usual [DONE]): ending there read as a whole answer, or
+                        # none (llm_empty), with the server's reason lost (found by review).
+                        raise ServiceError(
+                            "llm_failed", f"the LLM reported an error: {_error_text(event.data)}"
+                        )
+                    if event.data.strip() == "[DONE]":
+                        await _finish_body(response)
                         return
-                    if event:  # an empty 'data:' is no chunk (some servers' keep-alive)
+                    if event.data:  # an empty 'data:' is no chunk (some servers' keep-alive)
                         events += 1
-                        delta = _delta_content(event)
+                        delta = _delta_content(event.data)
                         if delta:
                             yield delta
                         # Counted from here, after the consumer let go: the time it held
@@ -186,6 +198,27 @@ def _parse(data: str) -> dict[str, Any]:
         message = error.get("message") if isinstance(error, dict) else error
         raise ServiceError("llm_failed", f"the LLM reported an error: {str(message)[:300]}")
     return event
+
+
+def _error_text(data: str) -> str:
+    """The message of an error event's data: JSON with a ``message`` (its own, or its
+    ``error``'s), else the text itself."""
+    try:
+        body: Any = json.loads(data)
+    except (ValueError, RecursionError):
+        return data[:300]
+    error = body.get("error", body) if isinstance(body, dict) else body
+    message = error.get("message") if isinstance(error, dict) else error
+    return str(message if message is not None else data)[:300]
+
+
+async def _finish_body(response: aiohttp.ClientResponse) -> None:
+    """Read what follows [DONE] (the chunked body's end, usually a separate write), briefly:
+    a response released before its body ended closes its connection, and every reply paid
+    a new TCP and TLS handshake before its first token (found by review)."""
+    with contextlib.suppress(TimeoutError, aiohttp.ClientError):
+        async with asyncio.timeout(FINISH_BODY_S):
+            await read_capped(response, FINISH_BODY_BYTES)
 
 
 def _delta_content(data: str) -> str | None:

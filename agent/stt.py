@@ -87,13 +87,16 @@ class Transcriber:
                         )
                     # In its declared charset (json.loads on bytes knows only UTF-8/16/32).
                     answer_text = decode_text(answer, response.charset)
-            body = json.loads(answer_text)
         except TimeoutError:
             raise ServiceError(
                 "stt_timeout", f"speech-to-text did not answer within {s.stt_timeout_s:g} s"
             ) from None
         except aiohttp.ClientError as exc:
             raise ServiceError("stt_failed", f"speech-to-text unreachable: {exc}") from None
+        # Only the answer's parse: a ValueError from building the request (aiohttp refusing a
+        # header) blamed a service that was never asked (found by review).
+        try:
+            body = json.loads(answer_text)
         except (ValueError, RecursionError):  # RecursionError: JSON nested too deep
             raise ServiceError("stt_failed", "speech-to-text answered with invalid JSON") from None
         text = body.get("text") if isinstance(body, dict) else None

@@ -9,6 +9,7 @@ answer or error body too large to buffer. And with every legal way of framing SS
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -629,3 +630,110 @@ def test_the_proxy_is_read_as_curl_and_httpx_read_it(
         assert env_proxy("https://api.openai.com/v1") is None
     assert "socks5:// ignored" in caplog.text
     assert env_proxy("http://localhost:8000/v1") is None  # no HTTP_PROXY: direct
+
+
+# llama.cpp's llama-server (server.cpp, handle_completions_impl) reports an error that comes
+# after the 200 headers of a stream with server_sent_event(sink, "error", error_data), i.e.
+# an "error:" SSE field, then writes its usual "data: [DONE]". The prompt being longer than
+# the model's context is reported so (a conversation's history grows to 40 messages).
+LLAMA_CPP_CONTEXT_OVERFLOW = (
+    b'error: {"code":400,"message":"the request exceeds the available context size, '
+    b'try increasing it","type":"exceed_context_size_error"}\n\n'
+    b"data: [DONE]\n\n"
+)
+
+
+async def test_an_llm_error_sent_as_an_sse_error_field_is_a_failure_not_an_empty_answer() -> None:
+    deltas, failure, _ = await llm_deltas(sse(LLAMA_CPP_CONTEXT_OVERFLOW))
+    assert deltas == []
+    # It was no failure at all (the "error:" line skipped, [DONE] ending the stream).
+    assert failure is not None and failure.code == "llm_failed", failure
+    assert "exceeds the available context size" in failure.message
+
+
+async def test_the_client_is_told_the_llms_error_not_that_it_had_nothing_to_say() -> None:
+    """It was told llm_empty ("had nothing to say aloud"), the server's reason lost."""
+    runner, base = await serve(sse(LLAMA_CPP_CONTEXT_OVERFLOW))
+    services = ServiceSettings(llm_base_url=base, llm_timeout_s=2.0)
+    session = AgentSession("s", ToneEngine(0.01), Config(services=services))
+    events: list[dict[str, object]] = []
+    session.outbox.send = events.append  # type: ignore[method-assign, assignment]
+    session.pipeline.start()
+    try:
+        session.conversation.ask("What's the weather like?")
+        await wait_for(lambda: any(e["type"] == "error" for e in events), timeout=10)
+    finally:
+        await session.close()
+        await runner.cleanup()
+    errors = [(e["code"], e["message"]) for e in events if e["type"] == "error"]
+    assert [code for code, _ in errors] == ["llm_failed"], errors
+
+
+async def test_an_llm_error_field_mid_stream_does_not_end_the_reply_as_if_complete() -> None:
+    said = b'data: {"choices":[{"delta":{"content":"The answer is"}}]}\n\n'
+    error = b'error: {"code":500,"message":"slot crashed","type":"server_error"}\n\n'
+    deltas, failure, _ = await llm_deltas(sse(said, error, b"data: [DONE]\n\n"))
+    assert deltas == ["The answer is"]
+    assert failure is not None and failure.code == "llm_failed", failure
+
+
+# An API key read from a file, a Kubernetes/Docker secret or a CRLF .env keeps its line end.
+@pytest.mark.parametrize("field", ["llm_api_key", "stt_api_key"])
+@pytest.mark.parametrize("key", ["sk-test-key\n", "sk-\r\nX-Injected: 1", "sk-\x00"])
+def test_an_api_key_no_header_can_carry_is_refused_at_start(field: str, key: str) -> None:
+    """aiohttp refuses such a header with ValueError: every reply failed as ``internal``
+    with a traceback, every turn as the STT service's "invalid JSON", a service that was
+    never asked, nothing naming the key (found by review)."""
+    with pytest.raises(ValueError, match="API key"):
+        ServiceSettings(**{field: key})  # type: ignore[arg-type]
+
+
+async def test_an_stt_request_that_cannot_be_built_is_not_blamed_on_the_services_answer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A ValueError from building the request was caught as the answer's JSON failing to
+    parse: "speech-to-text answered with invalid JSON", about a service never asked."""
+    from tests.services import FakeSTT
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise ValueError("Forbidden control character")
+
+    async with FakeSTT() as stt, aiohttp.ClientSession() as http:
+        assert isinstance(stt, FakeSTT)
+        monkeypatch.setattr(http, "post", refuse)
+        settings = ServiceSettings(stt_base_url=stt.url)
+        with pytest.raises(ValueError, match="Forbidden"):
+            await Transcriber(settings, http).transcribe(np.zeros(1600, np.float32))
+        assert stt.uploads == []
+
+
+async def test_a_stream_ended_by_done_leaves_its_connection_for_the_next_reply() -> None:
+    """A server's "data: [DONE]" and the end of its chunked body (the 0-size chunk) are two
+    writes; when the end comes a moment after [DONE], the client has already returned on
+    [DONE] and released a response whose body is not finished, so aiohttp closes the
+    connection: every reply pays a new TCP (and TLS) handshake before its first token."""
+    peers: list[int] = []
+
+    async def complete(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        assert request.transport is not None
+        peers.append(request.transport.get_extra_info("peername")[1])
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(b'data: {"choices":[{"delta":{"content":"Hi."}}]}\n\n')
+        await response.write(b"data: [DONE]\n\n")
+        await asyncio.sleep(0.02)  # the generator's end, then the body's
+        with contextlib.suppress(ConnectionError):  # the client hung up already
+            await response.write_eof()
+        return response
+
+    runner, base = await serve(complete)
+    try:
+        async with aiohttp.ClientSession() as http:
+            client = ChatCompletions(ServiceSettings(llm_base_url=base), http)
+            for _ in range(3):
+                assert [d async for d in client.stream([])] == ["Hi."]
+                await asyncio.sleep(0.1)  # the user listens, then asks again
+    finally:
+        await runner.cleanup()
+    assert len(set(peers)) == 1, f"{len(set(peers))} connections for {len(peers)} replies"

@@ -21,8 +21,8 @@ LIMIT = 1 << 10
 
 def parse(*chunks: bytes, limit: int = LIMIT) -> list[str]:
     parser = SSEParser(limit, limit)
-    events = [data for chunk in chunks for data in parser.feed(chunk)]
-    return events + parser.close()
+    events = [event.data for chunk in chunks for event in parser.feed(chunk)]
+    return events + [event.data for event in parser.close()]
 
 
 @pytest.mark.parametrize(
@@ -98,3 +98,23 @@ def test_an_event_over_the_limit_is_an_error_even_in_short_lines() -> None:
     with pytest.raises(SSEError, match="event"):
         for _ in range(5):
             parser.feed(line)
+
+
+@pytest.mark.parametrize(
+    ("stream", "events"),
+    [
+        # the standard's event field names the type, until the event is dispatched
+        (b"event: error\ndata: x\n\ndata: y\n\n", [("error", "x"), ("message", "y")]),
+        # an event field with no data dispatches nothing, and names nothing after it
+        (b"event: error\n\ndata: y\n\n", [("message", "y")]),
+        # llama.cpp's server: an error after its 200 headers, as a field of its own
+        (
+            b'error: {"message":"m"}\n\ndata: [DONE]\n\n',
+            [("error", '{"message":"m"}'), ("message", "[DONE]")],
+        ),
+    ],
+)
+def test_an_events_type_comes_with_its_data(stream: bytes, events: list[tuple[str, str]]) -> None:
+    parser = SSEParser(LIMIT, LIMIT)
+    got = [*parser.feed(stream), *parser.close()]
+    assert [(event.type, event.data) for event in got] == events
