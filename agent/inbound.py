@@ -169,6 +169,15 @@ class InboundAudio:
         last = self.detector.index
         self.detector = SpeechDetector(self.settings)  # no window comes after this one
         self._model_stale = True
+        # Nothing of the cut word may reach the reset model, or open the next turn as its
+        # pre-roll: the reader's part-window and the resampler's held tail (when the
+        # microphone came back, its first window was that word: a new onset in 66 of 155
+        # cut points of a clip, and a barge-in; found by review), windows still queued.
+        self._pending = np.zeros(0, dtype=np.float32)
+        self._resampler = None
+        self._recent.clear()
+        while not self._queue.empty():
+            self._queue.get_nowait()
         self.stats.turns += 1
         audio = np.concatenate(self._turn) if self._turn else np.zeros(0, np.float32)
         self._turn = []

@@ -54,7 +54,9 @@ class _MicThatPausesMidWord(MediaStreamTrack):
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("cut_s", [0.4, 2.0])
+# 0.30, 1.06 and 1.44 s: cut points where the reader's part-window and the resampler's
+# held tail still carried the cut word once the model was reset (found by review).
+@pytest.mark.parametrize("cut_s", [0.4, 2.0, 0.30, 1.06, 1.44])
 async def test_the_microphone_coming_back_after_a_quiet_ended_turn_is_not_a_new_onset(
     cut_s: float,
 ) -> None:
@@ -63,7 +65,8 @@ async def test_the_microphone_coming_back_after_a_quiet_ended_turn_is_not_a_new_
     stopped on. When the microphone came back (a track re-attached after switching input
     device), its first windows of mere background noise scored ~0.9-1.0 (a fresh model:
     < 0.1): with the default --min-speech-ms a new onset fired at once, a spurious
-    user.speech.started and a barge-in cutting the reply the ended turn had just started."""
+    user.speech.started and a barge-in cutting the reply the ended turn had just started.
+    The reader's own buffers held the end of the word too, and fed it to the reset model."""
     from agent.inbound import InboundAudio
     from agent.vad import VadPool
     from tests.clips import SPEECH_WAV, read_wav
