@@ -122,7 +122,7 @@ CASES: list[tuple[str, str | None, str]] = [
         None,
         "one half cup and three quarters mile and two thirds of them",
     ),
-    ("Open 24/7", None, "Open twenty four slash seven"),
+    ("Open 24/7", None, "Open twenty four seven"),  # as said: "slash" before
     ("It takes 3-5 days.", None, "It takes three to five days."),
     ("10-20% off", None, "ten to twenty percent off"),
     ("5 - 3 = 2", None, "five minus three equals two"),
@@ -450,6 +450,10 @@ def test_a_range_with_its_unit_on_both_ends_is_read_as_a_range(text: str, expect
         "http://www.",  # a URL ending in punctuation: read "www" (review)
         "www.!",
         "https://www.)",
+        "[](https://example.com)",  # a Markdown link without text: nothing is said
+        "![](cat.png)",
+        "[.](https://example.com)",
+        "[hi](https://example.com)",
     ],
 )
 def test_reads_aloud_agrees_with_the_reading_of_a_url(text: str) -> None:
@@ -534,3 +538,33 @@ def test_a_date_written_with_digits_is_read_as_a_date(text: str, expected: str) 
 def test_reading_a_long_run_of_slashed_numbers_takes_time_in_proportion() -> None:
     text = "1/" * 2500
     assert _seconds_to_read(text) < 5 * _seconds_to_read("a/" * 2500) + 0.05
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        # Language models write Markdown whatever their prompt says: the link's text is said,
+        # not its address ("See, the docs, example dot com." before).
+        ("See [the docs](https://example.com/docs).", "See the docs."),
+        ("![a cat](cat.png) here", "a cat here"),
+        ('Read [the spec](https://a.example/s "WHIP") now', "Read the spec now"),
+        ("[链接](https://a.cn)在这", "链接在这"),
+        # said as words, not "fifty slash fifty" or "twenty four slash seven"
+        ("a 50/50 chance", "a fifty fifty chance"),
+        ("24/7服务", "全天候服务"),
+    ],
+)
+def test_markdown_links_and_slash_idioms_read_as_people_say_them(text: str, expected: str) -> None:
+    assert normalize_for_tts(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "plain"),
+    [
+        ("[" * 5000, "a" * 5000),
+        ("[a](" * 1250, "abcd" * 1250),
+        ("[" + "a" * 4999, "a" * 5000),
+    ],
+)
+def test_reading_runs_of_link_brackets_takes_time_in_proportion(text: str, plain: str) -> None:
+    assert _seconds_to_read(text) < 5 * _seconds_to_read(plain) + 0.05

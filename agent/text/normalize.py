@@ -892,12 +892,22 @@ def _year_zh(m: re.Match[str], zh: bool) -> str:
     return _digits(m["y"], zh) + "年" if zh else m.group(0)
 
 
+# Said as words, not as a fraction or "slash": "open 24/7", "a 50/50 chance".
+_SLASH_IDIOMS: Final = {
+    (24, 7): ("twenty four seven", "全天候"),
+    (50, 50): ("fifty fifty", "五五开"),
+}
+
+
 def _fraction(m: re.Match[str], zh: bool) -> str:
     if max(len(m["a"]), len(m["b"])) > _MAX_CARDINAL_DIGITS:
         return _sp(
             _int_words(m["a"], zh) + ("斜杠" if zh else " slash ") + _int_words(m["b"], zh), zh
         )
     a, b = int(m["a"]), int(m["b"])
+    idiom = _SLASH_IDIOMS.get((a, b))
+    if idiom is not None:
+        return _sp(idiom[1] if zh else idiom[0], zh)
     if zh:
         if 0 < a < b:
             return f"{read_int_zh(b)}分之{read_int_zh(a)}"
@@ -948,7 +958,20 @@ _ABBREVIATION: Final = re.compile(
     r"(?<![A-Za-z.])(?:" + "|".join(re.escape(a) for a in _ABBREVIATIONS) + ")"
 )
 
+# A Markdown link or image, as language models write them whatever their prompt says: its
+# text is said, not its address ("[the docs](https://...)" was "the docs, example dot com").
+# Bounded parts: no backtracking over a long run of brackets or an unclosed link.
+_MD_LINK: Final = re.compile(
+    r"!?\[(?P<text>[^\[\]\n]{0,500})\]\((?:[^()\s]{0,2000})(?:\s+\"[^\"\n]{0,200}\")?\)"
+)
+
+
+def _md_link(m: re.Match[str], zh: bool) -> str:
+    return m["text"]
+
+
 _RULES: Final[tuple[_Rule, ...]] = (
+    (_MD_LINK, _md_link),
     (_URL, _url),
     (_EMAIL, _email),
     (_DOMAIN, _domain),
@@ -1074,8 +1097,10 @@ def reads_aloud(text: str) -> bool:
     turns into nothing. Linear time and no rules run, so cheap enough for the event loop (the
     reading itself takes 0.3 s for 5000 emoji); it agrees with the reading on every single
     character but "<" and ">", counted as read (tests/test_normalize.py). Of a URL only the
-    host counts, as only the host is read ("http://[::1]:8080/" reads as nothing)."""
-    text = _URL.sub(lambda m: " {} {}".format(*_url_host(m.group(0))), _prepare(text))
+    host counts, as only the host is read ("http://[::1]:8080/" reads as nothing), and of a
+    Markdown link only its text."""
+    text = _MD_LINK.sub(lambda m: m["text"], _prepare(text))
+    text = _URL.sub(lambda m: " {} {}".format(*_url_host(m.group(0))), text)
     return _READ_ALOUD.search(text) is not None
 
 
