@@ -6,6 +6,9 @@ import json
 import logging
 import os
 import shutil
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +24,7 @@ from agent.config import ChatTTSSettings
 
 # Session fixtures (tiny checkpoint, loaded Chat, started engine), shared by both modules.
 pytest_plugins = ["tests.conftest_chattts"]
+REPO = Path(__file__).resolve().parents[1]
 
 
 def generate(chat: object, text: str, n: int, seed: int = 1) -> list[torch.Tensor]:
@@ -380,3 +384,85 @@ def test_a_download_resumed_onto_a_newer_revision_is_complete(
     monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
     loader.resume_interrupted_download(str(tmp_path))
     assert asked == [str(tmp_path)]
+
+
+def test_a_model_dir_one_level_too_deep_is_named_not_blamed_on_the_network(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--model-dir ~/ChatTTS/asset`` (the folder that holds the .safetensors files, one level
+    too deep): a local copy, as README says --model-dir is. Offline, the error on /readyz is
+    "could not download or load ChatTTS from Hugging Face: check the network, or pass
+    --model-dir DIR with a local copy": it never names the directory the user gave, nor that
+    it lacks asset/, and tells them to pass the flag they passed (found by review)."""
+    import ChatTTS.core
+
+    copy = tmp_path / "ChatTTS"
+    shutil.copytree(tiny_model_dir, copy)
+    deep = copy / "asset"
+
+    def offline(**kwargs: Any) -> str:
+        raise OSError("network is unreachable")
+
+    monkeypatch.setattr(ChatTTS.core, "snapshot_download", offline)
+    with pytest.raises(ModelLoadError) as caught:
+        load_chat(ChatTTSSettings(model_dir=deep, device="cpu", threads=1))
+    message = str(caught.value)
+    assert str(deep) in message, message
+    assert f"pass its parent, {copy}" in message, message
+
+
+def test_the_fronts_download_refuses_a_model_dir_that_does_not_exist_as_the_load_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--model-dir /typo`` with one process: ModelLoadError "model directory /typo does not
+    exist". The same flag with ``--workers 2``: the front's ensure_downloaded creates /typo and
+    downloaded 1.1 GB from Hugging Face into it (the workers then loaded it happily), so the
+    same command line meant two different things depending on --workers (found by review)."""
+    import ChatTTS
+
+    absent = tmp_path / "typo"
+    with pytest.raises(ModelLoadError, match="does not exist"):
+        load_chat(ChatTTSSettings(model_dir=absent, device="cpu", threads=1))
+    downloads: list[Any] = []
+    monkeypatch.setattr(
+        ChatTTS.Chat, "download_models", lambda self, **kwargs: downloads.append(kwargs) or "x"
+    )
+    with pytest.raises(ModelLoadError, match="does not exist"):
+        loader.ensure_downloaded(ChatTTSSettings(model_dir=absent))
+    assert downloads == []
+
+
+def test_a_crafted_voice_string_does_not_corrupt_the_servers_memory() -> None:
+    """A client's ``{"type": "config", "voice": "\\u3d7f"}`` passes the protocol check (any
+    string up to 4096 characters) and reaches ``VoiceBank.check`` -> ``decode_speaker`` on the
+    event loop, which hands it to pybase16384's C decoder. That decoder trusts the byte after
+    a trailing '=' (U+3D00 + n) as the tail length and writes up to 127 bytes into a ~39-byte
+    heap buffer: one message corrupted the heap of the process that holds every session, and
+    the process died with SIGSEGV (found by review). It must be an ``unknown_voice`` refusal
+    and nothing else."""
+    script = textwrap.dedent(
+        """
+        import json
+        from agent.protocol import parse_message
+        from agent.chattts.voices import decode_speaker
+        from agent.engine import UnknownVoice
+
+        msg = parse_message(json.dumps({"type": "config", "voice": "\\u3d7f"}), 65536)
+        try:
+            decode_speaker(msg.fields["voice"], 768)  # what VoiceBank.check runs
+        except UnknownVoice:
+            pass
+        junk = [bytes(100) for _ in range(100_000)]  # the server goes on allocating
+        print("still alive")
+        """
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=REPO,
+        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, (proc.returncode, proc.stderr[-2000:])
+    assert "still alive" in proc.stdout

@@ -69,6 +69,10 @@ def ensure_downloaded(settings: ChatTTSSettings) -> None:
     if model_dir is not None and (model_dir / "asset").is_dir():
         return
     if model_dir is not None:
+        # As load_chat refuses it: the front created a mistyped directory and downloaded
+        # 1.1 GB into it, where one process said it does not exist (found by review).
+        if not model_dir.exists():
+            raise ModelLoadError(f"model directory {model_dir} does not exist")
         _not_a_file(model_dir)
     import ChatTTS
 
@@ -77,10 +81,29 @@ def ensure_downloaded(settings: ChatTTSSettings) -> None:
     log.info("fetching ChatTTS from Hugging Face (2Noise/ChatTTS) once for all workers")
     chat = ChatTTS.Chat(logging.getLogger("agent.chattts.ChatTTS"))
     if chat.download_models(source="huggingface", custom_path=custom) is None:
-        raise ModelLoadError(
-            "could not download ChatTTS from Hugging Face (2Noise/ChatTTS): check the "
-            "network, or pass --model-dir DIR with a local copy of the model"
+        raise ModelLoadError(_download_failed(model_dir))
+
+
+def _download_failed(model_dir: Path | None) -> str:
+    """What to do when the download failed: for a ``--model-dir`` with no copy in it, that
+    directory named, and its parent when it is a copy's ``asset/`` folder itself (the
+    common mistake: a message telling to pass the flag already passed named neither)."""
+    what = "could not download ChatTTS from Hugging Face (2Noise/ChatTTS)"
+    if model_dir is None:
+        return (
+            f"{what}: check the network, or pass --model-dir DIR with a local copy of the "
+            "model (`voice-agent tiny-model DIR` builds an offline smoke-test model)"
         )
+    copy_inside = (model_dir / "gpt").is_dir() or any(model_dir.glob("*.safetensors"))
+    hint = (
+        f"; it looks like a copy's asset/ folder itself: pass its parent, {model_dir.parent}"
+        if copy_inside
+        else ""
+    )
+    return (
+        f"{what} into --model-dir {model_dir}, which holds no local copy (a copy has an "
+        f"asset/ folder){hint}: check the network, or pass the directory of a local copy"
+    )
 
 
 def load_chat(settings: ChatTTSSettings) -> LoadedModel:
@@ -155,11 +178,7 @@ def load_chat(settings: ChatTTSSettings) -> LoadedModel:
         ) from e
     if not ok:
         if source == "huggingface":
-            raise ModelLoadError(
-                "could not download or load ChatTTS from Hugging Face (2Noise/ChatTTS): check "
-                "the network, or pass --model-dir DIR with a local copy of the model "
-                "(`voice-agent tiny-model DIR` builds an offline smoke-test model)"
-            )
+            raise ModelLoadError(_download_failed(Path(custom_path) if custom_path else None))
         problems = asset_problems(Path(custom_path or "."), chat.sha256_map)
         raise ModelLoadError(
             f"ChatTTS failed to load from {custom_path}: "

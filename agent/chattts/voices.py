@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import lzma
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +27,12 @@ from agent.engine import RequestError, UnknownVoice, VoiceOptions
 DEFAULT_SPEED = 5
 # How ChatTTS compresses a speaker string (ChatTTS.model.speaker.Speaker._encode).
 SPEAKER_FILTERS = [{"id": lzma.FILTER_LZMA2, "preset": 9 | lzma.PRESET_EXTREME}]
+# What base16384 writes: 14 bits per character in U+4E00-U+8DFF, then at most one tail
+# marker U+3D00-U+3D06 (how many bytes the last characters carry). pybase16384's C decoder
+# trusts whatever follows a "=" as that count: "\u3d7f" made it write 127 bytes into a
+# 39-byte buffer, and one client's config message killed the server with SIGSEGV (found by
+# review). Nothing else reaches the decoder.
+_SPEAKER_STRING = re.compile("[\u4e00-\u8dff]+[\u3d00-\u3d06]?")
 
 
 @dataclass(frozen=True)
@@ -49,6 +56,8 @@ def decode_speaker(voice: str, dim: int) -> npt.NDArray[np.float16]:
     """The embedding of a ChatTTS speaker string (what ``Speaker._decode`` reads), or
     ``UnknownVoice``. Decompresses no more than ``dim`` values need: a crafted string of a few
     kB must not expand to megabytes, on the event loop (``VoiceBank.check``) or the worker."""
+    if not _SPEAKER_STRING.fullmatch(voice):
+        raise UnknownVoice(f"unknown voice {voice[:40]!r}: not seed:N nor a ChatTTS speaker")
     try:
         packed = b14.decode_from_string(voice)
         raw = lzma.LZMADecompressor(lzma.FORMAT_RAW, filters=SPEAKER_FILTERS).decompress(
