@@ -497,7 +497,11 @@ class SpeechPipeline:
                 self._record_failure(utt, exc)
                 failed = True
             finally:
-                self.buffer.producing = False
+                # Unless interrupt() replaced this worker: a cancellation an engine is slow to
+                # finish ended here after the new worker began making audio, which then
+                # counted as nothing made (not sounding: idle; no underruns).
+                if self._worker in (None, asyncio.current_task()):
+                    self.buffer.producing = False
             if self._worker is not asyncio.current_task():
                 return  # replaced by interrupt() meanwhile: the new worker owns the buffer
             if failed and self._stream is utt:

@@ -502,3 +502,43 @@ async def test_no_first_audio_is_observed_for_an_utterance_that_made_no_audio() 
     finally:
         drain.stop()
         await pipeline.close()
+
+
+class SlowToCancelEngine(ToneEngine):
+    """A tone engine whose cancelled stream takes ``cancel_s`` to finish (a model's worker
+    thread answering the cancellation), and whose streams after the first start late."""
+
+    def __init__(self, cancel_s: float, later_first_chunk_s: float) -> None:
+        super().__init__(chunk_delay_s=0.01)
+        self.cancel_s = cancel_s
+        self.later_first_chunk_s = later_first_chunk_s
+
+    async def synthesize(
+        self, text: str, voice: VoiceOptions, *, continuation: bool = False
+    ) -> AsyncGenerator[PCM, None]:
+        self.first_chunk_delay_s = self.later_first_chunk_s if self.started_streams else 0.0
+        try:
+            async for chunk in super().synthesize(text, voice, continuation=continuation):
+                yield chunk
+        except asyncio.CancelledError:
+            await asyncio.sleep(self.cancel_s)
+            raise
+
+
+async def test_a_slow_cancellation_does_not_mark_the_next_utterance_as_making_nothing() -> None:
+    """interrupt() starts a new worker at once; the old one's cancellation, finished 0.1 s
+    later by the engine, set the buffer's "producing" back to False while the new worker was
+    waiting for its first chunk: the new speech counted as nothing being made (not
+    sounding: the session looked idle; its underruns went uncounted). Found by review."""
+    engine = SlowToCancelEngine(cancel_s=0.1, later_first_chunk_s=0.6)
+    pipeline = SpeechPipeline(engine, SpeechSettings(), lambda e: None)
+    pipeline.start()
+    pipeline.say("a long text " * 20)
+    await wait_for(lambda: len(pipeline.buffer) > 0)
+    pipeline.interrupt()
+    pipeline.say("the next thing to say")
+    await wait_for(lambda: engine.started_streams == 2)
+    await asyncio.sleep(0.25)  # the old stream's cancellation has finished; no chunk yet
+    assert len(pipeline.buffer) == 0
+    assert pipeline.sounding, "the new utterance is being made"
+    await pipeline.close()
