@@ -422,3 +422,38 @@ async def test_a_busy_engine_that_keeps_producing_audio_does_not_open_the_breake
     assert state == "closed", (
         f"a healthy engine busy with another stream opened the breaker: {outcomes}"
     )
+
+
+async def test_a_stream_ending_as_its_reader_is_cancelled_leaves_no_unretrieved_error() -> None:
+    """The wait for the next chunk runs in a task of its own (the stall timer); when the
+    engine's stream ended (StopAsyncIteration) in the same loop turn as the reader was
+    cancelled (an interrupt), the task's exception was never retrieved and asyncio logged
+    "Task exception was never retrieved" as an ERROR (found by tests/test_fuzz.py in CI)."""
+    loop = asyncio.get_running_loop()
+    lost: list[dict[str, Any]] = []
+    loop.set_exception_handler(lambda _loop, context: lost.append(context))
+    try:
+        release = asyncio.Event()
+
+        async def ends_on_release() -> AsyncGenerator[PCM, None]:
+            await release.wait()
+            return
+            yield  # an async generator
+
+        breaker = CircuitBreaker(ToneEngine(), BreakerSettings(stall_s=5.0))
+        chunks = ends_on_release()
+        reader = asyncio.ensure_future(breaker._next_chunk(chunks))
+        await asyncio.sleep(0.01)  # the reader waits on the step task
+        release.set()  # the step task ends with StopAsyncIteration next ...
+        reader.cancel()  # ... in the same turn as the reader is cancelled
+        with pytest.raises(asyncio.CancelledError):
+            await reader
+        await chunks.aclose()
+        del reader
+        import gc
+
+        gc.collect()
+        await asyncio.sleep(0)
+    finally:
+        loop.set_exception_handler(None)
+    assert not lost, [c.get("message") for c in lost]
