@@ -688,3 +688,18 @@ async def test_a_worker_that_keeps_crashing_is_left_failed(
             breaker._timer.cancel()
     finally:
         await engine.close()
+
+
+async def test_an_engine_whose_restart_is_pending_is_not_ready(tiny_settings: ChatTTSSettings) -> None:
+    """A crashed worker's thread reports the crash before it exits: until it had, the engine
+    read as ready with its restart pending (CI saw it in the restart test above)."""
+    engine = ChatTTSEngine(tiny_settings)
+    await engine.start()
+    try:
+        assert engine.ready
+        engine._restarted = asyncio.Event()  # the crash reported, the thread not yet gone
+        assert engine.scheduler is not None and engine.scheduler.alive
+        assert not engine.ready
+    finally:
+        engine._restarted = None
+        await engine.close()

@@ -121,7 +121,14 @@ class ChatTTSEngine:
 
     @property
     def ready(self) -> bool:
-        return self._ready and self.scheduler is not None and self.scheduler.alive
+        # Not while a restart is pending: the crashed worker's thread reports the crash
+        # before it exits, and until it had, the engine read as ready (a CI flake).
+        return (
+            self._ready
+            and self._restarted is None
+            and self.scheduler is not None
+            and self.scheduler.alive
+        )
 
     @property
     def failure(self) -> str | None:
