@@ -690,7 +690,9 @@ async def test_a_worker_that_keeps_crashing_is_left_failed(
         await engine.close()
 
 
-async def test_an_engine_whose_restart_is_pending_is_not_ready(tiny_settings: ChatTTSSettings) -> None:
+async def test_an_engine_whose_restart_is_pending_is_not_ready(
+    tiny_settings: ChatTTSSettings,
+) -> None:
     """A crashed worker's thread reports the crash before it exits: until it had, the engine
     read as ready with its restart pending (CI saw it in the restart test above)."""
     engine = ChatTTSEngine(tiny_settings)
