@@ -195,8 +195,7 @@ def _parse(data: str) -> dict[str, Any]:
         raise ServiceError("llm_failed", "the LLM sent an event that is not an object")
     error = event.get("error")
     if error is not None:
-        message = error.get("message") if isinstance(error, dict) else error
-        raise ServiceError("llm_failed", f"the LLM reported an error: {str(message)[:300]}")
+        raise ServiceError("llm_failed", f"the LLM reported an error: {_message_of(error)}")
     return event
 
 
@@ -207,9 +206,13 @@ def _error_text(data: str) -> str:
         body: Any = json.loads(data)
     except (ValueError, RecursionError):
         return data[:300]
-    error = body.get("error", body) if isinstance(body, dict) else body
-    message = error.get("message") if isinstance(error, dict) else error
-    return str(message if message is not None else data)[:300]
+    return _message_of(body.get("error", body) if isinstance(body, dict) else body)
+
+
+def _message_of(error: Any) -> str:
+    """An error object's ``message`` (or the error itself, when it is no object)."""
+    message = error.get("message", error) if isinstance(error, dict) else error
+    return str(message)[:300]
 
 
 async def _finish_body(response: aiohttp.ClientResponse) -> None:

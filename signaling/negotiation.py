@@ -47,13 +47,7 @@ class OpusOffer:
 def read_opus_offer(sdp: str) -> OpusOffer:
     """The first audio section's Opus parameters; ApiError if 20 ms is ruled out."""
     section = _first_audio_section(sdp)
-    opus_pt: int | None = None
-    for line in section:
-        if line.startswith("a=rtpmap:"):
-            pt, _, encoding = line[len("a=rtpmap:") :].partition(" ")
-            if encoding.lower().startswith("opus/48000") and _NUMBER.fullmatch(pt):
-                opus_pt = int(pt)
-                break
+    opus_pt = _opus_payload_type(section)
     params: dict[str, str] = {}
     feedback = False
     ext_id: int | None = None
@@ -137,17 +131,20 @@ def _opus_payload_types(sdp: str) -> tuple[tuple[str, int], ...]:
         if not section[0].startswith("m=audio"):
             continue
         mid = next((line[len("a=mid:") :] for line in section if line.startswith("a=mid:")), None)
-        for line in section:
-            pt, _, encoding = line.removeprefix("a=rtpmap:").partition(" ")
-            if (
-                line.startswith("a=rtpmap:")
-                and encoding.lower().startswith("opus/48000")
-                and _NUMBER.fullmatch(pt)
-            ):
-                if mid is not None:
-                    found.append((mid, int(pt)))
-                break
+        opus_pt = _opus_payload_type(section)
+        if mid is not None and opus_pt is not None:
+            found.append((mid, opus_pt))
     return tuple(found)
+
+
+def _opus_payload_type(section: list[str]) -> int | None:
+    """The payload type of a section's first Opus rtpmap."""
+    for line in section:
+        if line.startswith("a=rtpmap:"):
+            pt, _, encoding = line[len("a=rtpmap:") :].partition(" ")
+            if encoding.lower().startswith("opus/48000") and _NUMBER.fullmatch(pt):
+                return int(pt)
+    return None
 
 
 def _sections(sdp: str) -> list[list[str]]:

@@ -135,14 +135,7 @@ def bundle_as_offered(answer: str, offer: str) -> str:
     with a group the server did not do, and a client following it moved its data channel
     onto the audio transport, where nobody listened (the call never connected; found by
     review)."""
-    offered: list[str] = []
-    for line in offer.splitlines():
-        if line.startswith("m="):
-            break
-        bits = line[len("a=group:") :].split() if line.startswith("a=group:") else []
-        if bits and bits[0] == "BUNDLE":
-            offered = bits[1:]
-            break
+    offered = _bundle_group(offer.splitlines())
     newline = "\r\n" if "\r\n" in answer else "\n"
     out: list[str] = []
     in_session = True
@@ -156,6 +149,17 @@ def bundle_as_offered(answer: str, offer: str) -> str:
             line = " ".join(["a=group:BUNDLE", *items])
         out.append(line)
     return newline.join(out)
+
+
+def _bundle_group(lines: list[str]) -> list[str]:
+    """The mids of the first session-level BUNDLE group: the only one aiortc bundles."""
+    for line in lines:
+        if line.startswith("m="):
+            break
+        bits = line[len("a=group:") :].split() if line.startswith("a=group:") else []
+        if bits and bits[0] == "BUNDLE":
+            return bits[1:]
+    return []
 
 
 def _check_attributes(lines: list[str]) -> None:
@@ -237,14 +241,7 @@ def _candidates_to_add(lines: list[str]) -> int:
     with tracebacks (found by review)."""
     # aiortc bundles the first session-level BUNDLE group only: a second group, or one
     # inside a media section, shares nothing (counting them let 90 candidates in).
-    bundled_mids: set[str] = set()
-    for line in lines:
-        if line.startswith("m="):
-            break
-        bits = line[len("a=group:") :].split() if line.startswith("a=group:") else []
-        if bits and bits[0] == "BUNDLE":
-            bundled_mids.update(bits[1:])
-            break
+    bundled_mids = set(_bundle_group(lines))
     sections: list[tuple[str | None, set[tuple[str, ...]]]] = [(None, set())]  # session level
     for line in lines:
         if line.startswith("m="):
