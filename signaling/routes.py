@@ -186,6 +186,10 @@ def _resumable(request: web.Request, token: object, kind: str) -> Peer:
     require_room(request, peer.room)
     if peer.kind != kind:
         raise ApiError(400, "wrong_kind", f"this token belongs to a {peer.kind} session")
+    if claims(request).role == "listener" and peer.role != "listener":
+        # The session keeps the role it was made with: a listener's JWT resuming a
+        # speaker's WHEP session would get its microphone listened to (found by review).
+        raise ApiError(403, "forbidden", "a listener token may not resume a speaker's session")
     if isinstance(peer.session, RoomMember):
         # A room seat is left when its connection is lost: join the room again instead.
         raise ApiError(400, "not_resumable", "room participants rejoin the room instead")

@@ -507,3 +507,42 @@ async def test_a_token_minted_on_a_host_whose_clock_is_a_little_ahead_is_accepte
         http.get(live_server.url + "/ice-servers", headers=skewed) as resp,
     ):
         assert resp.status == 200, await resp.text()
+
+
+async def test_a_listener_token_cannot_resume_a_speaker_s_whep_session(
+    live_server: LiveServer,
+) -> None:
+    """A session keeps the role it was made with, resume or not: a speaker's WHEP session
+    listens to its microphone. A listener token resuming it got that session (and its
+    microphone heard by the agent) although it "may only receive" (found by review). A
+    speaker's token resumes it; a listener's own session resumes with a listener token."""
+    sdp = OFFER + "a=mid:0\r\na=sendrecv\r\na=rtpmap:111 opus/48000/2\r\n"
+    async with aiohttp.ClientSession() as http:
+        speaker = RtcClient(live_server.url, http, token=token(role="speaker"))
+        await speaker.connect(whep=True)
+        listener = RtcClient(live_server.url, http, token=token(role="listener"))
+        await listener.connect(whep=True)
+        try:
+            for session_token, role, expected in (
+                (speaker.session_token, "listener", 403),
+                (listener.session_token, "listener", None),
+                (speaker.session_token, "speaker", None),
+            ):
+                assert session_token is not None
+                headers = {
+                    "Content-Type": "application/sdp",
+                    "X-Session-Token": session_token,
+                    **bearer(token(role=role)),
+                }
+                async with http.post(live_server.url + "/whep", data=sdp, headers=headers) as resp:
+                    if expected is None:
+                        # Past the role check, to the offer itself: refused only for this
+                        # offer's missing ICE credentials (400 bad_sdp), never 403.
+                        assert resp.status == 400, await resp.text()
+                        assert (await _error(resp))["code"] == "bad_sdp"
+                    else:
+                        assert resp.status == expected, await resp.text()
+                        assert (await _error(resp))["code"] == "forbidden"
+        finally:
+            await speaker.close()
+            await listener.close()
