@@ -208,14 +208,16 @@ def test_lifecycle_and_breaker_settings() -> None:
 
 
 def test_one_per_core_counts_the_cores_this_process_may_run_on(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """In a container pinned to 2 CPUs of a 64-core host, --workers 0 counted 2 cores (the
     CPU affinity) but --encode-threads -1 sized its pool by os.cpu_count(): 63 threads on 2
     cores. Every "one per core" counts the affinity now (agent.threads.cores)."""
+    import agent.threads
     from signaling.sessions import _encode_executor
 
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr(agent.threads, "CGROUP_ROOT", tmp_path)  # no quota (whatever CI's)
     monkeypatch.setattr(os, "cpu_count", lambda: 64)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
     assert build(["serve", "--workers", "0"]).workers == 2
@@ -225,6 +227,48 @@ def test_one_per_core_counts_the_cores_this_process_may_run_on(
     finally:
         if executor is not None:
             executor.shutdown()
+
+
+@pytest.mark.parametrize(
+    ("files", "quota", "workers"),
+    [
+        ({"cpu.max": "200000 100000\n"}, 2.0, 2),  # cgroup v2: a container given 2 CPUs
+        ({"cpu.max": "150000 100000\n"}, 1.5, 1),  # a share of a core is not a process
+        ({"cpu.max": "20000 100000\n"}, 0.2, 1),  # at least one
+        ({"cpu.max": "max 100000\n"}, None, 64),  # no quota
+        ({"cpu/cpu.cfs_quota_us": "300000\n", "cpu/cpu.cfs_period_us": "100000\n"}, 3.0, 3),
+        (
+            {"cpu,cpuacct/cpu.cfs_quota_us": "400000", "cpu,cpuacct/cpu.cfs_period_us": "100000"},
+            4.0,
+            4,
+        ),
+        ({"cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n"}, None, 64),
+        ({"cpu.max": "garbage\n"}, None, 64),
+        ({}, None, 64),  # no cgroup files (macOS, a bare process)
+    ],
+)
+def test_one_per_core_counts_a_container_s_cpu_quota(
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    files: dict[str, str],
+    quota: float | None,
+    workers: int,
+) -> None:
+    """A container limited to 2 CPUs (docker --cpus 2, a Kubernetes CPU limit) on a 64-core
+    host sees all 64 in its affinity: --workers 0 started 64 media processes, which the
+    quota then throttled together (every stream stopped for the rest of each 100 ms period
+    once the group spent its share). The quota caps "one per core" now, rounded down."""
+    import agent.threads
+
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr(agent.threads, "CGROUP_ROOT", tmp_path)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)), raising=False)
+    assert agent.threads.cgroup_cpu_quota() == quota
+    assert build(["serve", "--workers", "0"]).workers == workers
+    assert build(["serve", "--workers", "5"]).workers == 5  # asked for: as asked
 
 
 def test_workers_default_to_the_cores_but_one_process_starts_local_ray(
