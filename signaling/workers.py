@@ -165,10 +165,6 @@ class WorkerPool:
         loop = asyncio.get_running_loop()
         self._watches = [loop.create_task(self._watch(worker)) for worker in self.workers]
 
-    def stop_restarting(self) -> None:
-        """Shutting down: a worker that exits now (SIGTERM to the group) stays down."""
-        self._closing = True
-
     async def close(self, timeout_s: float | None = None) -> None:
         """SIGTERM every worker (each drains its speech, up to the drain deadline), then
         wait for them; any still running after that is killed."""
