@@ -27,6 +27,7 @@ from agent.engine import RequestError, UnknownVoice, VoiceOptions
 DEFAULT_SPEED = 5
 # How ChatTTS compresses a speaker string (ChatTTS.model.speaker.Speaker._encode).
 SPEAKER_FILTERS = [{"id": lzma.FILTER_LZMA2, "preset": 9 | lzma.PRESET_EXTREME}]
+MIN_DICT_SIZE = 4096  # liblzma's smallest dictionary
 # What base16384 writes: 14 bits per character in U+4E00-U+8DFF, then at most one tail
 # marker U+3D00-U+3D06 (how many bytes the last characters carry). pybase16384's C decoder
 # trusts whatever follows a "=" as that count: "\u3d7f" made it write 127 bytes into a
@@ -60,8 +61,13 @@ def decode_speaker(voice: str, dim: int) -> npt.NDArray[np.float16]:
         raise UnknownVoice(f"unknown voice {voice[:40]!r}: not seed:N nor a ChatTTS speaker")
     try:
         packed = b14.decode_from_string(voice)
-        raw = lzma.LZMADecompressor(lzma.FORMAT_RAW, filters=SPEAKER_FILTERS).decompress(
-            packed, max_length=2 * dim + 2
+        wanted = 2 * dim + 2
+        # The window only has to reach back over what is decoded: a match in the first
+        # ``wanted`` bytes refers to no byte before them. The encoder's own dictionary
+        # (64 MiB at preset 9) was allocated for every speaker string (found by review).
+        filters = [{"id": lzma.FILTER_LZMA2, "dict_size": max(MIN_DICT_SIZE, wanted)}]
+        raw = lzma.LZMADecompressor(lzma.FORMAT_RAW, filters=filters).decompress(
+            packed, max_length=wanted
         )
         arr = np.frombuffer(raw, dtype=np.float16).copy()
     except Exception as e:  # lzma / base16384 errors: not a speaker string
