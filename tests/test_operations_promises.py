@@ -41,7 +41,7 @@ from signaling.shutdown import Drain, drain
 from signaling.workers import Worker, WorkerPool
 from tests.conftest import LiveServer
 from tests.rtc_client import RtcClient, opus_fmtp_rewriter
-from tests.test_release import alive, collector_off, session_closed, speak, watch_session
+from tests.test_release import collector_off, speak_and_end, watch_session
 from tests.test_shutdown import an_offer
 from tests.test_worker_routing import _Exited, _Running, front_and_worker
 
@@ -590,12 +590,7 @@ async def test_a_closed_session_s_ice_connection_is_freed_without_the_cyclic_col
             client = RtcClient(live_server.url, http)
             await client.connect()
             watched = _with_ice_connections(registry)
-            await speak(client)
-            async with http.delete(f"{live_server.url}/sessions/{client.session_id}"):
-                pass
-            await client.close()
-            await session_closed(registry)
-            assert alive(watched) == []
+            await speak_and_end(client, registry, watched)
 
 
 async def test_a_transport_cc_session_is_freed_without_the_cyclic_collector(
@@ -616,12 +611,7 @@ async def test_a_transport_cc_session_is_freed_without_the_cyclic_collector(
             assert any(tapped), "transport-cc was not negotiated"
             del peer
             watched = watch_session(registry)
-            await speak(client)
-            async with http.delete(f"{live_server.url}/sessions/{client.session_id}"):
-                pass
-            await client.close()
-            await session_closed(registry)
-            assert alive(watched) == []
+            await speak_and_end(client, registry, watched)
 
 
 async def test_a_close_that_hangs_still_breaks_the_cycles() -> None:

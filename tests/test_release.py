@@ -91,6 +91,23 @@ async def speak(client: RtcClient) -> None:
     await client.wait_event(lambda e: e["type"] == "speech.ended", 10)
 
 
+async def speak_and_end(
+    client: RtcClient,
+    registry: SessionRegistry,
+    watched: dict[str, weakref.ref[Any]],
+    *,
+    delete: bool = True,
+) -> None:
+    """Speak, end the call (a DELETE first: "goodbye"), and check nothing watched lives on."""
+    await speak(client)
+    if delete:
+        async with client.http.delete(f"{client.base_url}/sessions/{client.session_id}"):
+            pass
+    await client.close()
+    await session_closed(registry)
+    assert alive(watched) == []
+
+
 @pytest.mark.parametrize("how", ["goodbye", "hang-up"])
 async def test_a_closed_session_is_freed_without_the_cyclic_collector(
     live_server: LiveServer, how: str
@@ -101,13 +118,7 @@ async def test_a_closed_session_is_freed_without_the_cyclic_collector(
             client = RtcClient(live_server.url, http)
             await client.connect()
             watched = watch_session(registry)
-            await speak(client)
-            if how == "goodbye":
-                async with http.delete(f"{live_server.url}/sessions/{client.session_id}"):
-                    pass
-            await client.close()
-            await session_closed(registry)
-            assert alive(watched) == []
+            await speak_and_end(client, registry, watched, delete=how == "goodbye")
 
 
 async def test_a_vanished_client_s_session_is_freed_without_the_cyclic_collector(
