@@ -285,13 +285,13 @@ def test_workers_default_to_the_cores_but_one_process_starts_local_ray(
         build(["serve", "--tts", "ray", "--workers", "2"])
 
 
-def run(
+def run_with_output(
     argv: list[str],
     env: dict[str, str],
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
-) -> tuple[int, str, list[Config]]:
-    """``voice-agent ARGV`` with ``env``: (exit status, stderr, the Config it would serve)."""
+) -> tuple[int, str, str, list[Config]]:
+    """``voice-agent ARGV`` with ``env``: (exit status, stdout, stderr, the Config served)."""
     served: list[Config] = []
     monkeypatch.setattr("signaling.cli.serve", served.append)
     monkeypatch.setattr("signaling.cli.configure_logging", lambda config: None)
@@ -300,8 +300,19 @@ def run(
     except SystemExit as exit_info:
         assert isinstance(exit_info.code, int)
         status = exit_info.code
-    err = capsys.readouterr().err
-    assert "Traceback" not in err
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.err
+    return status, captured.out, captured.err, served
+
+
+def run(
+    argv: list[str],
+    env: dict[str, str],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> tuple[int, str, list[Config]]:
+    """``voice-agent ARGV`` with ``env``: (exit status, stderr, the Config it would serve)."""
+    status, _, err, served = run_with_output(argv, env, monkeypatch, capsys)
     return status, err, served
 
 

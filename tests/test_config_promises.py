@@ -22,6 +22,7 @@ from agent.config import Config
 from signaling.cli import build_parser, main
 from signaling.envflags import env_name, unknown_variables
 from tests.test_cli import build
+from tests.test_cli import run_with_output as run
 
 
 def _serve_parser(env: dict[str, str] | None = None) -> argparse.ArgumentParser:
@@ -284,26 +285,6 @@ def test_the_defaults_are_the_readmes(monkeypatch: pytest.MonkeyPatch) -> None:
     assert (lc.idle_timeout_s, lc.drain_deadline_s) == (600, 20)
     b = c.breaker
     assert (b.failures, b.window_s, b.cooldown_s, b.stall_s) == (5, 30, 10, 60)
-
-
-def run(
-    argv: list[str],
-    env: dict[str, str],
-    monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
-) -> tuple[int, str, str, list[Config]]:
-    """``voice-agent ARGV`` with ``env``: (exit status, stdout, stderr, the Config served)."""
-    served: list[Config] = []
-    monkeypatch.setattr("signaling.cli.serve", served.append)
-    monkeypatch.setattr("signaling.cli.configure_logging", lambda config: None)
-    try:
-        status = main(argv, env)
-    except SystemExit as exit_info:
-        assert isinstance(exit_info.code, int)
-        status = exit_info.code
-    captured = capsys.readouterr()
-    assert "Traceback" not in captured.err
-    return status, captured.out, captured.err, served
 
 
 SECRET = "s" * 32
