@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import shutil
-import tempfile
 import time
 import weakref
 from collections.abc import AsyncIterator
@@ -31,9 +29,9 @@ from agent.config import (
     SecuritySettings,
 )
 from agent.conversation_config import ListenSettings
-from signaling.app import STATUS_PATH, runner_options
+from signaling.app import STATUS_PATH
 from signaling.auth import mint_token
-from signaling.front import build_front_app, workers_refusal
+from signaling.front import workers_refusal
 from signaling.keys import DRAIN, SESSIONS
 from signaling.metrics import Metrics
 from signaling.release import close_peer_connection
@@ -117,34 +115,10 @@ async def stub_workers(
     *apps: web.Application, config: Config | None = None
 ) -> AsyncIterator[tuple[str, WorkerPool]]:
     """The front on a localhost port, routing to ``apps`` (stub workers, in this loop)."""
+    pools: list[WorkerPool] = []
     config = config or Config(host="127.0.0.1", port=0)
-    socket_dir = Path(tempfile.mkdtemp(prefix="stub"))
-    pool = WorkerPool(replace(config, workers=len(apps)), lambda c: None, socket_dir)  # type: ignore[arg-type,return-value]
-    runners = []
-    for worker, app in zip(pool.workers, apps, strict=True):
-        runner = web.AppRunner(app)
-        await runner.setup()
-        runners.append(runner)
-        await web.UnixSite(runner, worker.socket_path).start()
-        worker.process = _Process()  # type: ignore[assignment]
-        worker.ready = True
-        worker.answered_at = time.monotonic()
-        worker.open_clients()
-    front = web.AppRunner(build_front_app(config, pool), **runner_options())
-    await front.setup()
-    site = web.TCPSite(front, "127.0.0.1", 0)
-    await site.start()
-    assert site._server is not None
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    try:
-        yield f"http://127.0.0.1:{port}", pool
-    finally:
-        for worker in pool.workers:
-            await worker.close_clients()
-        await front.cleanup()
-        for runner in runners:
-            await runner.cleanup()
-        shutil.rmtree(socket_dir, ignore_errors=True)
+    async with front_and_worker(config, pools=pools, stubs=apps, process=_Process) as url:
+        yield url, pools[0]
 
 
 def status_app(answer: dict[str, Any]) -> web.Application:

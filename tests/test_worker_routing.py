@@ -11,7 +11,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -74,23 +74,32 @@ async def front_and_worker(
     pools: list[WorkerPool] | None = None,
     workers: int = 1,
     apps: list[web.Application] | None = None,
+    stubs: Sequence[web.Application] = (),
+    process: Callable[[], object] = lambda: _Running(),
 ) -> AsyncIterator[str]:
     """The front app on a localhost port (its URL is yielded) and ``workers`` worker apps on
     their sockets, all in this event loop (no processes: fast, and the front's own code
     runs), each run as ``serve`` runs it; ``pools`` receives the front's worker pool,
-    ``apps`` the front's app and then the workers'."""
+    ``apps`` the front's app and then the workers'. ``stubs``: apps to serve in place of
+    the real workers (one worker each); ``process``: what stands in for a worker process."""
+    if stubs:
+        workers = len(stubs)
     socket_dir = Path(tempfile.mkdtemp(prefix="front"))  # short: Unix socket paths are
     pool = WorkerPool(replace(config, workers=workers), lambda c: None, socket_dir)  # type: ignore[arg-type,return-value]
     worker_apps, runners = [], []
     for worker in pool.workers:
-        worker_app = build_app(replace(config, worker_index=worker.index, workers=1), ToneEngine())
+        worker_app = (
+            stubs[worker.index]
+            if stubs
+            else build_app(replace(config, worker_index=worker.index, workers=1), ToneEngine())
+        )
         # As worker_main runs it: no access log (the front writes one line per request).
         worker_runner = web.AppRunner(worker_app, **{**runner_options(), "access_log": None})
         await worker_runner.setup()
         runners.append(worker_runner)
         worker_apps.append(worker_app)
         await web.UnixSite(worker_runner, worker.socket_path).start()
-        worker.process = _Running()  # type: ignore[assignment]
+        worker.process = process()  # type: ignore[assignment]
         worker.ready = ready
         if ready:  # as a status poll that found it ready leaves it
             worker.answered_at = time.monotonic()
