@@ -514,8 +514,10 @@ async def _serve_front(config: Config, pool: WorkerPool) -> None:
     app = build_front_app(config, pool)
     runner = web.AppRunner(app, handle_signals=False, **runner_options())
     await runner.setup()
-    await pool.start()
     try:
+        # Inside: a spawn failing part-way (EAGAIN, EMFILE) still stops the workers it
+        # started and closes their clients, as a stop signal would.
+        await pool.start()
         site = web.TCPSite(runner, config.host, config.port)
         await site.start()
         stop = asyncio.Event()

@@ -8,9 +8,12 @@ from __future__ import annotations
 import re
 
 import pytest
+from aiortc import RTCPeerConnection
 
 from agent.config import Config, RoomSettings
+from signaling import sessions
 from signaling.errors import ApiError
+from signaling.keys import SESSIONS
 from signaling.negotiation import TWCC_URI, read_opus_offer
 from signaling.sdp import (
     MAX_MID_BYTES,
@@ -255,3 +258,38 @@ def test_the_section_limit_grows_with_room_max_speakers() -> None:
     with pytest.raises(ApiError) as caught:
         _read_offer(offer(25), None, config)
     assert caught.value.code == "bad_sdp" and "at most 24" in caught.value.message
+
+
+@pytest.mark.parametrize(
+    ("offer", "fails_at"),
+    [
+        # aiortc applies it, then the server refuses it (no DTLS fingerprint).
+        (
+            "\r\n".join(line for line in BASE_OFFER.split("\r\n") if "fingerprint" not in line),
+            "after",
+        ),
+        # aiortc cannot apply it (Opus, but no ICE credentials).
+        ("v=0\r\nm=audio 9 UDP/TLS/RTP/SAVPF 111\r\na=rtpmap:111 opus/48000/2\r\n", "while"),
+    ],
+    ids=["refused-after-applied", "refused-while-applied"],
+)
+async def test_a_refused_offer_s_peer_connection_is_closed(
+    live_server: LiveServer, monkeypatch: pytest.MonkeyPatch, offer: str, fails_at: str
+) -> None:
+    """An offer refused once its peer connection exists (while or after aiortc applies it)
+    closes that connection: else its ICE transports, their sockets and the half-made
+    answer stay until the process exits, one set per bad offer (mutation: the negotiation's
+    close on failure was dropped, and no test saw it)."""
+    made: list[RTCPeerConnection] = []
+
+    class Recorded(RTCPeerConnection):
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+            made.append(self)
+
+    monkeypatch.setattr(sessions, "RTCPeerConnection", Recorded)
+    status, body = await _post_offer(live_server, offer)
+    assert status == 400 and body["error"]["code"] == "bad_sdp", (fails_at, body)
+    assert len(made) == 1, fails_at
+    assert made[0].connectionState == "closed", fails_at
+    assert len(live_server.app[SESSIONS]) == 0

@@ -31,7 +31,7 @@ from agent.config import (
 from agent.conversation_config import ListenSettings
 from signaling.app import STATUS_PATH
 from signaling.auth import mint_token
-from signaling.front import workers_refusal
+from signaling.front import _serve_front, workers_refusal
 from signaling.keys import DRAIN, SESSIONS
 from signaling.metrics import Metrics
 from signaling.release import close_peer_connection
@@ -608,3 +608,44 @@ async def test_a_close_that_hangs_still_breaks_the_cycles() -> None:
         await close_peer_connection(pc, timeout_s=0.1)
     assert "_send_rtcp" not in vars(sender)
     await RTCPeerConnection.close(pc)
+
+
+async def test_a_front_whose_worker_fails_to_spawn_stops_the_ones_it_started(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The second of two workers failing to spawn (EAGAIN from fork, say) fails the
+    front's start with that error, after stopping the first (SIGTERM: it drains and exits)
+    and closing its HTTP clients. Before, the front exited with the first still running
+    and its clients unclosed (found by review)."""
+    config = Config(host="127.0.0.1", port=0, workers=2)
+    pool = WorkerPool(config, lambda *_: web.Application(), tmp_path)
+    terminated: list[int] = []
+
+    class Started:
+        def __init__(self, index: int) -> None:
+            self.index, self.running, self.pid = index, True, 1
+
+        def is_alive(self) -> bool:
+            return self.running
+
+        def terminate(self) -> None:
+            terminated.append(self.index)
+            self.running = False
+
+        def join(self, timeout: float | None = None) -> None:
+            pass
+
+        def kill(self) -> None:
+            pytest.fail("a worker that stopped on SIGTERM was killed")
+
+    def spawn(worker: Worker) -> None:
+        if worker.index == 1:
+            raise OSError(11, "Resource temporarily unavailable")
+        worker.process = Started(worker.index)  # type: ignore[assignment]
+        worker.open_clients()
+
+    monkeypatch.setattr(pool, "_spawn", spawn)
+    with pytest.raises(OSError, match="temporarily unavailable"):
+        await _serve_front(config, pool)
+    assert terminated == [0]
+    assert pool.workers[0].http is None and pool.workers[0].control is None
