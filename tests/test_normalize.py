@@ -17,6 +17,7 @@ from agent.text.normalize import (
     read_year_en,
     reads_aloud,
 )
+from agent.text.segment import split_text
 
 # (input, lang, expected): real-world text as users and LLMs write it. lang None means
 # "detect": any CJK ideograph selects the Chinese reading.
@@ -568,3 +569,37 @@ def test_markdown_links_and_slash_idioms_read_as_people_say_them(text: str, expe
 )
 def test_reading_runs_of_link_brackets_takes_time_in_proportion(text: str, plain: str) -> None:
     assert _seconds_to_read(text) < 5 * _seconds_to_read(plain) + 0.05
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        # A count glued to its scale letter, as language models write them ("ten M users").
+        ("We have 10M users.", "We have ten million users."),
+        ("2.5B requests", "two point five billion requests"),
+        ("15k stars and 1.5K forks", "fifteen thousand stars and one point five thousand forks"),
+        ("a 10M-row table", "a ten million row table"),
+        ("down -2.5bn", "down minus two point five billion"),
+        # One digit alone is as often a name, said letter by letter; units stay units.
+        ("3M, 4K video, a 2B pencil, Plan B", "three M, four K video, a two B pencil, Plan B"),
+        ("10m and 10MB", "ten meters and ten megabytes"),
+        # Chinese counts in 万 and 亿: the whole amount, never "十百万".
+        ("我们有10M用户", "我们有一千万用户"),
+        ("价格是$10M", "价格是一千万美元"),
+        ("￥3.5万", "三万五千元"),
+        ("2.5B个请求", "二十五亿个请求"),
+    ],
+)
+def test_numbers_with_a_scale_letter_are_read_as_amounts(text: str, expected: str) -> None:
+    assert normalize_for_tts(text) == expected
+
+
+def test_a_markdown_link_cut_at_a_sentence_end_in_its_text_is_said_without_its_address() -> None:
+    """The segmenter cuts a link whose text holds a sentence end; the second piece kept the
+    link's tail, and its address was said ("They help, example dot com, for more.")."""
+    text = "See [the docs. They help](https://example.com/docs) for more. Next one."
+    pieces = split_text(text)
+    assert len(pieces) == 3, pieces
+    spoken = [normalize_for_tts(piece) for piece in pieces]
+    assert spoken[1] == "They help for more.", spoken
+    assert not any("example" in piece for piece in spoken), spoken

@@ -19,6 +19,7 @@ import re
 import unicodedata
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from decimal import Decimal
 from functools import partial
 from types import MappingProxyType
 from typing import Final
@@ -253,6 +254,18 @@ _SCALE_WORDS: Final[Mapping[str, tuple[str, str]]] = MappingProxyType(
         "bn": ("billion", "十亿"),
         "billion": ("billion", "十亿"),
         "trillion": ("trillion", "万亿"),
+        "万": ("ten thousand", "万"),  # "¥3.5万": 三万五千元, not 三点五元万
+        "亿": ("hundred million", "亿"),
+    }
+)
+_SCALE_VALUES: Final[Mapping[str, int]] = MappingProxyType(
+    {
+        "thousand": 10**3,
+        "ten thousand": 10**4,
+        "million": 10**6,
+        "hundred million": 10**8,
+        "billion": 10**9,
+        "trillion": 10**12,
     }
 )
 # unit -> (English singular, English plural, Chinese)
@@ -476,7 +489,7 @@ _COMPARE: Final = re.compile(r"(?<=[\s0-9])(?P<op>[<>]=?)(?=[\s0-9])")
 _HASH_NUMBER: Final = re.compile(r"(?:#|(?<![A-Za-z])No\.\s?)(?P<n>[0-9]+)(?![0-9])")
 _CURRENCY_SYMBOL: Final = re.compile(
     rf"(?P<neg>-)?(?P<sym>[$€£¥])\s?(?P<num>{_NUM})"
-    r"(?:\s?(?P<scale>thousand|million|billion|trillion)\b|(?P<abbr>[kK]|[mMbB]n?)(?![A-Za-z]))?",
+    r"(?:\s?(?P<scale>thousand|million|billion|trillion)\b|(?P<abbr>[kK]|[mMbB]n?|[万亿])(?![A-Za-z]))?",
     re.ASCII,
 )
 _CURRENCY_CODE: Final = re.compile(
@@ -485,6 +498,16 @@ _CURRENCY_CODE: Final = re.compile(
     re.ASCII,
 )
 _PERCENT: Final = re.compile(rf"(?P<neg>-)?(?P<num>{_NUM})\s?[%％]")
+# "10M users", "2.5B requests", "15k stars": a number glued to a scale letter, as language
+# models write counts (before: "ten M users"). Only past one digit or with a decimal point:
+# "3M", "4K", "2B" and "5K" are as often names (a company, a screen, a pencil, a race) and
+# are said letter by letter. After _UNIT, which reads "10m" and "10MB" first.
+_SCALED_NUMBER: Final = re.compile(
+    r"(?<![0-9A-Za-z.,])(?P<neg>-)?"
+    r"(?P<num>(?:[0-9]{1,3}(?:,[0-9]{3})+|[0-9]{2,})(?:\.[0-9]+)?|[0-9]\.[0-9]+)"
+    r"(?P<abbr>[kKMB]|[mb]n)(?![A-Za-z0-9])",
+    re.ASCII,
+)
 # "10^3 kg": a number with an exponent takes the unit too (the exponent is not the unit's
 # number: a match never starts right after "^" or "^-").
 _UNIT: Final = re.compile(
@@ -791,11 +814,13 @@ def _money(m: re.Match[str], zh: bool) -> str:
     int_part, frac = _split_num(m["num"])
     scale_key = (m["scale"] or (m.groupdict().get("abbr") or "")).lower()
     scale = _SCALE_WORDS.get(scale_key)
-    if zh:
+    if zh and scale:
+        words = _read_scaled(int_part, frac, scale_key, zh) + cur.zh
+    elif zh:
         frac = frac.rstrip("0") if frac else None  # 5.50元 is said 五点五元
-        words = _read_number(int_part, frac or None, zh) + (scale[1] if scale else "") + cur.zh
+        words = _read_number(int_part, frac or None, zh) + cur.zh
     elif scale:
-        words = f"{_read_number(int_part, frac, zh)} {scale[0]} {cur.many}"
+        words = f"{_read_scaled(int_part, frac, scale_key, zh)} {cur.many}"
     else:
         words = _money_en(int_part, frac, cur)
     return _sp(_signed(m, words, zh), zh)
@@ -822,6 +847,27 @@ def _percent(m: re.Match[str], zh: bool) -> str:
     if zh:
         return _signed(m, "百分之" + number, zh)
     return _sp(_signed(m, number + " percent", zh), zh)
+
+
+def _scaled_number(m: re.Match[str], zh: bool) -> str:
+    int_part, frac = _split_num(m["num"])
+    words = _read_scaled(int_part, frac, m["abbr"].lower(), zh)
+    return _sp(_signed(m, words, zh), zh)
+
+
+def _read_scaled(int_part: str, frac: str | None, scale_key: str, zh: bool) -> str:
+    """ "2.5 million" in English; in Chinese the whole amount ("10M" is 一千万, 2.5B 二十五亿),
+    as Chinese counts in 万 and 亿, where "十百万" is no one's reading; and 万 or 亿 in
+    English as its amount too ("3.5万" is thirty five thousand)."""
+    english, chinese = _SCALE_WORDS[scale_key]
+    if not zh and " " not in english:  # a Chinese unit (万, 亿) is said as its amount
+        return f"{_read_number(int_part, frac, zh)} {english}"
+    amount = Decimal(f"{int_part.replace(',', '')}.{frac or 0}") * _SCALE_VALUES[english]
+    whole, _, fraction = format(amount.normalize(), "f").partition(".")
+    if len(whole) > _MAX_CARDINAL_DIGITS:
+        # Past what is said as an amount: as written.
+        return _read_number(int_part, frac, zh) + (chinese if zh else f" {english}")
+    return _read_number(whole, fraction or None, zh)
 
 
 def _unit(m: re.Match[str], zh: bool) -> str:
@@ -970,8 +1016,19 @@ def _md_link(m: re.Match[str], zh: bool) -> str:
     return m["text"]
 
 
+# A link's tail without its "[": the segmenter cut the link at a sentence end inside its
+# text ("[Read this. Then](https://...)" is two pieces, read one at a time), and the second
+# piece's address was said ("then, example dot com"). Its text was already said up to here.
+_MD_LINK_TAIL: Final = re.compile(r"\]\((?:[^()\s]{0,2000})(?:\s+\"[^\"\n]{0,200}\")?\)")
+
+
+def _md_link_tail(m: re.Match[str], zh: bool) -> str:
+    return " "
+
+
 _RULES: Final[tuple[_Rule, ...]] = (
     (_MD_LINK, _md_link),
+    (_MD_LINK_TAIL, _md_link_tail),
     (_URL, _url),
     (_EMAIL, _email),
     (_DOMAIN, _domain),
@@ -1000,6 +1057,7 @@ _RULES: Final[tuple[_Rule, ...]] = (
     (_CURRENCY_CODE, _money),
     (_PERCENT, _percent),
     (_UNIT, _unit),
+    (_SCALED_NUMBER, _scaled_number),
     (_POWER, _power),
     (_ORDINAL, _ordinal),
     (_DECADE, _decade),
