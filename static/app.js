@@ -177,6 +177,9 @@ function refreshState() {
     session.disconnectTimer = null;
   }
   if (pcState === "failed") {
+    // Failing while Hang up waits for its DELETE is no news: Hang up ends the call
+    // ("closed"); tearing down as "failed" here also made it lose the call for its own.
+    if (session.hangingUp) return;
     if (!session.established) return; // the try waiting for its channel fails (doConnect)
     if (lostConnection()) return;
     teardown("failed");
@@ -457,7 +460,9 @@ async function doConnect(resume = null) {
     if (!session.inRoom) send({ type: "config", barge_in: ui.bargeIn.checked });
     ui.text.focus();
   } catch (err) {
-    if (!stale()) {
+    // A resume try refused because the user hung up meanwhile (404/410: the DELETE ended
+    // the session) is no error of the call: Hang up ends it itself.
+    if (!stale() && !session.hangingUp) {
       // A failed resume try keeps the token: resumeSession decides whether to try again.
       // A failed new call ends its session on the server if it got one (e.g. the data
       // channel never opened): else it would hold a seat until the server's connect timeout.
@@ -657,8 +662,9 @@ function interrupt() {
 
 function onChannelMessage(ev) {
   // Hang up ended the call (its items are cut off and forgotten) while its DELETE is on its
-  // way: what the server still says of it would make items anew.
-  if (session.hangingUp) return;
+  // way: what the server still says of it would make items anew. So would a message an
+  // earlier connection's channel delivers after it was torn down (queued as it closed).
+  if (session.hangingUp || ev.target !== session.channel) return;
   let msg;
   const raw = typeof ev.data === "string" ? ev.data : new TextDecoder().decode(ev.data);
   try {
@@ -1043,7 +1049,7 @@ function watchMedia(pc, packets) {
 
 async function checkSession(pc, id) {
   const status = await sessionStatus(id, apiHeaders());
-  if (status === null || pc !== session.pc) return;
+  if (status === null || pc !== session.pc || session.hangingUp) return; // Hang up's 404
   if (status === 404) {
     teardown("closed");
     showAlert("The session is gone on the server (it was closed, or the server restarted).");

@@ -291,7 +291,11 @@ async function connectTo(room, name, speak, stale) {
   pc.addEventListener("connectionstatechange", () => onConnectionState(pc));
   const channel = pc.createDataChannel("agent");
   call.channel = channel;
-  channel.addEventListener("message", (ev) => handleEvent(JSON.parse(ev.data)));
+  // Only this call's: an event the old channel delivers after Leave (already queued when it
+  // closed) would fill the people list and "me" of a page no longer in the room.
+  channel.addEventListener("message", (ev) => {
+    if (channel === call.channel) handleEvent(JSON.parse(ev.data));
+  });
   channel.addEventListener("open", () => {
     if (channel === call.channel && !joining) setChannelOpen(true); // else join() does it
   });
@@ -394,7 +398,12 @@ setInterval(watchCall, WATCH_INTERVAL_MS);
 // not look joined with nothing behind it.
 function ended(pc, state, message) {
   if (!pc || pc !== call.pc || leaving) return; // no call, an earlier one, or Leave's
+  const id = call.sessionId;
   teardown(state);
+  // A failed connection cannot tell the server it closed: without a DELETE the seat (and
+  // its slot, heard by everyone as silence) stayed until the server's RTCP timeout. A
+  // server that is gone answers nothing, and that is all right.
+  if (state === "failed" && id) deleteSession(id, { keepalive: true });
   showAlert(message);
 }
 

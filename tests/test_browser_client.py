@@ -4,6 +4,7 @@ server slow to answer, a room seat lost, and the figures after the call."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import time
@@ -20,6 +21,7 @@ from signaling.keys import SESSIONS
 from tests import test_browser
 from tests.doubles import FailingEngine, ToneEngine
 from tests.test_browser import (
+    FAIL_ICE_JS,
     AgentPage,
     connect,
     say_in_ui,
@@ -344,6 +346,100 @@ async def test_events_while_hang_up_waits_for_its_delete_make_no_new_items(
     await ap.page.wait_for_selector('#state[data-state="closed"]')
     items = await ap.page.evaluate(ITEMS_JS)
     assert [(i["id"], i["status"]) for i in items] == [("u1", "interrupted")], items
+
+
+async def test_hang_up_during_a_resume_try_shows_no_error_for_the_call_it_ended(
+    agent_page: AgentPage, live_server: Any
+) -> None:
+    """The connection fails, the page resumes; the user hangs up while the resume's offer
+    is on its way, over a network slow to bring back the DELETE's answer (the server has
+    already ended the session). The resume's answer (404: the session is gone, because the
+    user hung up) comes back first: doConnect's catch did not know the call was hung up
+    (Hang up bumps session.call, not session.generation, which is all stale() reads), so it
+    tore down as "reconnecting" and showed the refusal as an error. Hang up then closed the
+    call, and the red alert stayed: the user was told the call failed after ending it
+    themselves (the channel closing during Hang up, and events arriving then, are ignored
+    on purpose: nothing after Hang up is news; found by review)."""
+    ap = agent_page
+    await connect(ap)
+    hung_up = asyncio.Event()
+    resumes: list[int] = []
+
+    async def offer(route: Any) -> None:
+        if "resume" in (route.request.post_data_json or {}):
+            await hung_up.wait()  # answered once the DELETE reached the server
+            resp = await route.fetch()
+            resumes.append(resp.status)
+            await route.fulfill(response=resp)
+        else:
+            await route.continue_()
+
+    async def slow_delete_answer(route: Any) -> None:
+        resp = await route.fetch()  # the server ends the session now
+        hung_up.set()
+        await asyncio.sleep(0.7)  # its answer takes a while to come back (< HANGUP_WAIT_MS)
+        await route.fulfill(response=resp)
+
+    await ap.page.route("**/offer", offer)
+    await ap.page.route("**/sessions/*", slow_delete_answer)
+    await ap.page.evaluate(FAIL_ICE_JS)  # ICE failed: the page resumes
+    await ap.page.wait_for_function("() => window.voiceAgent.pc !== null", timeout=5000)
+    await ap.page.wait_for_function("() => window.voiceAgent.state === 'connecting'", timeout=5000)
+    assert await ap.page.is_hidden("#alert"), await ap.page.text_content("#alert")
+    await ap.page.click("#hangup")
+    await ap.page.wait_for_selector('#state[data-state="closed"]', timeout=5000)
+    await ap.page.wait_for_timeout(300)
+    assert resumes and resumes[0] in (404, 410), resumes
+    assert len(live_server.app[SESSIONS]) == 0
+    alert = await ap.page.text_content("#alert")
+    assert await ap.page.is_hidden("#alert"), f"an error shown after Hang up: {alert!r}"
+
+
+async def test_ice_failing_while_hang_up_waits_for_its_delete_ends_as_a_hang_up(
+    agent_page: AgentPage,
+) -> None:
+    """Same root as above, through refreshState: the browser reports ICE failed while Hang
+    up waits (up to 1 s) for its DELETE. The channel closing then is ignored as expected
+    (its listener reads session.hangingUp), but the "failed" branch was not: lostConnection
+    declined (hanging up), so refreshState tore down as "failed" and showed "The connection
+    failed (ICE could not reach the server)". That teardown's endCall bumped session.call
+    again, so Hang up, once its DELETE returned, no longer took the call for its own and
+    never tore down as "closed": the page ended "failed", with the error on show, for a
+    call the user hung up (found by review)."""
+    ap = agent_page
+    await connect(ap)
+
+    async def slow_delete(route: Any) -> None:
+        await asyncio.sleep(0.6)  # a slow network (Hang up waits up to 1 s)
+        await route.continue_()
+
+    await ap.page.route("**/sessions/*", slow_delete)
+    await ap.page.click("#hangup")
+    await ap.page.wait_for_timeout(100)
+    await ap.page.evaluate(FAIL_ICE_JS)  # the network gives out while the DELETE is on its way
+    await ap.page.wait_for_timeout(1500)  # past the DELETE (and HANGUP_WAIT_MS)
+    state = await ap.page.get_attribute("#state", "data-state")
+    alert = await ap.page.text_content("#alert") if await ap.page.is_visible("#alert") else None
+    assert (state, alert) == ("closed", None), "after Hang up"
+
+
+async def test_an_event_from_a_connection_already_closed_makes_no_item(
+    agent_page: AgentPage,
+) -> None:
+    """A message an earlier connection's channel delivers after the call ended (queued as
+    it closed) is not this page's news: it made a transcript item after Hang up."""
+    ap = agent_page
+    await connect(ap)
+    await ap.page.evaluate("() => { window.__oldChannel = window.voiceAgent.channel; }")
+    await ap.page.click("#hangup")
+    await ap.page.wait_for_selector('#state[data-state="closed"]')
+    before = await ap.page.evaluate(ITEMS_JS)
+    await ap.page.evaluate(
+        """() => window.__oldChannel.dispatchEvent(new MessageEvent('message', {data:
+             JSON.stringify({type: 'speech.started', id: 'late', text: 'Late.'})}))"""
+    )
+    assert await ap.page.evaluate(ITEMS_JS) == before
+    assert not ap.page_errors(), ap.context()
 
 
 async def test_an_id_said_again_after_its_failure_gets_an_item_of_its_own(

@@ -375,6 +375,56 @@ async def test_a_server_that_vanishes_ends_the_call_in_seconds(
                 server.proc.wait()
 
 
+async def test_a_failed_connection_gives_its_seat_back_at_once(
+    one_browser: Browser,  # noqa: F811 - the fixture imported above
+    live_server: LiveServer,
+) -> None:
+    """The browser calls the connection failed (the network went): the page ends the call
+    and deletes its session, since closing a connection that failed tells the server
+    nothing. Before, the seat, and its slot, stayed until the server's RTCP timeout (12 s).
+    Here the connection's close is kept from reaching the server, as a failed network
+    would, while the page is told that it failed."""
+    registry = live_server.app[SESSIONS]
+    log: list[str] = []
+    page = await _joined_listener(one_browser, live_server.url, log)
+    assert len(registry) == 1
+    await page.evaluate(
+        """() => {
+          const pc = window.voiceRoom.call.pc;
+          pc.close = () => {};  // a failed network: nothing reaches the server
+          Object.defineProperty(pc, 'connectionState', {get: () => 'failed'});
+          pc.dispatchEvent(new Event('connectionstatechange'));
+        }"""
+    )
+    await page.wait_for_selector("#alert:not([hidden])")
+    assert await page.get_attribute("#state", "data-state") == "failed", log
+    deadline = time.monotonic() + 3
+    while len(registry) and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    assert len(registry) == 0, log
+
+
+async def test_an_event_from_a_call_already_left_changes_nothing(
+    one_browser: Browser,  # noqa: F811 - the fixture imported above
+    live_server: LiveServer,
+) -> None:
+    """A message the old call's channel delivers after Leave (queued as it closed) is not
+    this page's news: it filled the people list and "me" of a page no longer in a room."""
+    log: list[str] = []
+    page = await _joined_listener(one_browser, live_server.url, log)
+    await page.evaluate("() => { window.__oldChannel = window.voiceRoom.call.channel; }")
+    await page.click("#leave")
+    await page.wait_for_selector('#state[data-state="idle"]')
+    await page.evaluate(
+        """() => window.__oldChannel.dispatchEvent(new MessageEvent('message', {data:
+             JSON.stringify({type: 'room.state', room: 'gone', participant_id: 'p9',
+                             agent_speaking: false, instruct: 'anyone',
+                             participants: [{participant_id: 'p9', name: 'ghost'}]})}))"""
+    )
+    assert await page.evaluate(ROOM_UI_JS) == NOT_JOINED, log
+    assert await page.evaluate("() => window.voiceRoom.people.size") == 0, log
+
+
 async def test_audio_that_stops_while_the_seat_is_there_does_not_end_the_call(
     one_browser: Browser,  # noqa: F811 - the fixture imported above
     live_server: LiveServer,
