@@ -117,7 +117,7 @@ CASES: list[tuple[str, str | None, str]] = [
     ("$5/month", None, "five dollars per month"),
     ("10 MB/s", None, "ten megabytes per second"),
     ("and/or", None, "and or"),
-    ("TCP/IP", None, "TCP slash IP"),
+    ("TCP/IP", None, "TCP IP"),  # a slash between acronyms is not said
     (
         "1/2 cup and 3/4 mile and 2/3 of them",
         None,
@@ -603,3 +603,23 @@ def test_a_markdown_link_cut_at_a_sentence_end_in_its_text_is_said_without_its_a
     spoken = [normalize_for_tts(piece) for piece in pieces]
     assert spoken[1] == "They help for more.", spoken
     assert not any("example" in piece for piece in spoken), spoken
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        # A factor is "times", not the letter x ("ten x faster" before).
+        ("10x faster", "ten times faster"),
+        ("0.5x speed and 3× more", "zero point five times speed and three times more"),
+        ("速度快10x", "速度快十倍"),
+        ("x86 and v2x", "x eighty six and v two x"),  # no factor there
+        # A slash between acronyms is not said ("A slash B testing" before).
+        ("A/B testing, CI/CD and TCP/IP", "A B testing, CI CD and TCP IP"),
+        ("US/EU/UK and HTTP/2", "US slash EU slash UK and HTTP slash two"),
+        # An abbreviation that starts a sentence is one too ("Approx." was said as written).
+        ("Approx. 300 people.", "approximately three hundred people."),
+        ("E.g. this one.", "for example this one."),
+    ],
+)
+def test_factors_acronym_pairs_and_capitalised_abbreviations(text: str, expected: str) -> None:
+    assert normalize_for_tts(text) == expected

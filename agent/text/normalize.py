@@ -484,6 +484,11 @@ _YEAR_RANGE: Final = re.compile(
 )
 _MINUS_OP: Final = re.compile(r"(?<=[0-9])\s+-\s+(?=[0-9])")
 _TIMES_OP: Final = re.compile(r"(?<=[0-9])\s?[*xX×]\s?(?=[0-9])")
+# "10x faster", "0.5x speed", "3× more": a factor, not the letter (after _TIMES_OP, which
+# reads "3x4"; "x86", "v2x" and "0x1F" are left to the other rules).
+_FACTOR: Final = re.compile(
+    r"(?<![A-Za-z0-9_.])(?P<num>[0-9]+(?:\.[0-9]+)?)[xX×](?![A-Za-z0-9_])", re.ASCII
+)
 _APPROX: Final = re.compile(r"(?<![0-9])[~～]\s?(?=[$€£¥]?[0-9])")
 _COMPARE: Final = re.compile(r"(?<=[\s0-9])(?P<op>[<>]=?)(?=[\s0-9])")
 _HASH_NUMBER: Final = re.compile(r"(?:#|(?<![A-Za-z])No\.\s?)(?P<n>[0-9]+)(?![0-9])")
@@ -541,6 +546,10 @@ _PER_SLASH: Final = re.compile(
     re.ASCII,
 )
 _AND_OR: Final = re.compile(r"\band/or\b", re.ASCII)
+# "A/B testing", "CI/CD", "TCP/IP", "I/O": a slash between two acronyms is not said.
+_ACRONYM_PAIR: Final = re.compile(
+    r"(?<![A-Za-z0-9/])(?P<a>[A-Z]{1,5})/(?P<b>[A-Z]{1,5})(?![A-Za-z0-9/])", re.ASCII
+)
 _APOSTROPHE: Final = re.compile(r"(?<=[A-Za-z])['’](?=[A-Za-z])")
 # Both start a match only where a run of their characters starts: from every position inside
 # a long run with no dash (or stop) in it, the greedy run backtracked all the way: quadratic,
@@ -632,9 +641,10 @@ def _domain(m: re.Match[str], zh: bool) -> str:
 
 
 def _abbreviation(m: re.Match[str], zh: bool) -> str:
-    en, chinese = _ABBREVIATIONS[m.group(0)]
+    abbreviation = _ABBREVIATION_FORMS[m.group(0)]
+    en, chinese = _ABBREVIATIONS[abbreviation]
     # Only "etc." ends sentences; "Mr. Smith" must not get a pause after "Mister".
-    stop = _stop_if_sentence_ends(m) if m.group(0) == "etc." else ""
+    stop = _stop_if_sentence_ends(m) if abbreviation == "etc." else ""
     return _sp(chinese if zh else en, zh) + stop
 
 
@@ -787,6 +797,10 @@ def _minus_op(m: re.Match[str], zh: bool) -> str:
 
 def _times_op(m: re.Match[str], zh: bool) -> str:
     return "乘" if zh else " times "
+
+
+def _factor(m: re.Match[str], zh: bool) -> str:
+    return m["num"] + ("倍" if zh else " times ")
 
 
 def _approx(m: re.Match[str], zh: bool) -> str:
@@ -994,14 +1008,24 @@ def _and_or(m: re.Match[str], zh: bool) -> str:
     return "and or"
 
 
+def _acronym_pair(m: re.Match[str], zh: bool) -> str:
+    return f"{m['a']} {m['b']}"
+
+
 def _slash(m: re.Match[str], zh: bool) -> str:
     return "斜杠" if zh else " slash "
 
 
 _Rule = tuple[re.Pattern[str], Callable[[re.Match[str], bool], str]]
 
+# Also capitalised, as a sentence starts ("Approx. 300 people", "E.g. this").
+_ABBREVIATION_FORMS: Final[Mapping[str, str]] = MappingProxyType(
+    {form: a for a in _ABBREVIATIONS for form in (a, a[0].upper() + a[1:])}
+)
 _ABBREVIATION: Final = re.compile(
-    r"(?<![A-Za-z.])(?:" + "|".join(re.escape(a) for a in _ABBREVIATIONS) + ")"
+    r"(?<![A-Za-z.])(?:"
+    + "|".join(re.escape(a) for a in sorted(_ABBREVIATION_FORMS, key=len, reverse=True))
+    + ")"
 )
 
 # A Markdown link or image, as language models write them whatever their prompt says: its
@@ -1050,6 +1074,7 @@ _RULES: Final[tuple[_Rule, ...]] = (
     (_RANGE, _range),
     (_MINUS_OP, _minus_op),
     (_TIMES_OP, _times_op),
+    (_FACTOR, _factor),
     (_APPROX, _approx),
     (_COMPARE, _compare),
     (_HASH_NUMBER, _hash_number),
@@ -1068,6 +1093,7 @@ _RULES: Final[tuple[_Rule, ...]] = (
     (_NUMBER, _number),
     (_PER_SLASH, _per),
     (_AND_OR, _and_or),
+    (_ACRONYM_PAIR, _acronym_pair),
     (re.compile("/"), _slash),
     (_SYMBOL, _symbol),
 )
