@@ -623,3 +623,17 @@ def test_a_markdown_link_cut_at_a_sentence_end_in_its_text_is_said_without_its_a
 )
 def test_factors_acronym_pairs_and_capitalised_abbreviations(text: str, expected: str) -> None:
     assert normalize_for_tts(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("ships in Q3 2025.", "ships in Q three twenty twenty five."),
+        ("H1 2024 and FY 2023", "H one twenty twenty four and FY twenty twenty three"),
+        ("spring 2026", "spring twenty twenty six"),
+        ("2025 people", "two thousand twenty five people"),  # a count, not a year
+    ],
+)
+def test_a_year_after_a_quarter_half_or_season_is_read_as_a_year(text: str, expected: str) -> None:
+    """As after "in" or a month: "Q three two thousand twenty five" before."""
+    assert normalize_for_tts(text) == expected

@@ -531,6 +531,8 @@ _DECADE: Final = re.compile(r"(?<![0-9])'?(?P<c>1[0-9]|20)?(?P<d>[1-9]0|00)s\b",
 _YEAR_AFTER: Final = re.compile(
     r"\b(?P<kw>[Ii]n|[Ss]ince|[Bb]y|[Ff]rom|[Uu]ntil|[Tt]ill|[Tt]hrough|to|of|[Cc]irca|"
     r"[Bb]efore|[Aa]fter|[Dd]uring|[Aa]round|[Yy]ear|[Ee]arly|[Ll]ate|[Mm]id|"
+    # a quarter, a half or a season of a year ("Q3 2025", "H1 2024", "FY 2023", "spring 2026")
+    r"Q[1-4]|H[12]|FY|[Ss]pring|[Ss]ummer|[Aa]utumn|[Ff]all|[Ww]inter|"
     + "|".join(_MONTHS)
     + r")\s+(?P<y>1[1-9][0-9]{2}|20[0-9]{2})(?![0-9]|[.,][0-9]|\s?%)",
     re.ASCII,
