@@ -637,3 +637,21 @@ def test_factors_acronym_pairs_and_capitalised_abbreviations(text: str, expected
 def test_a_year_after_a_quarter_half_or_season_is_read_as_a_year(text: str, expected: str) -> None:
     """As after "in" or a month: "Q three two thousand twenty five" before."""
     assert normalize_for_tts(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("C# and F# on .NET and ASP.NET", "C sharp and F sharp on dot NET and ASP dot NET"),
+        ("Node.js and Vue.js.", "Node J S and Vue J S."),
+        ("± 5% and A → B", "plus or minus five percent and A to B"),
+        (
+            "5 mins, 3 secs, 100 Mbps",
+            "five minutes, three seconds, one hundred megabits per second",
+        ),
+    ],
+)
+def test_names_symbols_and_units_of_technical_answers(text: str, expected: str) -> None:
+    """What a language model's technical answer holds, said as people say it ("C and. NET",
+    "Node. js", "five mins" and a dropped "±" before)."""
+    assert normalize_for_tts(text) == expected

@@ -302,7 +302,13 @@ _UNITS: Final[Mapping[str, tuple[str, str, str]]] = MappingProxyType(
         "MB": ("megabyte", "megabytes", "MB"),
         "KB": ("kilobyte", "kilobytes", "KB"),
         "ms": ("millisecond", "milliseconds", "毫秒"),
+        "mins": ("minute", "minutes", "分钟"),
         "min": ("minute", "minutes", "分钟"),
+        "secs": ("second", "seconds", "秒"),
+        "sec": ("second", "seconds", "秒"),
+        "Gbps": ("gigabit per second", "gigabits per second", "吉比特每秒"),
+        "Mbps": ("megabit per second", "megabits per second", "兆比特每秒"),
+        "kbps": ("kilobit per second", "kilobits per second", "千比特每秒"),
         "hrs": ("hour", "hours", "小时"),
         "hr": ("hour", "hours", "小时"),
         "h": ("hour", "hours", "小时"),
@@ -337,6 +343,8 @@ _SYMBOLS: Final[Mapping[str, tuple[str, str]]] = MappingProxyType(
         "×": ("times", "乘"),
         "÷": ("divided by", "除以"),
         "≈": ("approximately", "约等于"),
+        "±": ("plus or minus", "正负"),
+        "→": ("to", "到"),
         "≠": ("is not equal to", "不等于"),
         "≤": ("is at most", "小于等于"),
         "≥": ("is at least", "大于等于"),
@@ -1038,6 +1046,22 @@ _MD_LINK: Final = re.compile(
 )
 
 
+# Names that programmers say one way and the other rules read another ("C and. NET",
+# "Node. js"): C#, F#, .NET (ASP.NET too) and the ".js" of a JavaScript library.
+_TECH_NAME: Final = re.compile(
+    r"(?<![A-Za-z0-9])(?P<sharp>[CF])#(?![A-Za-z0-9#])"
+    r"|(?<![0-9.])(?P<net>\.NET)(?![A-Za-z0-9])"
+    r"|(?<=[A-Za-z0-9])(?P<js>\.js)(?![A-Za-z0-9])",
+    re.ASCII,
+)
+
+
+def _tech_name(m: re.Match[str], zh: bool) -> str:
+    if m["sharp"]:
+        return f" {m['sharp']} sharp "
+    return " dot NET " if m["net"] else " J S "
+
+
 def _md_link(m: re.Match[str], zh: bool) -> str:
     return m["text"]
 
@@ -1057,6 +1081,7 @@ _RULES: Final[tuple[_Rule, ...]] = (
     (_MD_LINK_TAIL, _md_link_tail),
     (_URL, _url),
     (_EMAIL, _email),
+    (_TECH_NAME, _tech_name),
     (_DOMAIN, _domain),
     (_ABBREVIATION, _abbreviation),
     (_ISO_DATE, _iso_date),
