@@ -655,3 +655,23 @@ def test_names_symbols_and_units_of_technical_answers(text: str, expected: str) 
     """What a language model's technical answer holds, said as people say it ("C and. NET",
     "Node. js", "five mins" and a dropped "±" before)."""
     assert normalize_for_tts(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("$10-20 a month", "ten to twenty dollars a month"),
+        ("$1.5-2M in funding", "one point five to two million dollars in funding"),
+        ("€5k-10k", "five to ten thousand euros"),
+        ("$500k-2M", "five hundred thousand to two million dollars"),
+        ("$10 - $20", "ten to twenty dollars"),
+        (
+            "$9.99-19.99",
+            "nine dollars and ninety nine cents to nineteen dollars and ninety nine cents",
+        ),
+        ("融资$1.5-2M", "融资一百五十万到二百万美元"),
+    ],
+)
+def test_a_price_range_says_its_currency_and_scale_once(text: str, expected: str) -> None:
+    """ "$1.5-2M" was "one point five dollars to two M": the first end misread as dollars."""
+    assert normalize_for_tts(text) == expected

@@ -500,6 +500,14 @@ _FACTOR: Final = re.compile(
 _APPROX: Final = re.compile(r"(?<![0-9])[~～]\s?(?=[$€£¥]?[0-9])")
 _COMPARE: Final = re.compile(r"(?<=[\s0-9])(?P<op>[<>]=?)(?=[\s0-9])")
 _HASH_NUMBER: Final = re.compile(r"(?:#|(?<![A-Za-z])No\.\s?)(?P<n>[0-9]+)(?![0-9])")
+# "$10-20", "$1.5-2M", "€5k-10k", "$10 - $20": the currency and the scale are said once,
+# after the range ("one point five dollars to two M" before: the first end was misread).
+_MONEY_RANGE: Final = re.compile(
+    rf"(?P<sym>[$€£¥])\s?(?P<a>{_NUM})(?P<ascale>[kK]|[mMbB]n?|[万亿])?"
+    r"(?:[-–~]|\s[-–~]\s|\sto\s)(?:(?P=sym)\s?)?"
+    rf"(?P<b>{_NUM})(?P<bscale>[kK]|[mMbB]n?|[万亿])?(?![A-Za-z0-9]|[.,][0-9])",
+    re.ASCII,
+)
 _CURRENCY_SYMBOL: Final = re.compile(
     rf"(?P<neg>-)?(?P<sym>[$€£¥])\s?(?P<num>{_NUM})"
     r"(?:\s?(?P<scale>thousand|million|billion|trillion)\b|(?P<abbr>[kK]|[mMbB]n?|[万亿])(?![A-Za-z]))?",
@@ -850,6 +858,29 @@ def _money(m: re.Match[str], zh: bool) -> str:
     return _sp(_signed(m, words, zh), zh)
 
 
+def _money_range(m: re.Match[str], zh: bool) -> str:
+    cur = _CURRENCIES[m["sym"]]
+    a, b = _split_num(m["a"]), _split_num(m["b"])
+    b_scale = (m["bscale"] or "").lower()
+    a_scale = (m["ascale"] or "").lower() or b_scale  # "$1.5-2M": both in millions
+    if zh:
+        ends = [
+            _read_scaled(*end, scale, zh) if scale else _read_number(*end, zh)
+            for end, scale in ((a, a_scale), (b, b_scale))
+        ]
+        return f"{ends[0]}到{ends[1]}{cur.zh}"
+    if not a_scale and not b_scale:
+        if any(frac is not None and len(frac) == 2 for _, frac in (a, b)):  # with cents
+            return _sp(f"{_money_en(*a, cur)} to {_money_en(*b, cur)}", zh)
+        return _sp(f"{_read_number(*a, zh)} to {_read_number(*b, zh)} {cur.many}", zh)
+    if a_scale == b_scale:
+        words = f"{_read_number(*a, zh)} to {_read_scaled(*b, b_scale, zh)}"
+    else:
+        first = _read_scaled(*a, a_scale, zh) if a_scale else _read_number(*a, zh)
+        words = f"{first} to {_read_scaled(*b, b_scale, zh)}"
+    return _sp(f"{words} {cur.many}", zh)
+
+
 def _money_en(int_part: str, frac: str | None, cur: _Currency) -> str:
     if len(int_part.replace(",", "")) > _MAX_CARDINAL_DIGITS:  # a code, read digit by digit
         return f"{_read_number(int_part, frac, False)} {cur.many}"
@@ -1096,6 +1127,7 @@ _RULES: Final[tuple[_Rule, ...]] = (
     (_LOCAL_PHONE, _local_phone),
     (_DIGIT_GROUPS, _digit_groups),
     (_DOTTED, _dotted),
+    (_MONEY_RANGE, _money_range),
     (_YEAR_RANGE, _year_range),
     (_UNIT_RANGE, _unit_range),
     (_RANGE, _range),
