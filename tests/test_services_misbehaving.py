@@ -195,7 +195,9 @@ async def asked_once(
 ) -> tuple[AgentSession, list[dict[str, object]]]:
     """A session (a tone engine, its audio drained as if heard) asks ``question`` and waits
     for its reply to end; the session, closed, and its events."""
-    session = AgentSession("s", ToneEngine(seconds_per_word), Config(services=services))
+    session = AgentSession(
+        "s", ToneEngine(seconds_per_word=seconds_per_word), Config(services=services)
+    )
     events: list[dict[str, object]] = []
     session.outbox.send = events.append  # type: ignore[method-assign, assignment]
     session.pipeline.start()
@@ -655,7 +657,7 @@ async def test_the_client_is_told_the_llms_error_not_that_it_had_nothing_to_say(
     """It was told llm_empty ("had nothing to say aloud"), the server's reason lost."""
     runner, base = await serve(sse(LLAMA_CPP_CONTEXT_OVERFLOW))
     services = ServiceSettings(llm_base_url=base, llm_timeout_s=2.0)
-    session = AgentSession("s", ToneEngine(0.01), Config(services=services))
+    session = AgentSession("s", ToneEngine(seconds_per_word=0.01), Config(services=services))
     events: list[dict[str, object]] = []
     session.outbox.send = events.append  # type: ignore[method-assign, assignment]
     session.pipeline.start()
