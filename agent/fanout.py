@@ -58,7 +58,8 @@ class FanoutTrack(MediaStreamTrack):
 
     def __init__(self, queue_frames: int = 10) -> None:
         super().__init__()
-        self._queue: deque[bytes] = deque(maxlen=max(1, queue_frames))
+        # (payload, speech?): what aiortc's sender takes next, and whether it is speech.
+        self._queue: deque[tuple[bytes, bool]] = deque(maxlen=max(1, queue_frames))
         self._waiter: asyncio.Future[None] | None = None
         self._start: float | None = None
         self._pts = -FRAME_SAMPLES
@@ -82,9 +83,10 @@ class FanoutTrack(MediaStreamTrack):
         """Is the lean path in use (rather than aiortc's sender)?"""
         return self._direct is not None and self._direct.usable
 
-    def push(self, payload: bytes, now: float) -> None:
+    def push(self, payload: bytes, now: float, speech: bool = False) -> None:
         """Hand over one packet (never waits): sent at once on the lean path, else queued
-        for aiortc's sender, the oldest dropped when the queue is full."""
+        for aiortc's sender, the oldest dropped when the queue is full. ``speech``: it
+        carries speech, not silence (counted as such)."""
         if self.readyState != "live":
             return
         direct = self._direct
@@ -96,13 +98,13 @@ class FanoutTrack(MediaStreamTrack):
                     log.exception("direct send failed; this subscriber drops the packet")
                     self.dropped += 1
                     return
-                self._count(payload)
+                self._count(payload, speech)
                 return
             if direct.usable:
                 return  # not connected yet: aiortc could not send it either
         if len(self._queue) == self._queue.maxlen:
             self.dropped += 1
-        self._queue.append(payload)
+        self._queue.append((payload, speech))
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
@@ -119,11 +121,11 @@ class FanoutTrack(MediaStreamTrack):
                 self._waiter = None
         if self.readyState != "live":
             raise MediaStreamError
-        payload = self._queue.popleft()
+        payload, speech = self._queue.popleft()
         packet = av.Packet(payload)
         packet.pts = self._stamp(asyncio.get_running_loop().time())
         packet.time_base = TIME_BASE
-        self._count(payload)
+        self._count(payload, speech)
         return packet
 
     def _stamp(self, now: float) -> int:
@@ -142,9 +144,11 @@ class FanoutTrack(MediaStreamTrack):
         self._pts = pts
         return pts
 
-    def _count(self, payload: bytes) -> None:
+    def _count(self, payload: bytes, speech: bool) -> None:
         stats = self.stats
         stats.packets += 1
+        if speech:
+            stats.speech_packets += 1
         stats.bytes += len(payload)
         self.last_size = len(payload)
 
@@ -274,11 +278,11 @@ class FanoutSource:
         if track.source is self:
             track.source = None
 
-    def publish(self, payload: bytes) -> None:
+    def publish(self, payload: bytes, speech: bool = False) -> None:
         self.packets += 1
         now = asyncio.get_running_loop().time()
         for track in self._tracks:
-            track.push(payload, now)
+            track.push(payload, now, speech)
 
     def close(self) -> None:
         for track in list(self._tracks):

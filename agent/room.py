@@ -146,8 +146,11 @@ class Room:
         track = self.agent_track
         try:
             while True:
+                spoken = track.stats.speech_packets
                 packet = await track.recv()
-                self.agent.publish(bytes(packet))
+                # Each participant counts the agent's speech it was sent, as a 1:1 peer does
+                # (voice_agent_speech_packets_sent_total stayed at 0 for rooms).
+                self.agent.publish(bytes(packet), speech=track.stats.speech_packets != spoken)
         except MediaStreamError:
             pass
 

@@ -8,7 +8,7 @@ from aiohttp import web
 from aiohttp.test_utils import make_mocked_request
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent.config import Config, SecuritySettings
+from agent.config import Config, RoomSettings, SecuritySettings
 from agent.governor import ComplexityGovernor
 from signaling.app import build_app
 from signaling.cli import build_parser, config_from_args
@@ -18,7 +18,7 @@ from signaling.metrics import Metrics, _governor_metrics
 from signaling.rooms import RoomRegistry
 from signaling.routes import check_metrics_token
 from signaling.sessions import Peer
-from tests.conftest import LiveServer, raw_http, raw_status
+from tests.conftest import LiveServer, raw_http, raw_status, serve
 from tests.doubles import ToneEngine
 from tests.rtc_client import RtcClient
 
@@ -234,3 +234,30 @@ def test_the_band_cap_gauge_follows_the_governors_rung() -> None:
         assert str(governor.rung) == "mb0" and band_cap() == 12000
     finally:
         governor.close()
+
+
+@pytest.mark.parametrize("direct_send", [True, False], ids=["direct", "aiortc-sender"])
+async def test_a_rooms_speech_is_counted_for_each_participant(direct_send: bool) -> None:
+    """voice_agent_speech_packets_sent_total counts the RTP packets that carried speech: in
+    a room, each participant's share of the agent's speech, as a 1:1 peer's. It stayed at 0
+    for rooms whatever their agents said (the fan-out counted packets, never speech; found
+    by review), on either send path."""
+    cfg = Config(host="127.0.0.1", port=0, rooms=RoomSettings(direct_send=direct_send))
+    async with serve(cfg, ToneEngine()) as server, aiohttp.ClientSession() as http:
+        client = RtcClient(server.url, http)
+        try:
+            await client.connect(room="m", slots=1)
+            before = await scrape(http, server.url)
+            client.send({"type": "say", "text": "one two three four", "id": "u"})
+            await client.wait_event(lambda e: e["type"] == "speech.ended", timeout=15)
+            after = await scrape(http, server.url)
+        finally:
+            await client.close()
+    sent = value(after, "voice_agent_packets_sent_total") - value(
+        before, "voice_agent_packets_sent_total"
+    )
+    speech = value(after, "voice_agent_speech_packets_sent_total") - value(
+        before, "voice_agent_speech_packets_sent_total"
+    )
+    # Four words of the tone engine: 1 s of speech, 50 packets, sent to the one participant.
+    assert 45 <= speech <= 55 and speech <= sent, (speech, sent)
