@@ -15,6 +15,12 @@ ended a call. Such a REMB is dropped here. So is an RTP packet whose header exte
 the wrong length for what it was negotiated as (a 2-byte audio level, a 1-byte transport-cc
 number): aiortc's ``HeaderExtensionsMap.get`` raised ``struct.error`` from the same loop.
 Its error is made the ValueError aiortc expects, and aiortc drops the packet.
+
+A NACK asks aiortc's sender to send again every sequence number it lists, duplicates
+included, one SRTP packet each: a 1.2 kB RTCP packet listing one number 5000 times (its FCI
+repeated) made 5000 retransmissions, ~0.5 MB and tens of ms of the event loop, as often as the
+peer liked (every session's audio stalls). A NACK keeps at most MAX_NACKED distinct numbers
+(320 ms of audio: a receiver's jitter buffer has no use for older packets).
 """
 
 from __future__ import annotations
@@ -26,10 +32,12 @@ from aiortc import RTCPeerConnection
 from aiortc.rtcdtlstransport import RtpReceiver, RtpRouter, RtpSender
 from aiortc.rtp import (
     RTCP_PSFB_APP,
+    RTCP_RTPFB_NACK,
     AnyRtcpPacket,
     HeaderExtensions,
     HeaderExtensionsMap,
     RtcpPsfbPacket,
+    RtcpRtpfbPacket,
     RtpPacket,
     unpack_remb_fci,
 )
@@ -37,6 +45,7 @@ from aiortc.rtp import (
 log = logging.getLogger(__name__)
 
 MAX_INBOUND_SSRCS = 4
+MAX_NACKED = 16  # distinct sequence numbers one NACK may have sent again (20 ms each)
 
 
 class _GuardedRouter(RtpRouter):
@@ -47,6 +56,7 @@ class _GuardedRouter(RtpRouter):
     ssrc_limit = MAX_INBOUND_SSRCS
     dropped = 0  # packets refused for a new SSRC past the limit (per router once set)
     malformed_rtcp = 0  # RTCP packets dropped because aiortc's parsing of them would raise
+    nacks_trimmed = 0  # NACKs that listed a number twice or more than MAX_NACKED numbers
 
     def route_rtp(self, packet: RtpPacket) -> RtpReceiver | None:
         if packet.ssrc not in self.ssrc_table and len(self.ssrc_table) >= self.ssrc_limit:
@@ -71,7 +81,20 @@ class _GuardedRouter(RtpRouter):
                 return set()
             except ValueError:
                 pass  # not a REMB: aiortc skips it itself
+        elif isinstance(packet, RtcpRtpfbPacket) and packet.fmt == RTCP_RTPFB_NACK:
+            self._trim_nack(packet)
         return super().route_rtcp(packet)
+
+    def _trim_nack(self, packet: RtcpRtpfbPacket) -> None:
+        """Each number once, the last MAX_NACKED of them (the newest, as a receiver lists
+        them), in place: the sender gets the same packet object."""
+        unique = list(dict.fromkeys(packet.lost))
+        if len(unique) == len(packet.lost) and len(unique) <= MAX_NACKED:
+            return
+        packet.lost = unique[-MAX_NACKED:]
+        self.nacks_trimmed += 1
+        if self.nacks_trimmed == 1:
+            log.warning("a NACK listed a packet twice or more than %d packets: trimmed", MAX_NACKED)
 
 
 class _GuardedExtensionsMap(HeaderExtensionsMap):

@@ -4,13 +4,26 @@ from __future__ import annotations
 
 import asyncio
 import random
+import struct
 from typing import Any
 
 import aiohttp
-from aiortc.rtp import RTCP_PSFB_APP, HeaderExtensionsMap, RtcpPsfbPacket, RtpPacket
+from aiortc import RTCRtpSender
+from aiortc.rtcdtlstransport import RtpRouter
+from aiortc.rtp import (
+    RTCP_PSFB_APP,
+    RTCP_RTPFB,
+    RTCP_RTPFB_NACK,
+    RTP_HISTORY_SIZE,
+    HeaderExtensionsMap,
+    RtcpPacket,
+    RtcpPsfbPacket,
+    RtpPacket,
+    pack_rtcp_packet,
+)
 
 from signaling.keys import SESSIONS
-from signaling.ssrcguard import MAX_INBOUND_SSRCS
+from signaling.ssrcguard import MAX_INBOUND_SSRCS, MAX_NACKED, _GuardedRouter
 from tests.conftest import LiveServer
 from tests.mic import ClipMic
 from tests.rtc_client import RtcClient
@@ -99,3 +112,52 @@ async def test_a_malformed_remb_does_not_end_the_call(live_server: LiveServer) -
             assert routers == {3}
         finally:
             await client.close()
+
+
+class _CountingTransport:
+    """What aiortc's sender needs of its DTLS transport to send again: a state and a send."""
+
+    state = "connected"
+
+    def __init__(self) -> None:
+        self.sent: list[bytes] = []
+
+    async def _send_rtp(self, data: bytes) -> None:
+        self.sent.append(data)
+
+
+async def test_a_nack_cannot_make_the_sender_send_a_packet_again_and_again() -> None:
+    """One RTCP packet of 1.2 kB can list a sequence number 5000 times (290 FCIs of 17):
+    aiortc's sender sent the packet again each time, ~0.5 MB and tens of ms of the event
+    loop per NACK, as often as the peer liked (found by review). The guarded router keeps
+    each number once and at most MAX_NACKED of them, the newest."""
+    transport = _CountingTransport()
+    sender = RTCRtpSender("audio", transport)  # type: ignore[arg-type]
+    history = sender._RTCRtpSender__rtp_history  # type: ignore[attr-defined]
+    for seq in range(1000, 1100):  # what it sent last, as its history keeps it
+        history[seq % RTP_HISTORY_SIZE] = RtpPacket(
+            payload_type=111, sequence_number=seq, ssrc=sender._ssrc, payload=b"\xf8" * 80
+        )
+    router = RtpRouter()
+    router.__class__ = _GuardedRouter  # as limit_inbound_ssrcs sets it on a connection's
+    router.register_sender(sender, sender._ssrc)
+
+    async def nack(fcis: list[tuple[int, int]]) -> list[bytes]:
+        """The packets sent again for a NACK of these (pid, bitmask) entries."""
+        transport.sent.clear()
+        payload = struct.pack("!LL", 1, sender._ssrc)
+        payload += b"".join(struct.pack("!HH", pid, blp) for pid, blp in fcis)
+        data = pack_rtcp_packet(RTCP_RTPFB, RTCP_RTPFB_NACK, payload)
+        for parsed in RtcpPacket.parse(data):  # as it arrives: parsed, then routed
+            for recipient in router.route_rtcp(parsed):
+                await recipient._handle_rtcp_packet(parsed)
+        return list(transport.sent)
+
+    assert len(await nack([(1050, 0)] * 290)) == 1  # once, however often it is listed
+    assert len(await nack([(1050, 0x7FFF)] * 290)) == 16  # 4640 entries, 16 numbers
+    # 85 distinct numbers (1000-1084: 5 entries of 1 + 16): the newest MAX_NACKED.
+    sent = await nack([(pid, 0xFFFF) for pid in range(1000, 1085, 17)])
+    assert [RtpPacket.parse(p).sequence_number for p in sent] == list(range(1069, 1085))
+    assert len(sent) == MAX_NACKED
+    assert len(await nack([(1098, 0b1)])) == 2  # an ordinary NACK is untouched
+    assert router.nacks_trimmed == 3  # type: ignore[attr-defined]
