@@ -222,7 +222,11 @@ async def main_async(args: argparse.Namespace) -> None:
                 p95 / pct(ours["totals"], 95),
                 r["false_onsets"],
                 r["vad_ms"],
-                "yes" if p95 <= TARGET_P95_MS and r["false_onsets"] == 0 else "NO",
+                # A missed barge-in (the agent never cut) is the worst latency there is, and
+                # outside the percentiles: any one fails the run.
+                "yes"
+                if p95 <= TARGET_P95_MS and r["misses"] == 0 and r["false_onsets"] == 0
+                else "NO",
             ]
         )
     print(f"\nmin speech {args.min_speech_ms} ms; ms from the speech onset leaving the client")
@@ -241,7 +245,7 @@ async def main_async(args: argparse.Namespace) -> None:
                 "p95/ours",
                 f"false onsets ({args.noise_seconds:g} s music)",
                 "VAD ms/window",
-                f"p95<={TARGET_P95_MS:g} & no false",
+                f"p95<={TARGET_P95_MS:g}, none missed & no false",
             ],
             rows,
         )

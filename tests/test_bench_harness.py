@@ -4,6 +4,7 @@ when a run fails. A wrong harness makes every recorded figure wrong without fail
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import collections
 import re
@@ -19,6 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 
 import _common  # noqa: E402
+import bargein  # noqa: E402
 import latency  # noqa: E402
 import soak  # noqa: E402
 import streams  # noqa: E402
@@ -189,3 +191,38 @@ def test_the_latency_table_fails_a_run_that_lost_utterances_or_sessions(
     row = next(line for line in out.splitlines() if line.lstrip("| ").startswith("ours"))
     assert f"{heard}/10" in row and f"{done}/2" in row, row
     assert row.rstrip(" |").endswith("yes" if met else "NO"), row
+
+
+def _bargein_result(misses: int) -> dict[str, Any]:
+    return {
+        "totals": [100.0] * (20 - misses),  # every barge-in that happened: 100 ms
+        "uplinks": [60.0] * (20 - misses),
+        "detects": [2.0] * (20 - misses),
+        "misses": misses,  # the agent was never cut (speech.ended not within 5 s)
+        "false_onsets": 0,
+        "false_cut": False,
+        "vad_ms": 3.0,
+    }
+
+
+def test_bargein_verdict_fails_a_run_whose_barge_ins_were_missed(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """6 of 20 barge-ins never cut the agent, yet p95 over the 14 that did (100 ms) made
+    the row print "yes" for "p95<=150 & no false": a missed barge-in is the worst latency
+    there is, left out of the percentile without the verdict noticing (latency.py's table
+    was fixed for the same thing: a run that lost utterances is NO whatever its
+    percentiles; found by review)."""
+
+    async def fake_run_variant(prompt_buffer: bool, args: argparse.Namespace) -> dict[str, Any]:
+        return _bargein_result(misses=6)
+
+    monkeypatch.setattr(bargein, "run_variant", fake_run_variant)
+    args = argparse.Namespace(trials=20, noise_seconds=20.0, min_speech_ms=32, seed=1)
+    asyncio.run(bargein.main_async(args))
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith(("ours", "aiortc"))]
+    assert len(rows) == 2, out
+    for row in rows:
+        assert " 6 " in row, row  # the misses are printed...
+        assert row.rstrip().endswith("NO"), row  # ...and fail the run
