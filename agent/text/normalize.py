@@ -283,6 +283,7 @@ _UNITS: Final[Mapping[str, tuple[str, str, str]]] = MappingProxyType(
         "mm": ("millimeter", "millimeters", "毫米"),
         "m": ("meter", "meters", "米"),
         "kg": ("kilogram", "kilograms", "公斤"),
+        "g": ("gram", "grams", "克"),
         "mg": ("milligram", "milligrams", "毫克"),
         "lbs": ("pound", "pounds", "磅"),
         "lb": ("pound", "pounds", "磅"),
@@ -425,8 +426,13 @@ _URL: Final = re.compile(
     re.IGNORECASE | re.ASCII,
 )
 _EMAIL: Final = re.compile(r"\b[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)+\b", re.ASCII)
+# A bare domain, and its path, which is not said (as a URL's: "github.com/user/repo" was
+# "github dot com per user slash repo"). A match starts only where a run of its characters
+# does: from every word boundary of a long dashed run it scanned to the run's end (quadratic).
 _DOMAIN: Final = re.compile(
-    r"\b[a-z0-9-]+(?:\.[a-z0-9-]+)*\.(?:com|org|net|io|ai|dev|edu|gov|cn|co|uk|de|app)\b", re.ASCII
+    r"(?<![A-Za-z0-9_.-])(?P<domain>[a-z0-9-]+(?:\.[a-z0-9-]+)*"
+    r"\.(?:com|org|net|io|ai|dev|edu|gov|cn|co|uk|de|app))\b(?:/[^\s<>\"'\x80-\U0010FFFF]*)?",
+    re.ASCII,
 )
 _ACRONYM: Final = re.compile(r"\b(?:[A-Za-z]\.){2,}", re.ASCII)
 _ISO_DATE: Final = re.compile(
@@ -456,6 +462,8 @@ _CLOCK: Final = re.compile(
 _TIME: Final = r"[0-9]{1,2}(?::[0-5][0-9]){0,2}(?:\s?[AaPp]\.?[Mm](?![A-Za-z])\.?)?"
 # Before the clock rules, which would leave the dash between two times to become a pause.
 _TIME_RANGE: Final = re.compile(rf"(?<![0-9:.])(?P<a>{_TIME})\s?[-–~～]\s?(?P<b>{_TIME})(?![0-9:])")
+# "7.30pm", as British English writes a time: only with am/pm (else "7.30" is a number).
+_DOTTED_CLOCK: Final = re.compile(rf"(?<![0-9.])(?P<h>1[0-2]|0?[1-9])\.(?P<m>[0-5][0-9])\s?{_AMPM}")
 _HOUR_AMPM: Final = re.compile(rf"(?<![0-9:])(?<![0-9][.,])(?P<h>[0-9]{{1,2}})\s?{_AMPM}")
 _RATIO: Final = re.compile(r"(?<![0-9])(?P<a>[0-9]+):(?P<b>[0-9]+)(?![0-9])")
 _PHONE: Final = re.compile(
@@ -490,22 +498,31 @@ _YEAR_RANGE: Final = re.compile(
     r"(?<![0-9])(?P<a>1[1-9][0-9]{2}|20[0-9]{2})(?:\s?[-–]\s?|\sto\s)"
     r"(?P<b>1[1-9][0-9]{2}|20[0-9]{2})(?![0-9])"
 )
+# A number glued to the letters before it, ending where a match starts ("i7" of "i7-12700").
+_GLUED_NUMBER_BEFORE: Final = re.compile(r"[A-Za-z][0-9]+$")
 _MINUS_OP: Final = re.compile(r"(?<=[0-9])\s+-\s+(?=[0-9])")
 _TIMES_OP: Final = re.compile(r"(?<=[0-9])\s?[*xX×]\s?(?=[0-9])")
 # "10x faster", "0.5x speed", "3× more": a factor, not the letter (after _TIMES_OP, which
 # reads "3x4"; "x86", "v2x" and "0x1F" are left to the other rules).
 _FACTOR: Final = re.compile(
-    r"(?<![A-Za-z0-9_.])(?P<num>[0-9]+(?:\.[0-9]+)?)[xX×](?![A-Za-z0-9_])", re.ASCII
+    r"(?<![A-Za-z0-9_.])(?<![=(])(?<![=(]\s)(?P<num>[0-9]+(?:\.[0-9]+)?)[xX×]"
+    # "2x + 3", "y = 2x", "5x = 10", "(3x)": an algebra term, said "two x"
+    r"(?![A-Za-z0-9_])(?!\s?[-+=*/^<>)²³])",
+    re.ASCII,
 )
 _APPROX: Final = re.compile(r"(?<![0-9])[~～]\s?(?=[$€£¥]?[0-9])")
 _COMPARE: Final = re.compile(r"(?<=[\s0-9])(?P<op>[<>]=?)(?=[\s0-9])")
 _HASH_NUMBER: Final = re.compile(r"(?:#|(?<![A-Za-z])No\.\s?)(?P<n>[0-9]+)(?![0-9])")
+# A scale after an amount: a letter ("2M") or a word ("2 million").
+_SCALE_SUFFIX: Final = (
+    r"[kK](?![A-Za-z])|[mMbB]n?(?![A-Za-z])|[万亿]|\s?(?:thousand|million|billion|trillion)\b"
+)
 # "$10-20", "$1.5-2M", "€5k-10k", "$10 - $20": the currency and the scale are said once,
 # after the range ("one point five dollars to two M" before: the first end was misread).
 _MONEY_RANGE: Final = re.compile(
-    rf"(?P<sym>[$€£¥])\s?(?P<a>{_NUM})(?P<ascale>[kK]|[mMbB]n?|[万亿])?"
+    rf"(?P<sym>[$€£¥])\s?(?P<a>{_NUM})(?P<ascale>{_SCALE_SUFFIX})?"
     r"(?:[-–~]|\s[-–~]\s|\sto\s)(?:(?P=sym)\s?)?"
-    rf"(?P<b>{_NUM})(?P<bscale>[kK]|[mMbB]n?|[万亿])?(?![A-Za-z0-9]|[.,][0-9])",
+    rf"(?P<b>{_NUM})(?P<bscale>{_SCALE_SUFFIX})?(?![A-Za-z0-9]|[.,][0-9])",
     re.ASCII,
 )
 _CURRENCY_SYMBOL: Final = re.compile(
@@ -529,6 +546,36 @@ _SCALED_NUMBER: Final = re.compile(
     r"(?P<abbr>[kKMB]|[mb]n)(?![A-Za-z0-9])",
     re.ASCII,
 )
+# What a count glued to its scale letter is followed by: a word (a hyphen's too: "a 10M-row
+# table") or, in Chinese, a character.
+_WORD_AFTER_SCALE: Final = re.compile(r"(?:\s+|-)(?P<word>[a-z]+)|(?P<cjk>[\u4e00-\u9fff])")
+_WORD_BEFORE: Final = re.compile(r"(?P<word>[A-Za-z]+)\s+$")
+# Words that follow a name as well as a count ("14B is by the window"): no count follows.
+_NOT_COUNTED: Final = frozenset(
+    {"is", "was", "are", "were", "will", "would", "has", "had", "can", "and", "or", "but"}
+)
+_PLACE_WORDS: Final = frozenset(
+    {
+        "seat",
+        "gate",
+        "row",
+        "room",
+        "flight",
+        "apartment",
+        "apt",
+        "platform",
+        "terminal",
+        "suite",
+        "unit",
+        "bus",
+        "route",
+        "pier",
+        "berth",
+        "cabin",
+        "bay",
+        "stand",
+    }
+)
 # "10^3 kg": a number with an exponent takes the unit too (the exponent is not the unit's
 # number: a match never starts right after "^" or "^-").
 _UNIT: Final = re.compile(
@@ -549,13 +596,19 @@ _YEAR_AFTER: Final = re.compile(
     r"[Bb]efore|[Aa]fter|[Dd]uring|[Aa]round|[Yy]ear|[Ee]arly|[Ll]ate|[Mm]id|"
     # a quarter, a half or a season of a year ("Q3 2025", "H1 2024", "FY 2023", "spring 2026")
     r"Q[1-4]|H[12]|FY|[Ss]pring|[Ss]ummer|[Aa]utumn|[Ff]all|[Ww]inter|"
-    + "|".join(_MONTHS)
-    + r")\s+(?P<y>1[1-9][0-9]{2}|20[0-9]{2})(?![0-9]|[.,][0-9]|\s?%)",
+    + "|".join(sorted(_MONTH_BY_NAME, key=len, reverse=True))  # "Jan 2020", "Sept. 2023"
+    + r")\.?\s+(?P<y>1[1-9][0-9]{2}|20[0-9]{2})(?![0-9]|[.,][0-9]|\s?%)",
     re.ASCII,
 )
 _YEAR_ZH: Final = re.compile(r"(?<![0-9])(?P<y>[0-9]{4})\s?年")
 _FRACTION: Final = re.compile(r"(?<![0-9/.])(?P<a>[0-9]+)/(?P<b>[0-9]+)(?![0-9/])")
 _LEADING_POINT: Final = re.compile(r"(?<![\w.])(?P<neg>-)?\.(?P<frac>[0-9]+)(?![0-9])")
+# What "2" is 两 before, not 二: o'clock, measure words, units and 万/千 (not 月, 号 or 楼,
+# which name the second one).
+_TAKES_LIANG: Final = re.compile(
+    "点|个|小时|天|次|位|种|年|周|星期|岁|倍|本|只|张|件|名|条|台|辆|分钟|秒|万|千|亿|杯|斤|公斤|"
+    "公里|米|遍|场|家|座|门|节|页|份|双|对|人|块|元|句|种|部|篇|首|碗|瓶|间|层|把|根|头|片"
+)
 _NUMBER: Final = re.compile(rf"(?P<neg>-)?(?P<int>{_INT})(?:\.(?P<frac>[0-9]+))?")
 _SYMBOL: Final = re.compile("|".join(re.escape(s) for s in sorted(_SYMBOLS, key=len, reverse=True)))
 _PER_SLASH: Final = re.compile(
@@ -655,7 +708,9 @@ def _email(m: re.Match[str], zh: bool) -> str:
 
 
 def _domain(m: re.Match[str], zh: bool) -> str:
-    return _sp(_read_domain(m.group(0), zh), zh)
+    path = m.group(0)[len(m["domain"]) :]
+    stop = "." if path.endswith(".") and _STOP_FOLLOWS.match(m.string, m.end()) else ""
+    return _sp(_read_domain(m["domain"], zh), zh) + stop
 
 
 def _abbreviation(m: re.Match[str], zh: bool) -> str:
@@ -754,6 +809,11 @@ def _time_range(m: re.Match[str], zh: bool) -> str:
     return _sp(" to ".join(words), zh) + _stop_if_sentence_ends(m)
 
 
+def _dotted_clock(m: re.Match[str], zh: bool) -> str:
+    words = _clock_words(int(m["h"]), int(m["m"]), None, m["ampm"], zh)
+    return _sp(words, zh) + _stop_if_sentence_ends(m)
+
+
 def _hour_ampm(m: re.Match[str], zh: bool) -> str:
     hour = int(m["h"])
     if not 1 <= hour <= 12:
@@ -802,6 +862,8 @@ def _year_range(m: re.Match[str], zh: bool) -> str:
 
 
 def _range(m: re.Match[str], zh: bool) -> str:
+    if m.group(0) in "-–" and _GLUED_NUMBER_BEFORE.search(m.string, 0, m.start()):
+        return m.group(0)  # a model name ("i7-12700", "RTX3080-10G"): a hyphen, not "to"
     return "到" if zh else " to "
 
 
@@ -861,8 +923,8 @@ def _money(m: re.Match[str], zh: bool) -> str:
 def _money_range(m: re.Match[str], zh: bool) -> str:
     cur = _CURRENCIES[m["sym"]]
     a, b = _split_num(m["a"]), _split_num(m["b"])
-    b_scale = (m["bscale"] or "").lower()
-    a_scale = (m["ascale"] or "").lower() or b_scale  # "$1.5-2M": both in millions
+    b_scale = (m["bscale"] or "").strip().lower()
+    a_scale = (m["ascale"] or "").strip().lower() or b_scale  # "$1.5-2M": both in millions
     if zh:
         ends = [
             _read_scaled(*end, scale, zh) if scale else _read_number(*end, zh)
@@ -906,8 +968,30 @@ def _percent(m: re.Match[str], zh: bool) -> str:
 
 def _scaled_number(m: re.Match[str], zh: bool) -> str:
     int_part, frac = _split_num(m["num"])
-    words = _read_scaled(int_part, frac, m["abbr"].lower(), zh)
+    abbr = m["abbr"].lower()
+    if not (frac or abbr in ("mn", "bn") or _counts_something(m, int_part, abbr)):
+        return m.group(0)  # a seat, a gate, a chip, a 401k: said as written
+    words = _read_scaled(int_part, frac, abbr, zh)
     return _sp(_signed(m, words, zh), zh)
+
+
+def _counts_something(m: re.Match[str], int_part: str, abbr: str) -> bool:
+    """Whether a whole number glued to a scale letter is an amount: it counts the word
+    after it ("10M users", "15k stars", 10M用户), unless that is a karat or a race ("18K
+    gold", "a 10K run"), the word before names a place ("seat 14B", "Gate 22B"), or it is a
+    retirement plan ("401k") or a chip ("14900K")."""
+    text, start, end = m.string, m.start(), m.end()
+    after = _WORD_AFTER_SCALE.match(text, end)
+    if after is None:
+        return False
+    if after["word"] in _NOT_COUNTED:
+        return False
+    if abbr == "k" and after["word"] in ("gold", "karat", "carat", "run", "race"):
+        return False
+    if int_part in ("401", "403", "457") or (abbr == "k" and len(int_part) >= 4):
+        return False
+    before = _WORD_BEFORE.search(text, 0, start)
+    return before is None or before["word"].lower() not in _PLACE_WORDS
 
 
 def _read_scaled(int_part: str, frac: str | None, scale_key: str, zh: bool) -> str:
@@ -984,9 +1068,14 @@ def _decade(m: re.Match[str], zh: bool) -> str:
 
 
 def _year_after(m: re.Match[str], zh: bool) -> str:
+    keyword = m["kw"]
+    month = _MONTH_BY_NAME.get(keyword)
+    if month is not None:
+        keyword = _MONTHS[month - 1]  # "Jan 2020": January, as said
     if zh:
-        return m.group(0)  # the Chinese rules below read it
-    return f"{m['kw']} {read_year_en(int(m['y']))} "
+        # Digit by digit, as Chinese says a year ("Q3 2025财报": Q三二零二五, not 二千零二十五).
+        return f"{keyword} {_digits(m['y'], zh)}"
+    return f"{keyword} {read_year_en(int(m['y']))} "
 
 
 def _year_zh(m: re.Match[str], zh: bool) -> str:
@@ -1029,7 +1118,15 @@ def _leading_point(m: re.Match[str], zh: bool) -> str:
     return _sp(_signed(m, words, zh), zh)
 
 
+def _is_liang(m: re.Match[str]) -> bool:
+    """A "2" said 两: before a measure word, and not an ordinal (第2名 is 第二名)."""
+    after_ordinal = m.start() > 0 and m.string[m.start() - 1] == "第"
+    return not after_ordinal and _TAKES_LIANG.match(m.string, m.end()) is not None
+
+
 def _number(m: re.Match[str], zh: bool) -> str:
+    if zh and m["int"] == "2" and not m["frac"] and _is_liang(m):
+        return _signed(m, "两", zh)  # 两点, 两个, 两小时: 二 is for counting and digits
     return _sp(_signed(m, _read_number(m["int"], m["frac"], zh), zh), zh)
 
 
@@ -1093,6 +1190,18 @@ def _tech_name(m: re.Match[str], zh: bool) -> str:
     return " dot NET " if m["net"] else " J S "
 
 
+# An address in angle brackets, as e-mail headers and Markdown autolinks write it: the
+# brackets are no comparison ("Jane Doe is less than jane at example dot com").
+_BRACKETED_ADDRESS: Final = re.compile(
+    r"<(?P<address>(?:https?://|www\.)[^<>\s]{1,2000}|[A-Za-z0-9._%+-]{1,200}@[A-Za-z0-9.-]{1,200})>",
+    re.IGNORECASE | re.ASCII,
+)
+
+
+def _bracketed_address(m: re.Match[str], zh: bool) -> str:
+    return f" {m['address']} "
+
+
 def _md_link(m: re.Match[str], zh: bool) -> str:
     return m["text"]
 
@@ -1108,6 +1217,7 @@ def _md_link_tail(m: re.Match[str], zh: bool) -> str:
 
 
 _RULES: Final[tuple[_Rule, ...]] = (
+    (_BRACKETED_ADDRESS, _bracketed_address),
     (_MD_LINK, _md_link),
     (_MD_LINK_TAIL, _md_link_tail),
     (_URL, _url),
@@ -1120,6 +1230,7 @@ _RULES: Final[tuple[_Rule, ...]] = (
     (_MONTH_DAY, _month_day),
     (_TIME_RANGE, _time_range),
     (_CLOCK, _clock),
+    (_DOTTED_CLOCK, _dotted_clock),
     (_HOUR_AMPM, _hour_ampm),
     (_ACRONYM, _acronym),
     (_RATIO, _ratio),

@@ -95,8 +95,9 @@ def _in_token(ch: str) -> bool:
     return (ch.isalnum() and not _is_cjk(ch)) or ch in _TOKEN_PUNCT
 
 
-def _dot_ends_sentence(buf: str, dot: int, start: int, after: str) -> bool:
-    """Decide whether the "." at ``dot`` ends a sentence, given the next visible char."""
+def _dot_ends_sentence(buf: str, dot: int, start: int, after: str, continued: bool) -> bool:
+    """Decide whether the "." at ``dot`` ends a sentence, given the next visible char.
+    ``continued``: ``buf[start:]`` continues a sentence cut for length (no list item)."""
     if after.islower() or after.isdigit():
         return False  # "e.g. this", "No. 5", "Fig. 3", "a.m. tomorrow"
     # The word before the dot, read from a window (not from the sentence's start: every dot
@@ -108,17 +109,23 @@ def _dot_ends_sentence(buf: str, dot: int, start: int, after: str) -> bool:
         return False  # "Dr. Who", "the U.S. Army"
     if len(word) == 1 and word.isupper():
         return False  # an initial: "J. K. Rowling"
-    # A number opening the sentence is a list item ("1. First"), not a sentence.
+    # A number opening the sentence is a list item ("1. First"), not a sentence; not so a
+    # number that opens what is left of a sentence cut for length ("... listed in | 2015.").
+    if continued:
+        return True
     return not (word.isdigit() and _VISIBLE.search(buf, start, dot - len(word)) is None)
 
 
-def _find_boundary(buf: str, start: int, final: bool, scan_from: int = 0) -> tuple[int | None, int]:
+def _find_boundary(
+    buf: str, start: int, final: bool, scan_from: int = 0, continued: bool = False
+) -> tuple[int | None, int]:
     """End (exclusive) of the first complete sentence in ``buf[start:]``, or None; and where
     a later scan of ``buf`` grown at its end may start (``scan_from`` then): every terminator
     before that point is settled, the text after it ruling it out ("3.50", "e.g. this").
 
     None also means "not decidable yet": more text may turn a "." into "3.5".
     ``final`` says no more text will come, so an open terminator at the end counts.
+    ``continued``: ``buf`` starts inside a sentence cut for length.
     """
     pos = max(start, scan_from)
     while (m := _TERMINATOR.search(buf, pos)) is not None:
@@ -147,7 +154,7 @@ def _find_boundary(buf: str, start: int, final: bool, scan_from: int = 0) -> tup
             return end, end  # a line break ends the sentence whatever follows
         if visible is None:
             return (end, end) if final else (None, at)
-        if _dot_ends_sentence(buf, at, start, buf[rest]):
+        if _dot_ends_sentence(buf, at, start, buf[rest], continued and start == 0):
             return end, end
         pos = end
     return None, len(buf)
@@ -229,6 +236,9 @@ class Segmenter:
         # scanning). A stream sent a character at a time would otherwise have the whole
         # buffer rescanned for every character: quadratic, on the event loop.
         self._scan = (0, 0)
+        # The buffer starts inside a sentence that was cut for length: a number opening it
+        # is that sentence's, not a list item (streamed text was cut unlike split_text).
+        self._continued = False
 
     def push(self, delta: str) -> list[str]:
         """Add text; return the segments it completed (often none)."""
@@ -244,6 +254,7 @@ class Segmenter:
                 cut = self._max  # no one's speech: cut it like a long word
             out.extend(_split_long(self._buf[:cut], self._max))
             self._set_buffer(self._buf[cut:].lstrip())
+            self._continued = True
         return out
 
     def flush(self) -> list[str]:
@@ -251,6 +262,7 @@ class Segmenter:
         out = self._take_sentences(final=True)
         out.extend(_split_long(self._buf, self._max))
         self._set_buffer("")
+        self._continued = False
         return out
 
     def _set_buffer(self, text: str) -> None:
@@ -265,7 +277,7 @@ class Segmenter:
             self._set_buffer(stripped)
         start, scan_from = self._scan
         while True:
-            end, scan_from = _find_boundary(self._buf, start, final, scan_from)
+            end, scan_from = _find_boundary(self._buf, start, final, scan_from, self._continued)
             if end is None:
                 break
             if len(self._buf[:end].strip()) < self._min:
@@ -278,6 +290,7 @@ class Segmenter:
 
             out.extend(_split_long(self._buf[:end], self._max))
             self._set_buffer(self._buf[end:].lstrip().lstrip(_ORPHAN_CLOSERS).lstrip())
+            self._continued = False
             start = scan_from = 0
         self._scan = (start, scan_from)
         return out
