@@ -207,3 +207,21 @@ def test_reading_a_long_dashed_or_dotted_run_takes_time_in_proportion(text: str)
     # _DOMAIN's "\b[a-z0-9-]+..." starts at every word boundary of the run and scans to its end
     # (0.37 s for 5000 characters, 1.4 s for 10000, GIL held).
     assert _seconds_to_read(text) < 5 * _seconds_to_read("1 " * 2500) + 0.05
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("Edit settings.py and README.md.", "Edit settings dot pie and README dot M D."),
+        ("Use numpy<2.0 for now.", "Use numpy is less than two point zero for now."),
+        ("a <b> tag", "a b tag"),  # markup, no comparison
+        ("the 2023-24 season", "the twenty twenty three to twenty four season"),
+        ("It costs $0.023/GB.", "It costs zero point zero two three dollars per gigabyte."),
+    ],
+)
+def test_file_names_glued_comparisons_short_year_ranges_and_prices_per_unit(
+    text: str, expected: str
+) -> None:
+    """Before: "settings. py" (the dot a full stop), "numpy two point zero" (the "<" dropped),
+    "two thousand twenty three to twenty four", "dollars slash GB"."""
+    assert _read(text) == expected

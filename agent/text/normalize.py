@@ -399,6 +399,12 @@ _PER_WORDS: Final[Mapping[str, str]] = MappingProxyType(
         "second": "second",
         "sec": "second",
         "s": "second",
+        "GB": "gigabyte",
+        "MB": "megabyte",
+        "TB": "terabyte",
+        "kWh": "kilowatt hour",
+        "token": "token",
+        "request": "request",
     }
 )
 
@@ -496,7 +502,8 @@ _UNIT_RANGE: Final = re.compile(
 )
 _YEAR_RANGE: Final = re.compile(
     r"(?<![0-9])(?P<a>1[1-9][0-9]{2}|20[0-9]{2})(?:\s?[-–]\s?|\sto\s)"
-    r"(?P<b>1[1-9][0-9]{2}|20[0-9]{2})(?![0-9])"
+    # "2023-24", a season or a school year: its end is the same century's
+    r"(?P<b>1[1-9][0-9]{2}|20[0-9]{2}|(?<=[-–])[0-9]{2})(?![0-9])"
 )
 # A number glued to the letters before it, ending where a match starts ("i7" of "i7-12700").
 _GLUED_NUMBER_BEFORE: Final = re.compile(r"[A-Za-z][0-9]+$")
@@ -511,7 +518,10 @@ _FACTOR: Final = re.compile(
     re.ASCII,
 )
 _APPROX: Final = re.compile(r"(?<![0-9])[~～]\s?(?=[$€£¥]?[0-9])")
-_COMPARE: Final = re.compile(r"(?<=[\s0-9])(?P<op>[<>]=?)(?=[\s0-9])")
+# Between spaces or numbers ("x < 3", "3<5"), or glued to a word before a number ("numpy<2.0").
+_COMPARE: Final = re.compile(
+    r"(?:(?<=[\s0-9])|(?<=[A-Za-z])(?=[<>]=?[0-9]))(?P<op>[<>]=?)(?=[\s0-9])"
+)
 _HASH_NUMBER: Final = re.compile(r"(?:#|(?<![A-Za-z])No\.\s?)(?P<n>[0-9]+)(?![0-9])")
 # A scale after an amount: a letter ("2M") or a word ("2 million").
 _SCALE_SUFFIX: Final = (
@@ -856,9 +866,14 @@ def _dotted(m: re.Match[str], zh: bool) -> str:
 
 
 def _year_range(m: re.Match[str], zh: bool) -> str:
+    short = len(m["b"]) == 2  # "2023-24": to 2024, said "to twenty four"
+    end = m["a"][:2] + m["b"] if short else m["b"]
+    if short and int(end) <= int(m["a"]):
+        return m.group(0)  # "2019-10": no range of years (a month, a code): the rules below
     if zh:  # Chinese years are read digit by digit: 二零二零到二零二四
-        return f"{_digits(m['a'], zh)}到{_digits(m['b'], zh)}"
-    return _sp(f"{read_year_en(int(m['a']))} to {read_year_en(int(m['b']))}", zh)
+        return f"{_digits(m['a'], zh)}到{_digits(end, zh)}"
+    last = read_int_en(int(m["b"])) if short else read_year_en(int(end))
+    return _sp(f"{read_year_en(int(m['a']))} to {last}", zh)
 
 
 def _range(m: re.Match[str], zh: bool) -> str:
@@ -1184,6 +1199,43 @@ _TECH_NAME: Final = re.compile(
 )
 
 
+# A file name's extension, as programmers say it ("settings.py" was "settings. py", the dot
+# read as a full stop).
+_FILE_EXTENSIONS: Final[Mapping[str, str]] = MappingProxyType(
+    {
+        "py": "pie",
+        "md": "M D",
+        "txt": "text",
+        "json": "jason",
+        "yaml": "yaml",
+        "yml": "Y M L",
+        "toml": "toml",
+        "csv": "C S V",
+        "html": "H T M L",
+        "css": "C S S",
+        "sh": "S H",
+        "pdf": "P D F",
+        "png": "P N G",
+        "jpg": "J P G",
+        "ts": "T S",
+        "tsx": "T S X",
+        "jsx": "J S X",
+        "cfg": "config",
+        "ini": "I N I",
+        "log": "log",
+        "zip": "zip",
+        "exe": "E X E",
+    }
+)
+_FILE_NAME: Final = re.compile(
+    r"(?<=[A-Za-z0-9_])\.(?P<ext>" + "|".join(_FILE_EXTENSIONS) + r")(?![A-Za-z0-9_])", re.ASCII
+)
+
+
+def _file_name(m: re.Match[str], zh: bool) -> str:
+    return f" dot {_FILE_EXTENSIONS[m['ext']]} "
+
+
 def _tech_name(m: re.Match[str], zh: bool) -> str:
     if m["sharp"]:
         return f" {m['sharp']} sharp "
@@ -1223,6 +1275,7 @@ _RULES: Final[tuple[_Rule, ...]] = (
     (_URL, _url),
     (_EMAIL, _email),
     (_TECH_NAME, _tech_name),
+    (_FILE_NAME, _file_name),
     (_DOMAIN, _domain),
     (_ABBREVIATION, _abbreviation),
     (_ISO_DATE, _iso_date),
