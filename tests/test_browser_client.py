@@ -442,6 +442,51 @@ async def test_an_event_from_a_connection_already_closed_makes_no_item(
     assert not ap.page_errors(), ap.context()
 
 
+async def test_a_media_check_answered_404_while_hang_up_waits_shows_no_error(
+    agent_page: AgentPage,
+) -> None:
+    """The audio stalls, so the page asks the server about its session (GET); the user hangs
+    up meanwhile, and the GET's answer (404: Hang up's DELETE ended the session) comes back
+    while Hang up still waits for its DELETE's answer, before the connection's close. It is
+    Hang up's 404, not news (mutation: the session.hangingUp check in checkSession dropped:
+    the page showed "The session is gone on the server" after the user hung up)."""
+    ap = agent_page
+    await connect(ap)
+    checking = asyncio.Event()
+    deleting = asyncio.Event()
+
+    async def sessions(route: Any) -> None:
+        if route.request.method == "GET":
+            checking.set()
+            await asyncio.wait_for(deleting.wait(), 1.5)  # within the check's 2 s timeout
+            # What the server answers once Hang up's DELETE ended the session, back before
+            # the connection's close reaches the page (its SCTP abort late, or lost).
+            await route.fulfill(status=404, body="")
+        elif route.request.method == "DELETE":
+            deleting.set()
+            await asyncio.sleep(0.3)  # a slow network (Hang up waits up to 1 s)
+            await route.continue_()
+        else:
+            await route.continue_()
+
+    await ap.page.route("**/sessions/*", sessions)
+    await ap.page.evaluate(
+        """() => {
+          const pc = window.voiceAgent.pc;
+          const getStats = pc.getStats.bind(pc);
+          let frozen = null;  // the audio stops: the packet count stands still
+          pc.getStats = async () => (frozen ??= await getStats());
+        }"""
+    )
+    await asyncio.wait_for(checking.wait(), 10)
+    await ap.page.click("#hangup")
+    await ap.page.wait_for_selector('#state[data-state="closed"]', timeout=5000)
+    await ap.page.wait_for_timeout(1200)  # past the DELETE's answer
+    alert = await ap.page.text_content("#alert")
+    assert await ap.page.is_hidden("#alert"), f"an error shown after Hang up: {alert!r}"
+    assert await ap.page.get_attribute("#state", "data-state") == "closed"
+
+
 async def test_an_id_said_again_after_its_failure_gets_an_item_of_its_own(
     agent_page: AgentPage,
 ) -> None:

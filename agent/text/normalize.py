@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 import unicodedata
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from decimal import Decimal
 from functools import partial
 from types import MappingProxyType
@@ -507,6 +507,7 @@ _YEAR_RANGE: Final = re.compile(
 )
 # A number glued to the letters before it, ending where a match starts ("i7" of "i7-12700").
 _GLUED_NUMBER_BEFORE: Final = re.compile(r"[A-Za-z][0-9]+$")
+_DIGITS_AT: Final = re.compile(r"[0-9]+")
 _MINUS_OP: Final = re.compile(r"(?<=[0-9])\s+-\s+(?=[0-9])")
 _TIMES_OP: Final = re.compile(r"(?<=[0-9])\s?[*xX×]\s?(?=[0-9])")
 # "10x faster", "0.5x speed", "3× more": a factor, not the letter (after _TIMES_OP, which
@@ -531,8 +532,9 @@ _SCALE_SUFFIX: Final = (
 # after the range ("one point five dollars to two M" before: the first end was misread).
 _MONEY_RANGE: Final = re.compile(
     rf"(?P<sym>[$€£¥])\s?(?P<a>{_NUM})(?P<ascale>{_SCALE_SUFFIX})?"
-    r"(?:[-–~]|\s[-–~]\s|\sto\s)(?:(?P=sym)\s?)?"
-    rf"(?P<b>{_NUM})(?P<bscale>{_SCALE_SUFFIX})?(?![A-Za-z0-9]|[.,][0-9])",
+    # "to" only before money ("$10 to $20", "$10 to 20 million"): "$5 to 3 friends" is none
+    rf"(?:[-–~]|\s[-–~]\s|\sto\s(?=(?P=sym)|[0-9.,]+(?:{_SCALE_SUFFIX})))"
+    rf"(?:(?P=sym)\s?)?(?P<b>{_NUM})(?P<bscale>{_SCALE_SUFFIX})?(?![A-Za-z0-9]|[.,][0-9])",
     re.ASCII,
 )
 _CURRENCY_SYMBOL: Final = re.compile(
@@ -566,6 +568,7 @@ _NOT_COUNTED: Final = frozenset(
 )
 _PLACE_WORDS: Final = frozenset(
     {
+        "size",
         "seat",
         "gate",
         "row",
@@ -586,6 +589,9 @@ _PLACE_WORDS: Final = frozenset(
         "stand",
     }
 )
+# "g" is grams only before "of" or where a phrase ends ("250 g of flour", "add 200g."); else
+# it is as often a g-force or a network generation.
+_GRAMS_CONTEXT: Final = re.compile(r"\s+of\b|\s*(?:[.,;:!?)]|$)")
 # "10^3 kg": a number with an exponent takes the unit too (the exponent is not the unit's
 # number: a match never starts right after "^" or "^-").
 _UNIT: Final = re.compile(
@@ -616,8 +622,10 @@ _LEADING_POINT: Final = re.compile(r"(?<![\w.])(?P<neg>-)?\.(?P<frac>[0-9]+)(?![
 # What "2" is 两 before, not 二: o'clock, measure words, units and 万/千 (not 月, 号 or 楼,
 # which name the second one).
 _TAKES_LIANG: Final = re.compile(
-    "点|个|小时|天|次|位|种|年|周|星期|岁|倍|本|只|张|件|名|条|台|辆|分钟|秒|万|千|亿|杯|斤|公斤|"
-    "公里|米|遍|场|家|座|门|节|页|份|双|对|人|块|元|句|种|部|篇|首|碗|瓶|间|层|把|根|头|片"
+    # 二次方 (squared), 二次函数/方程, 二元一次方程 and 二年级 (a grade) are terms, not counts
+    "次(?!方|函数|方程|幂|曲线)|元(?![一二三]次|方程|函数)|年(?!级)|"
+    "点|个|小时|天|位|种|周|星期|岁|倍|本|只|张|件|名|条|台|辆|分钟|秒|万|千|亿|杯|斤|公斤|"
+    "公里|米|遍|场|家|座|门|节|页|份|双|对|人|块|句|部|篇|首|碗|瓶|间|层|把|根|头|片"
 )
 _NUMBER: Final = re.compile(rf"(?P<neg>-)?(?P<int>{_INT})(?:\.(?P<frac>[0-9]+))?")
 _SYMBOL: Final = re.compile("|".join(re.escape(s) for s in sorted(_SYMBOLS, key=len, reverse=True)))
@@ -876,8 +884,17 @@ def _year_range(m: re.Match[str], zh: bool) -> str:
     return _sp(f"{read_year_en(int(m['a']))} to {last}", zh)
 
 
+def _is_model_number(before: str, text: str, after: int) -> bool:
+    """A letter-glued number and the number after its dash name a model when either has
+    three digits or more ("i7-12700", "RTX3080-10G", "MP3-320"); "rows B2-5" is a range."""
+    digits_after = _DIGITS_AT.match(text, after)
+    longest = max(len(before) - 1, len(digits_after.group(0)) if digits_after else 0)
+    return longest >= 3
+
+
 def _range(m: re.Match[str], zh: bool) -> str:
-    if m.group(0) in "-–" and _GLUED_NUMBER_BEFORE.search(m.string, 0, m.start()):
+    glued = _GLUED_NUMBER_BEFORE.search(m.string, 0, m.start()) if m.group(0) in "-–" else None
+    if glued and _is_model_number(glued.group(0), m.string, m.end()):
         return m.group(0)  # a model name ("i7-12700", "RTX3080-10G"): a hyphen, not "to"
     return "到" if zh else " to "
 
@@ -923,6 +940,8 @@ def _money(m: re.Match[str], zh: bool) -> str:
     int_part, frac = _split_num(m["num"])
     scale_key = (m["scale"] or (m.groupdict().get("abbr") or "")).lower()
     scale = _SCALE_WORDS.get(scale_key)
+    if zh and m.string.startswith((cur.zh, cur.zh[-1]), m.end()):
+        cur = replace(cur, zh="")  # "¥3.5万元", "$5美元": the text says its unit itself
     if zh and scale:
         words = _read_scaled(int_part, frac, scale_key, zh) + cur.zh
     elif zh:
@@ -1025,6 +1044,8 @@ def _read_scaled(int_part: str, frac: str | None, scale_key: str, zh: bool) -> s
 
 
 def _unit(m: re.Match[str], zh: bool) -> str:
+    if m["unit"] == "g" and not _GRAMS_CONTEXT.match(m.string, m.end()):
+        return m.group(0)  # "9 g in the turn", "the 5g network": no grams, said as written
     int_part, frac = _split_num(m["num"])
     singular, plural, chinese = _UNITS[m["unit"]]
     number = _read_number(int_part, frac, zh)
