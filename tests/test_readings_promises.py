@@ -346,6 +346,7 @@ def test_a_letter_after_a_number_that_is_no_gram_or_million(text: str, expected:
         ("The Core i7-12700 is fast.", "The Core i seven twelve thousand seven hundred is fast."),
         ("融资¥3.5万元", "融资三万五千元"),  # the text's own 元 is not said twice
         ("只要$5美元", "只要五美元"),
+        ("all .txt files", "all dot text files"),  # an extension alone is a file type
     ],
 )
 def test_a_short_glued_range_and_a_currency_written_twice(text: str, expected: str) -> None:

@@ -1249,7 +1249,9 @@ _FILE_EXTENSIONS: Final[Mapping[str, str]] = MappingProxyType(
     }
 )
 _FILE_NAME: Final = re.compile(
-    r"(?<=[A-Za-z0-9_])\.(?P<ext>" + "|".join(_FILE_EXTENSIONS) + r")(?![A-Za-z0-9_])", re.ASCII
+    # a name's ("settings.py") or the extension alone ("all .txt files")
+    r"(?<![.])\.(?P<ext>" + "|".join(_FILE_EXTENSIONS) + r")(?![A-Za-z0-9_])",
+    re.ASCII,
 )
 
 
