@@ -22,31 +22,13 @@ from agent.session import AgentSession
 from agent.speech import CLIENT, SpeechError, SpeechPipeline
 from tests.doubles import FailingEngine, ToneEngine
 from tests.test_conversation_units import RecordingBrain, ScriptedSTT, say_turn, talking_session
-from tests.test_services_misbehaving import llm_deltas, serve, sse
+from tests.test_services_misbehaving import llm_deltas, said, serve, sse
 from tests.test_speech_pipeline import Drain, wait_for
 
 
-def said(text: str) -> bytes:
-    chunk = {"choices": [{"index": 0, "delta": {"content": text}}]}
-    return f"data: {json.dumps(chunk)}\n\n".encode()
-
-
-def breaks_after(*pieces: bytes) -> Any:
-    """An SSE stream that sends ``pieces``, then loses its connection mid-body (a chunked
-    body without its last chunk: a crashed upstream, a proxy's idle cut, a network drop)."""
-
-    async def handler(request: web.Request) -> web.StreamResponse:
-        await request.read()
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await response.prepare(request)
-        for piece in pieces:
-            await response.write(piece)
-            await asyncio.sleep(0.05)
-        assert request.transport is not None
-        request.transport.close()
-        return response
-
-    return handler
+def data(text: str) -> bytes:
+    """One SSE event of a streamed reply saying ``text``."""
+    return f"data: {said(text)}\n\n".encode()
 
 
 # --- agent/llm.py -------------------------------------------------------------------------------
@@ -56,7 +38,7 @@ async def test_an_llm_stream_that_breaks_mid_answer_is_a_failure_not_a_complete_
     not end as if the answer were complete (the client was told nothing, and the cut answer
     went into the history as the whole reply).
     Mutation: llm.py stream() ``except aiohttp.ClientError`` returns instead of raising."""
-    deltas, failure, _ = await llm_deltas(breaks_after(said("The answer is 42. "), said("And")))
+    deltas, failure, _ = await llm_deltas(sse(data("The answer is 42. "), data("And"), cut=True))
     assert deltas == ["The answer is 42. ", "And"]
     assert failure is not None and failure.code == "llm_failed", failure
     assert "broke" in failure.message
@@ -68,7 +50,7 @@ async def test_a_reply_whose_llm_stream_breaks_plays_what_was_said_and_names_its
     and the history holds what was heard of it.
     Mutations: llm.py ClientError returns (no error); turns.py _run_reply not closing the
     reply's stream after a ServiceError (no speech.ended, the session held for good)."""
-    runner, base = await serve(breaks_after(said("The answer is 42. "), said("And then")))
+    runner, base = await serve(sse(data("The answer is 42. "), data("And then"), cut=True))
     services = ServiceSettings(llm_base_url=base, llm_timeout_s=2.0)
     session = AgentSession("s", ToneEngine(seconds_per_word=0.01), Config(services=services))
     events: list[dict[str, Any]] = []

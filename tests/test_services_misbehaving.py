@@ -338,8 +338,10 @@ def said(text: str) -> str:
     return chunk({"content": text})
 
 
-def sse(*pieces: bytes) -> Handler:
-    """An SSE stream written in these pieces, each flushed on its own."""
+def sse(*pieces: bytes, cut: bool = False) -> Handler:
+    """An SSE stream written in these pieces, each flushed on its own; ``cut``: then the
+    connection is lost mid-body (a chunked body without its last chunk: a crashed upstream,
+    a proxy's idle cut, a network drop)."""
 
     async def handler(request: web.Request) -> web.StreamResponse:
         await request.read()
@@ -348,6 +350,9 @@ def sse(*pieces: bytes) -> Handler:
         for piece in pieces:
             await response.write(piece)
             await asyncio.sleep(0.01)  # the next piece in a read of its own
+        if cut:
+            assert request.transport is not None
+            request.transport.close()
         return response
 
     return handler
