@@ -507,6 +507,9 @@ _YEAR_RANGE: Final = re.compile(
 )
 # A number glued to the letters before it, ending where a match starts ("i7" of "i7-12700").
 _GLUED_NUMBER_BEFORE: Final = re.compile(r"[A-Za-z][0-9]+$")
+# How far before a match these look (a window: from the text's start, every match scanned
+# all the text before it, quadratic in a long text of matches).
+_LOOK_BACK: Final = 32
 _DIGITS_AT: Final = re.compile(r"[0-9]+")
 _MINUS_OP: Final = re.compile(r"(?<=[0-9])\s+-\s+(?=[0-9])")
 _TIMES_OP: Final = re.compile(r"(?<=[0-9])\s?[*xX×]\s?(?=[0-9])")
@@ -893,7 +896,9 @@ def _is_model_number(before: str, text: str, after: int) -> bool:
 
 
 def _range(m: re.Match[str], zh: bool) -> str:
-    glued = _GLUED_NUMBER_BEFORE.search(m.string, 0, m.start()) if m.group(0) in "-–" else None
+    glued = None
+    if m.group(0) in "-–":
+        glued = _GLUED_NUMBER_BEFORE.search(m.string, max(0, m.start() - _LOOK_BACK), m.start())
     if glued and _is_model_number(glued.group(0), m.string, m.end()):
         return m.group(0)  # a model name ("i7-12700", "RTX3080-10G"): a hyphen, not "to"
     return "到" if zh else " to "
@@ -1024,7 +1029,7 @@ def _counts_something(m: re.Match[str], int_part: str, abbr: str) -> bool:
         return False
     if int_part in ("401", "403", "457") or (abbr == "k" and len(int_part) >= 4):
         return False
-    before = _WORD_BEFORE.search(text, 0, start)
+    before = _WORD_BEFORE.search(text, max(0, start - _LOOK_BACK), start)
     return before is None or before["word"].lower() not in _PLACE_WORDS
 
 
