@@ -39,6 +39,7 @@ ALLOWED_CHARS: Final = re.compile(r"[\u4e00-\u9fffA-Za-z，。、,. ]*")
 """Everything ChatTTS 0.2.5's normalizer keeps (use with ``fullmatch``)."""
 
 _CJK: Final = re.compile(r"[\u4e00-\u9fff]")
+_CJK_OR_MARK: Final = re.compile(r"[\u4e00-\u9fff\u3001-\u303f]")  # 。、「」《》...
 _NOT_ALLOWED: Final = re.compile(r"[^\u4e00-\u9fffA-Za-z，。、,. ]")
 
 # ----------------------------------------------------------------------------- numbers
@@ -165,8 +166,10 @@ def read_int_zh(n: int) -> str:
             out += "零"
         out += _zh_section(group) + _ZH_GROUPS[index]
         pending_zero = False
-    # 一十五 is written but 十五 is said.
-    return out[1:] if out.startswith("一十") else out
+    # 一十五 is written but 十五 is said; and 两千, 两万, 两亿 (二千元 is no one's reading).
+    if out.startswith("一十"):
+        return out[1:]
+    return "两" + out[1:] if out.startswith(("二千", "二万", "二亿")) else out
 
 
 def _digits(digits: str, zh: bool) -> str:
@@ -343,6 +346,8 @@ _SYMBOLS: Final[Mapping[str, tuple[str, str]]] = MappingProxyType(
         "%": ("percent", "百分号"),
         "×": ("times", "乘"),
         "÷": ("divided by", "除以"),
+        "√": ("the square root of", "根号"),
+        "π": ("pi", "派"),
         "≈": ("approximately", "约等于"),
         "±": ("plus or minus", "正负"),
         "→": ("to", "到"),
@@ -461,13 +466,16 @@ _MONTH_DAY: Final = re.compile(
     re.ASCII,
 )
 _CLOCK: Final = re.compile(
-    rf"(?<![0-9:])(?P<h>[0-9]{{1,2}}):(?P<m>[0-5][0-9])(?::(?P<s>[0-5][0-9]))?(?![0-9])"
+    rf"(?<![0-9])(?<![0-9]:)(?P<h>[0-9]{{1,2}}):(?P<m>[0-5][0-9])(?::(?P<s>[0-5][0-9]))?(?![0-9])"
     rf"(?:\s?{_AMPM})?"
 )
 # One end of a time range: "9", "9am", "10:30", "5 p.m." (_time_end tells which are times).
 _TIME: Final = r"[0-9]{1,2}(?::[0-5][0-9]){0,2}(?:\s?[AaPp]\.?[Mm](?![A-Za-z])\.?)?"
 # Before the clock rules, which would leave the dash between two times to become a pause.
-_TIME_RANGE: Final = re.compile(rf"(?<![0-9:.])(?P<a>{_TIME})\s?[-–~～]\s?(?P<b>{_TIME})(?![0-9:])")
+# A ":" before either may be a label's ("营业时间：9:00-21:00"), not a longer time's.
+_TIME_RANGE: Final = re.compile(
+    rf"(?<![0-9.])(?<![0-9]:)(?P<a>{_TIME})\s?[-–~～]\s?(?P<b>{_TIME})(?![0-9:])"
+)
 # "7.30pm", as British English writes a time: only with am/pm (else "7.30" is a number).
 _DOTTED_CLOCK: Final = re.compile(rf"(?<![0-9.])(?P<h>1[0-2]|0?[1-9])\.(?P<m>[0-5][0-9])\s?{_AMPM}")
 _HOUR_AMPM: Final = re.compile(rf"(?<![0-9:])(?<![0-9][.,])(?P<h>[0-9]{{1,2}})\s?{_AMPM}")
@@ -497,7 +505,7 @@ _RANGE: Final = re.compile(r"(?<=[0-9])(?:\s?[~～]\s?|[-–]|\s–\s|\sto\s)(?=
 # sign ("气温-5度"): "ten o'clock, minus twenty-two o'clock" (found by review).
 # The same unit must close the second end: a connective is no unit ("-8到-3度", "3加-2").
 _UNIT_RANGE: Final = re.compile(
-    r"(?<=[0-9])(?P<unit>[%％]|[\u4e00-\u9fff]|[A-Za-z]{1,3})[-–]"
+    r"(?<=[0-9])(?P<unit>[%％]|°[CF]?|[\u4e00-\u9fff]|[A-Za-z]{1,3})[-–~～]"
     r"(?=[第$€£¥]?[0-9][0-9.,]*(?P=unit))"
 )
 _YEAR_RANGE: Final = re.compile(
@@ -511,6 +519,7 @@ _GLUED_NUMBER_BEFORE: Final = re.compile(r"[A-Za-z][0-9]+$")
 # all the text before it, quadratic in a long text of matches).
 _LOOK_BACK: Final = 32
 _DIGITS_AT: Final = re.compile(r"[0-9]+")
+_EQUALS_AFTER: Final = re.compile(r"[0-9][0-9.,]*\s?=")
 _MINUS_OP: Final = re.compile(r"(?<=[0-9])\s+-\s+(?=[0-9])")
 _TIMES_OP: Final = re.compile(r"(?<=[0-9])\s?[*xX×]\s?(?=[0-9])")
 # "10x faster", "0.5x speed", "3× more": a factor, not the letter (after _TIMES_OP, which
@@ -594,7 +603,7 @@ _PLACE_WORDS: Final = frozenset(
 )
 # "g" is grams only before "of" or where a phrase ends ("250 g of flour", "add 200g."); else
 # it is as often a g-force or a network generation.
-_GRAMS_CONTEXT: Final = re.compile(r"\s+of\b|\s*(?:[.,;:!?)]|$)")
+_GRAMS_CONTEXT: Final = re.compile(r"\s+of\b|\s*(?:[.,;:!?)]|$)|[\u4e00-\u9fff]")
 # "10^3 kg": a number with an exponent takes the unit too (the exponent is not the unit's
 # number: a match never starts right after "^" or "^-").
 _UNIT: Final = re.compile(
@@ -628,13 +637,14 @@ _TAKES_LIANG: Final = re.compile(
     # 二次方 (squared), 二次函数/方程, 二元一次方程 and 二年级 (a grade) are terms, not counts
     "次(?!方|函数|方程|幂|曲线)|元(?![一二三]次|方程|函数)|年(?!级)|"
     "点|个|小时|天|位|种|周|星期|岁|倍|本|只|张|件|名|条|台|辆|分钟|秒|万|千|亿|杯|斤|公斤|"
-    "公里|米|遍|场|家|座|门|节|页|份|双|对|人|块|句|部|篇|首|碗|瓶|间|层|把|根|头|片"
+    "公里|米|遍|场|家|座|门|节|页|份|双|对|人|块|句|部|篇|首|碗|瓶|间|层|把|根|头|片|"
+    "升|毫升|克|颗|粒|支|盒|包|袋|箱|项|趟|棵|套(?!房)"
 )
 _NUMBER: Final = re.compile(rf"(?P<neg>-)?(?P<int>{_INT})(?:\.(?P<frac>[0-9]+))?")
 _SYMBOL: Final = re.compile("|".join(re.escape(s) for s in sorted(_SYMBOLS, key=len, reverse=True)))
 _PER_SLASH: Final = re.compile(
     r"\s?/\s?(?:(?P<w>" + "|".join(sorted(_PER_WORDS, key=len, reverse=True)) + r")\b"
-    r"|(?=[天日时月年周人次个件]))",
+    r"|(?=[天日时月年周人次个件斤晚小公分克升位张间瓶杯份包盒箱桶台辆]))",
     re.ASCII,
 )
 _AND_OR: Final = re.compile(r"\band/or\b", re.ASCII)
@@ -901,6 +911,8 @@ def _range(m: re.Match[str], zh: bool) -> str:
         glued = _GLUED_NUMBER_BEFORE.search(m.string, max(0, m.start() - _LOOK_BACK), m.start())
     if glued and _is_model_number(glued.group(0), m.string, m.end()):
         return m.group(0)  # a model name ("i7-12700", "RTX3080-10G"): a hyphen, not "to"
+    if m.group(0) in "-–" and _EQUALS_AFTER.match(m.string, m.end()):
+        return "减" if zh else " minus "  # "10-3=7": a sum, not a range
     return "到" if zh else " to "
 
 
@@ -1264,6 +1276,21 @@ def _file_name(m: re.Match[str], zh: bool) -> str:
     return f" dot {_FILE_EXTENSIONS[m['ext']]} "
 
 
+# Chinese reads codes digit by digit: after a word that names one (验证码是382916, 拨打110,
+# 邮编100080) or glued to capital letters (航班CA1234, G123次列车, 京A12345).
+_ZH_CODE: Final = re.compile(
+    r"(?P<head>(?:验证码|校验码|密码|邮编|订单号|单号|尾号|卡号|工号|学号|拨打|致电|热线|号码)"
+    r"[是为:\s]{0,3}|(?<![A-Za-z])[A-Z]{1,3})(?P<digits>[0-9]{3,})"
+    r"(?![0-9]|\.[0-9]|-[0-9]|,[0-9]{3}(?![0-9]))"  # no decimal, range or thousands
+)
+
+
+def _zh_code(m: re.Match[str], zh: bool) -> str:
+    if not zh:
+        return m.group(0)
+    return m["head"] + _digits(m["digits"], zh)
+
+
 def _tech_name(m: re.Match[str], zh: bool) -> str:
     if m["sharp"]:
         return f" {m['sharp']} sharp "
@@ -1305,6 +1332,7 @@ _RULES: Final[tuple[_Rule, ...]] = (
     (_TECH_NAME, _tech_name),
     (_FILE_NAME, _file_name),
     (_DOMAIN, _domain),
+    (_ZH_CODE, _zh_code),
     (_ABBREVIATION, _abbreviation),
     (_ISO_DATE, _iso_date),
     (_DATE_YEAR_LAST, _date_year_last),
@@ -1360,13 +1388,17 @@ def _superscript(m: re.Match[str]) -> str:
 def _prepare(text: str) -> str:
     """Unicode clean-up: full-width forms to ASCII, accents off Latin letters (café)."""
     # NFKD would turn "10³" into "103" and "m²" into "m2": keep the exponent an exponent.
-    text = _SUPERSCRIPT.sub(_superscript, text.replace("№", "No."))
+    text = text.replace("№", "No.").translate(_SQUARE_UNITS)  # NFKD: "㎡" is "m2"
+    text = _SUPERSCRIPT.sub(_superscript, text)
     text = unicodedata.normalize("NFKD", text)
     text = "".join(ch for ch in text if not unicodedata.combining(ch))
     return text.replace("\u2212", "-").replace("\u2044", "/").replace("\r", "\n")
 
 
 _SUPERSCRIPT: Final = re.compile("[⁺⁻]?[⁰¹²³⁴⁵⁶⁷⁸⁹]+")
+_SQUARE_UNITS: Final = str.maketrans(
+    {"㎡": "m²", "㎥": "m³", "㎠": "cm²", "㎢": "km²", "㎤": "cm³"}
+)
 _SUPERSCRIPT_DIGITS: Final = str.maketrans("⁰¹²³⁴⁵⁶⁷⁸⁹⁺⁻", "0123456789+-")
 
 
@@ -1407,7 +1439,8 @@ def _apply(rule: Callable[[re.Match[str], bool], str], zh: bool, m: re.Match[str
 
 def _is_chinese(text: str, lang: str | None) -> bool:
     if lang is None:
-        return _CJK.search(text) is not None
+        # A piece of a Chinese answer may hold no ideograph ("12+8=20。"): its marks say it.
+        return _CJK_OR_MARK.search(text) is not None
     if lang.lower().startswith("zh"):
         return True
     if lang.lower().startswith("en"):
