@@ -22,6 +22,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Any, Protocol
 
 import numpy as np
@@ -44,6 +45,9 @@ TRACK_END_SETTLE_S = 0.5
 # No frame at all for this long (or the end-of-turn silence, if longer) ends a turn (see
 # _watch_quiet): shorter gaps are the network's jitter or a stalled loop, not the user.
 QUIET_ENDS_TURN_MIN_S = 1.0
+# RTP time a sender skipped, up to this long, is heard as silence (see _gap_windows); a longer
+# jump is a restarted sender (a new timestamp origin), not time.
+MAX_GAP_FILLED_S = 2.0
 
 
 class Listener(Protocol):
@@ -109,6 +113,7 @@ class InboundAudio:
         self._resampler: soxr.ResampleStream | None = None
         self._rate = 0
         self._pending = np.zeros(0, dtype=np.float32)
+        self._next_pts: int | None = None  # where the next frame starts if none is missing
         # Set when a turn ends mid-speech without the audio saying so (the microphone went
         # quiet or ended): the model's memory is still inside a word, and would hear the
         # next window of mere noise as that word going on. The scorer resets it first.
@@ -191,7 +196,7 @@ class InboundAudio:
                 self._last_frame_at = time.monotonic()
                 arrived = self._clock()
                 self.stats.frames += 1
-                for window in self._windows(frame):
+                for window in self._gap_windows(frame) + self._windows(frame):
                     if self._queue.full():
                         self._queue.get_nowait()  # the scorer is behind: drop the oldest
                         self.stats.dropped_windows += 1
@@ -247,12 +252,37 @@ class InboundAudio:
                 self._end_turn()
             await asyncio.sleep(quiet_s)
 
+    def _gap_windows(self, frame: Any) -> list[Window]:
+        """The silence before ``frame`` that its sender did not send, as silent windows.
+
+        A client whose Opus encoder runs with DTX sends one packet per 400 ms of silence,
+        and a lost packet sends nothing: the turn's end is counted in windows, so 600 ms of
+        silence took ~12 s to arrive from a DTX microphone (and the quiet watchdog never
+        fired: a packet came every 0.4 s; found by review). The RTP time the frames skip is
+        that silence: at most enough of it to end a turn, and none across a jump longer than
+        MAX_GAP_FILLED_S (a restarted sender)."""
+        pts, rate, samples = frame.pts, int(frame.sample_rate), int(frame.samples)
+        expected = self._next_pts
+        on_rate_clock = pts is not None and frame.time_base == Fraction(1, rate)
+        self._next_pts = pts + samples if on_rate_clock else None
+        if not on_rate_clock or expected is None:
+            return []
+        missing = pts - expected
+        if missing < 2 * samples or missing > rate * MAX_GAP_FILLED_S:  # a lost packet: none
+            return []
+        most = (self.detector.silence_windows + 1) * VAD_WINDOW_SAMPLES
+        silence = np.zeros(min(most, missing * VAD_SAMPLE_RATE // rate), dtype=np.float32)
+        return self._cut_windows(silence)
+
     def _windows(self, frame: Any) -> list[Window]:
         rate = int(frame.sample_rate)
         if self._resampler is None or rate != self._rate:
             self._rate = rate
             self._resampler = soxr.ResampleStream(rate, VAD_SAMPLE_RATE, 1, dtype="float32")
-        samples = self._resampler.resample_chunk(to_mono_float(frame))
+        return self._cut_windows(self._resampler.resample_chunk(to_mono_float(frame)))
+
+    def _cut_windows(self, samples: npt.NDArray[np.float32]) -> list[Window]:
+        """``samples`` (16 kHz) after the part-window held back: the whole windows now."""
         data = np.concatenate((self._pending, samples)) if self._pending.size else samples
         whole = data.size // VAD_WINDOW_SAMPLES * VAD_WINDOW_SAMPLES
         windows = [

@@ -193,6 +193,7 @@ async def test_a_scorer_that_falls_behind_loses_the_oldest_windows() -> None:
     settings = ListenSettings(max_pending_windows=3)
     inbound = InboundAudio(_Frames(8), None, settings, _Recorder())  # type: ignore[arg-type]
     inbound._windows = lambda frame: [np.full(512, frame, np.float32)]  # type: ignore[method-assign]
+    inbound._gap_windows = lambda frame: []  # type: ignore[method-assign]
     await inbound._read()
     kept = []
     while not inbound._queue.empty():
