@@ -14,16 +14,7 @@ from aiortc.mediastreams import MediaStreamTrack
 from agent.conversation_config import ListenSettings
 from agent.inbound import InboundAudio
 from agent.vad import SpeechDetector
-from tests.test_conversation_units import TurnRecorder
-
-
-def _events(detector: SpeechDetector, probabilities: list[float]) -> list[tuple[str, int, int]]:
-    out = []
-    for p in probabilities:
-        event = detector.push(p)
-        if event is not None:
-            out.append((event.kind.value, detector.index, event.window))
-    return out
+from tests.test_conversation_units import TurnRecorder, run
 
 
 def test_two_isolated_clicks_do_not_make_min_speech_ms_of_speech() -> None:
@@ -38,7 +29,7 @@ def test_two_isolated_clicks_do_not_make_min_speech_ms_of_speech() -> None:
     detector = SpeechDetector(ListenSettings(min_speech_ms=64))
     assert detector.onset_windows == 2
     background = [0.42] * 30  # ~1 s between the thresholds (0.35..0.5)
-    assert _events(detector, [0.9, *background, 0.9, *background]) == []
+    assert run(detector, [0.9, *background, 0.9, *background]) == []
 
 
 # --- a microphone that sends nothing while the user is silent (Opus DTX) -----------------

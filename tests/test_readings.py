@@ -29,7 +29,7 @@ def _read(text: str) -> str:
     ],
 )
 def test_an_algebra_term_is_not_a_factor(text: str, expected: str) -> None:
-    # now: "Solve two times plus three equals seven." (before eacccfb: "two x plus three")
+    # was: "Solve two times plus three equals seven." (before eacccfb: "two x plus three")
     assert _read(text) == expected
 
 
@@ -47,7 +47,7 @@ def test_an_algebra_term_is_not_a_factor(text: str, expected: str) -> None:
 def test_a_price_range_with_a_scale_word_says_the_currency_after_the_scale(
     text: str, expected: str
 ) -> None:
-    # now: "ten to fifteen dollars million"
+    # was: "ten to fifteen dollars million"
     assert _read(text) == expected
 
 
@@ -65,7 +65,7 @@ def test_a_price_range_with_a_scale_word_says_the_currency_after_the_scale(
     ],
 )
 def test_a_seat_a_karat_or_a_model_number_is_not_an_amount(text: str, wrong: str) -> None:
-    # now: "Your seat is fourteen billion.", "An eighteen thousand gold ring.",
+    # was: "Your seat is fourteen billion.", "An eighteen thousand gold ring.",
     # "your four hundred one thousand", "The fourteen thousand nine hundred thousand"
     assert wrong not in _read(text)
 
@@ -82,7 +82,7 @@ def test_a_seat_a_karat_or_a_model_number_is_not_an_amount(text: str, wrong: str
     ],
 )
 def test_a_year_after_an_abbreviated_month_is_read_as_a_year(text: str, year: str) -> None:
-    # now: "From Jan two thousand twenty to Mar two thousand twenty one"
+    # was: "From Jan two thousand twenty to Mar two thousand twenty one"
     spoken = _read(text)
     assert year in spoken and "thousand" not in spoken
 
@@ -114,7 +114,7 @@ def test_chinese_two_before_a_measure_word_is_liang(text: str, expected: str) ->
     ],
 )
 def test_angle_brackets_around_an_address_are_not_comparisons(text: str) -> None:
-    # now: "Jane Doe is less than jane at example dot com", "See is less than example dot com
+    # was: "Jane Doe is less than jane at example dot com", "See is less than example dot com
     # is greater than for more."
     spoken = _read(text)
     assert "less than" not in spoken and "greater than" not in spoken
@@ -132,7 +132,7 @@ def test_angle_brackets_around_an_address_are_not_comparisons(text: str) -> None
     ],
 )
 def test_grams_and_a_dotted_time_are_read_as_such(text: str, expected: str) -> None:
-    # now: "two hundred fifty g of flour", "seven point three zero pm"
+    # was: "two hundred fifty g of flour", "seven point three zero pm"
     assert _read(text) == expected
 
 
@@ -140,7 +140,7 @@ def test_grams_and_a_dotted_time_are_read_as_such(text: str, expected: str) -> N
 
 
 def test_a_model_number_with_a_dash_is_not_a_range() -> None:
-    # now: "The Core i seven to twelve thousand seven hundred is fast."
+    # was: "The Core i seven to twelve thousand seven hundred is fast."
     assert " to " not in _read("The Core i7-12700 is fast.")
 
 
@@ -148,7 +148,7 @@ def test_a_model_number_with_a_dash_is_not_a_range() -> None:
 
 
 def test_a_path_after_a_domain_is_not_per() -> None:
-    # now: "Fork github dot com per user slash repo."
+    # was: "Fork github dot com per user slash repo."
     assert "per" not in _read("Fork github.com/user/repo.").split()
 
 
@@ -156,7 +156,7 @@ def test_a_path_after_a_domain_is_not_per() -> None:
 
 
 def test_a_year_after_a_quarter_in_chinese_is_read_as_a_year() -> None:
-    # now: "今年的Q三二千零二十五财报很好。"
+    # was: "今年的Q三二千零二十五财报很好。"
     assert "二零二五" in _read("今年的Q3 2025财报很好。")
 
 

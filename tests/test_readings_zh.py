@@ -17,7 +17,7 @@ def _read(text: str) -> str:
 
 
 def test_clock_after_fullwidth_colon_is_a_time_not_a_score() -> None:
-    # "：" becomes ":" in _prepare, and _CLOCK refuses a ":" before the hour, so _RATIO reads
+    # "：" becomes ":" in _prepare, and _CLOCK refused a ":" before the hour, so _RATIO read
     # the time as a score: 起飞时间，八比三十 ("eight to thirty").
     assert "八点三十" in _read("起飞时间：08:30。")
     assert "比" not in _read("会议时间：14:00-15:30。")
@@ -31,37 +31,37 @@ def test_subtraction_is_not_a_range() -> None:
 
 
 def test_celsius_range_says_to() -> None:
-    # The dash between two temperatures vanished: 十摄氏度十五摄氏度.
+    # The dash between two temperatures vanished: 十摄氏度十五摄氏度 (before the fix).
     out = _read("本周气温在10℃-15℃之间。")
     assert "到" in out, out
 
 
 def test_tilde_between_percentages_is_a_range_not_approximately() -> None:
-    # 百分之三大约百分之五 ("three percent approximately five percent").
+    # Was 百分之三大约百分之五 ("three percent approximately five percent").
     out = _read("年化收益率约为3%~5%。")
     assert "大约" not in out, out
     assert "百分之三到百分之五" in out, out
 
 
 def test_price_per_jin_and_per_hour_say_per() -> None:
-    # 三点五元斜杠斤 ("slash jin"); 元/天 already reads 每天.
+    # Was 三点五元斜杠斤 ("slash jin"); 元/天 already read 每天.
     assert "斜杠" not in _read("单价3.5元/斤。")
     assert "斜杠" not in _read("停车费10元/小时。")
 
 
 def test_square_meter_sign() -> None:
-    # "㎡" (U+33A1) decomposes to "m2", read 一百二十m二.
+    # "㎡" (U+33A1) decomposes to "m2": it was read 一百二十m二.
     assert _read("这套房子面积是120㎡。") == "这套房子面积是一百二十平方米。"
 
 
 def test_grams_before_a_chinese_word() -> None:
-    # 二百g面粉: "g" is read as grams only before "of" or a phrase end.
+    # Was 二百g面粉: "g" was read as grams only before "of" or a phrase end.
     out = _read("请加入200g面粉。")
     assert "克" in out, out
 
 
 def test_liang_before_more_measure_words() -> None:
-    # README: 2 is 两 before a Chinese measure word. 二升水, 二颗鸡蛋 are wrong.
+    # README: 2 is 两 before a Chinese measure word. 二升水, 二颗鸡蛋 (before) are wrong.
     for text, said in [
         ("每天喝2升水。", "两升"),
         ("早餐吃2颗鸡蛋。", "两颗"),
@@ -74,26 +74,26 @@ def test_liang_before_more_measure_words() -> None:
 
 
 def test_liang_before_qian_and_wan() -> None:
-    # 二千元 / 二万元: a native says 两千元 / 两万元 ("2万" alone already reads 两万).
+    # Was 二千元 / 二万元: a native says 两千元 / 两万元.
     assert "两千" in _read("每月房租2000元。")
     assert "两万" in _read("预算20000元。")
 
 
 def test_equation_sentence_of_a_chinese_reply_is_read_in_chinese() -> None:
-    # Each segment is normalized alone; one with no ideograph but Chinese punctuation is read
+    # Each segment is normalized alone; one with no ideograph but Chinese punctuation was read
     # in English in the middle of a Chinese answer: "twelve plus eight equals twenty."
     out = _read("我们来算一下。12+8=20。")
     assert out == "我们来算一下。十二加八等于二十。", out
 
 
 def test_square_root_sign_is_said() -> None:
-    # "√" is dropped: 所以十六等于四 ("so sixteen equals four") is false.
+    # "√" was dropped: 所以十六等于四 ("so sixteen equals four") is false.
     out = _read("所以√16=4。")
     assert "根号" in out, out
 
 
 def test_codes_after_a_cue_read_digit_by_digit() -> None:
-    # 验证码 三十八万二千九百一十六, 拨打一百一十, 航班CA一千二百三十四: codes and
+    # Was 验证码 三十八万二千九百一十六, 拨打一百一十, 航班CA一千二百三十四: codes and
     # service numbers are read digit by digit.
     assert "三八二九一六" in _read("您的验证码是382916，5分钟内有效。")
     assert "一一零" in _read("遇到危险请拨打110报警。")
