@@ -22,7 +22,6 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from fractions import Fraction
 from typing import Any, Protocol
 
 import numpy as np
@@ -263,7 +262,8 @@ class InboundAudio:
         MAX_GAP_FILLED_S (a restarted sender)."""
         pts, rate, samples = frame.pts, int(frame.sample_rate), int(frame.samples)
         expected = self._next_pts
-        on_rate_clock = pts is not None and frame.time_base == Fraction(1, rate)
+        base = frame.time_base  # compared by parts: no Fraction made per frame
+        on_rate_clock = pts is not None and base.numerator == 1 and base.denominator == rate
         self._next_pts = pts + samples if on_rate_clock else None
         if not on_rate_clock or expected is None:
             return []

@@ -4,17 +4,16 @@ on the code before it was fixed (three of them on readings added the same day)."
 
 from __future__ import annotations
 
-import math
-import time
-
 import pytest
 
 from agent.text.normalize import normalize_for_tts
 from agent.text.segment import Segmenter, split_text
+from tests.test_normalize import _seconds_to_read
 
 
-def _read(text: str) -> str:
-    return " ".join(normalize_for_tts(p) for p in split_text(text))
+def _read(text: str, joiner: str = " ") -> str:
+    """What the engine speaks: each segment normalized alone (engine._generations)."""
+    return joiner.join(normalize_for_tts(p) for p in split_text(text))
 
 
 # --- 1. the factor rule (eacccfb) reads an algebra variable as "times" ------------------
@@ -191,15 +190,6 @@ def test_a_forced_cut_before_a_number_does_not_make_it_a_list_item() -> None:
 
 
 # --- 12. _DOMAIN is quadratic on a run of [a-z0-9-] ---------------------------------------
-
-
-def _seconds_to_read(text: str) -> float:
-    best = math.inf
-    for _ in range(3):
-        started = time.perf_counter()
-        normalize_for_tts(text)
-        best = min(best, time.perf_counter() - started)
-    return best
 
 
 @pytest.mark.parametrize(

@@ -519,8 +519,9 @@ _GLUED_NUMBER_BEFORE: Final = re.compile(r"[A-Za-z][0-9]+$")
 # all the text before it, quadratic in a long text of matches).
 _LOOK_BACK: Final = 32
 _DIGITS_AT: Final = re.compile(r"[0-9]+")
-_EQUALS_AFTER: Final = re.compile(r"[0-9][0-9.,]*\s?=")
-_MINUS_OP: Final = re.compile(r"(?<=[0-9])\s+-\s+(?=[0-9])")
+# Spaced ("5 - 3"), or glued where an "=" follows the sum ("10-3=7": no range); before
+# _RANGE, which would read the glued one "ten to three".
+_MINUS_OP: Final = re.compile(r"(?<=[0-9])(?:\s+-\s+|[-–](?=[0-9][0-9.,]*\s?=))(?=[0-9])")
 _TIMES_OP: Final = re.compile(r"(?<=[0-9])\s?[*xX×]\s?(?=[0-9])")
 # "10x faster", "0.5x speed", "3× more": a factor, not the letter (after _TIMES_OP, which
 # reads "3x4"; "x86", "v2x" and "0x1F" are left to the other rules).
@@ -911,8 +912,6 @@ def _range(m: re.Match[str], zh: bool) -> str:
         glued = _GLUED_NUMBER_BEFORE.search(m.string, max(0, m.start() - _LOOK_BACK), m.start())
     if glued and _is_model_number(glued.group(0), m.string, m.end()):
         return m.group(0)  # a model name ("i7-12700", "RTX3080-10G"): a hyphen, not "to"
-    if m.group(0) in "-–" and _EQUALS_AFTER.match(m.string, m.end()):
-        return "减" if zh else " minus "  # "10-3=7": a sum, not a range
     return "到" if zh else " to "
 
 
@@ -1350,8 +1349,8 @@ _RULES: Final[tuple[_Rule, ...]] = (
     (_MONEY_RANGE, _money_range),
     (_YEAR_RANGE, _year_range),
     (_UNIT_RANGE, _unit_range),
-    (_RANGE, _range),
     (_MINUS_OP, _minus_op),
+    (_RANGE, _range),
     (_TIMES_OP, _times_op),
     (_FACTOR, _factor),
     (_APPROX, _approx),
