@@ -292,6 +292,14 @@ _UNITS: Final[Mapping[str, tuple[str, str, str]]] = MappingProxyType(
         "lb": ("pound", "pounds", "磅"),
         "oz": ("ounce", "ounces", "盎司"),
         "ft": ("foot", "feet", "英尺"),
+        "sq ft": ("square foot", "square feet", "平方英尺"),
+        "mi": ("mile", "miles", "英里"),
+        "tsp": ("teaspoon", "teaspoons", "茶匙"),
+        "tbsp": ("tablespoon", "tablespoons", "汤匙"),
+        "fps": ("frame per second", "frames per second", "帧每秒"),
+        "mAh": ("milliamp hour", "milliamp hours", "毫安时"),
+        "V": ("volt", "volts", "伏"),
+        "W": ("watt", "watts", "瓦"),
         "ml": ("milliliter", "milliliters", "毫升"),
         "mL": ("milliliter", "milliliters", "毫升"),
         "L": ("liter", "liters", "升"),
@@ -318,6 +326,8 @@ _UNITS: Final[Mapping[str, tuple[str, str, str]]] = MappingProxyType(
         "h": ("hour", "hours", "小时"),
     }
 )
+# Units read only glued to their number ("12V", "100W"): "I-90 W" and "Exit 5 W" are west.
+_GLUED_ONLY_UNITS: Final = frozenset({"V", "W"})
 # Units that "^2" / "^3" make an area or a volume: "50 m²" is fifty square meters.
 _LENGTH_UNITS: Final = frozenset({"km", "cm", "mm", "m", "ft"})
 # fmt: off
@@ -373,6 +383,14 @@ _ABBREVIATIONS: Final[Mapping[str, tuple[str, str]]] = MappingProxyType(
         "etc.": ("et cetera", "等等"),
         "vs.": ("versus", "对"),
         "approx.": ("approximately", "大约"),
+        "Fig.": ("figure", "图"),
+        "Figs.": ("figures", "图"),
+        "Vol.": ("volume", "卷"),
+        "Eq.": ("equation", "公式"),
+        "Ch.": ("chapter", "章"),
+        "pp.": ("pages", "页"),
+        "Ave.": ("Avenue", "大道"),
+        "Blvd.": ("Boulevard", "大道"),
     }
 )
 # What may follow "/" to be read "per"; short forms are said in full.
@@ -446,6 +464,26 @@ _DOMAIN: Final = re.compile(
     re.ASCII,
 )
 _ACRONYM: Final = re.compile(r"\b(?:[A-Za-z]\.){2,}", re.ASCII)
+# A dotted name in code ("os.path", "json.loads", "torch.nn.Module", "Math.max"), said with
+# "dot" as programmers do ("json. loads" before: the dot read as a full stop). After the
+# URL, domain, file-name, abbreviation and acronym rules; a capital after the first dot is a
+# missing space ("St.Louis"), not code.
+_DOTTED_NAME: Final = re.compile(
+    r"(?<![A-Za-z0-9_.@/-])[A-Za-z_][A-Za-z0-9_]*(?:\.[a-z_][A-Za-z0-9_]*)"
+    r"(?:\.[A-Za-z_][A-Za-z0-9_]*)*(?![A-Za-z0-9_@])",
+    re.ASCII,
+)
+# "p. 7": a page before its number ("pp." is an abbreviation of its own).
+_PAGE: Final = re.compile(r"(?<![A-Za-z.])p\.\s?(?=[0-9])", re.ASCII)
+# Service numbers after the word that dials them are said digit by digit ("Call 911": nine
+# one one, not nine hundred eleven); so is "a 911 call".
+_SERVICE_NUMBER: Final = re.compile(
+    r"(?:(?<=\b[Cc]all\s)|(?<=\b[Dd]ial\s)|(?<=\b[Tt]ext\s)|(?<=\b[Cc]alling\s)"
+    r"|(?<=\b[Dd]ialing\s)|(?<=\b[Tt]exting\s))(?P<n>911|999|112|988|311|411|211|111|000)"
+    r"(?![0-9]|[.,:/-][0-9])"
+    r"|(?<![0-9])(?P<m>911)(?=\s(?:call|calls|dispatch|dispatcher|dispatchers|operator)\b)",
+    re.ASCII,
+)
 _ISO_DATE: Final = re.compile(
     r"(?<![0-9.])(?P<y>[0-9]{4})(?P<sep>[-/.])(?P<m>0?[1-9]|1[0-2])(?P=sep)"
     r"(?P<d>0?[1-9]|[12][0-9]|3[01])(?![0-9]|\.[0-9])"
@@ -523,6 +561,11 @@ _DIGITS_AT: Final = re.compile(r"[0-9]+")
 # _RANGE, which would read the glued one "ten to three".
 _MINUS_OP: Final = re.compile(r"(?<=[0-9])(?:\s+-\s+|[-–](?=[0-9][0-9.,]*\s?=))(?=[0-9])")
 _TIMES_OP: Final = re.compile(r"(?<=[0-9])\s?[*xX×]\s?(?=[0-9])")
+# "20 ft x 15 ft", "6 in x 4 in": a size between two lengths (before _UNIT reads them).
+_SIZE_BY: Final = re.compile(
+    r"(?<=[0-9])(?P<unit>\s?(?:ft|in|cm|mm|m|km|inches|feet|meters))\s[xX×]\s(?=[0-9])",
+    re.ASCII,
+)
 # "10x faster", "0.5x speed", "3× more": a factor, not the letter (after _TIMES_OP, which
 # reads "3x4"; "x86", "v2x" and "0x1F" are left to the other rules).
 _FACTOR: Final = re.compile(
@@ -567,7 +610,7 @@ _PERCENT: Final = re.compile(rf"(?P<neg>-)?(?P<num>{_NUM})\s?[%％]")
 # are said letter by letter. After _UNIT, which reads "10m" and "10MB" first.
 _SCALED_NUMBER: Final = re.compile(
     r"(?<![0-9A-Za-z.,])(?P<neg>-)?"
-    r"(?P<num>(?:[0-9]{1,3}(?:,[0-9]{3})+|[0-9]{2,})(?:\.[0-9]+)?|[0-9]\.[0-9]+)"
+    r"(?P<num>(?:[0-9]{1,3}(?:,[0-9]{3})+|[0-9]{2,})(?:\.[0-9]+)?|[0-9](?:\.[0-9]+)?)"
     r"(?P<abbr>[kKMB]|[mb]n)(?![A-Za-z0-9])",
     re.ASCII,
 )
@@ -575,6 +618,32 @@ _SCALED_NUMBER: Final = re.compile(
 # table") or, in Chinese, a character.
 _WORD_AFTER_SCALE: Final = re.compile(r"(?:\s+|-)(?P<word>[a-z]+)|(?P<cjk>[\u4e00-\u9fff])")
 _WORD_BEFORE: Final = re.compile(r"(?P<word>[A-Za-z]+)\s+$")
+# What a single digit glued to a scale letter counts when it is an amount ("a 7B parameter
+# model", "8M users"); before any other word it is a name ("3M tape", "a 4K screen").
+_COUNTED_BY_ONE_DIGIT: Final = frozenset(
+    {
+        "parameter",
+        "parameters",
+        "params",
+        "tokens",
+        "users",
+        "people",
+        "views",
+        "downloads",
+        "subscribers",
+        "followers",
+        "rows",
+        "records",
+        "requests",
+        "customers",
+        "visitors",
+        "members",
+        "copies",
+        "images",
+        "words",
+        "lines",
+    }
+)
 # Words that follow a name as well as a count ("14B is by the window"): no count follows.
 _NOT_COUNTED: Final = frozenset(
     {"is", "was", "are", "were", "will", "would", "has", "had", "can", "and", "or", "but"}
@@ -617,6 +686,16 @@ _UNIT: Final = re.compile(
 # "m^2" as square meters. The base is read by the rules after it.
 _POWER: Final = re.compile(
     r"(?<=[0-9A-Za-z)])\s?\^\s?(?P<neg>-)?(?P<exp>[0-9]+|[A-Za-z](?![A-Za-z]))"
+)
+# "9.58s", "0.5s": seconds after a decimal ("5s" or "20s" may be a phone or a decade).
+_DECIMAL_SECONDS: Final = re.compile(
+    r"(?<![0-9A-Za-z.,])(?P<neg>-)?(?P<num>[0-9]+\.[0-9]+)s(?![A-Za-z0-9])", re.ASCII
+)
+# "100s of people", "1000s of files": hundreds, thousands ("10s" and "20s" are decades).
+_ROUND_PLURAL: Final = re.compile(r"(?<![0-9.,$€£¥])(?P<n>100|1,?000)s(?![A-Za-z0-9])")
+# A video resolution, said in pairs of digits as people do ("1080p": ten eighty P).
+_RESOLUTION: Final = re.compile(
+    r"(?<![0-9A-Za-z.,])(?P<n>240|360|480|576|720|1080|1440|2160|4320)(?P<s>[pPi])(?![A-Za-z0-9])"
 )
 _ORDINAL: Final = re.compile(r"(?<![0-9])(?P<n>[0-9]+)(?:st|nd|rd|th)\b", re.IGNORECASE | re.ASCII)
 _DECADE: Final = re.compile(r"(?<![0-9])'?(?P<c>1[0-9]|20)?(?P<d>[1-9]0|00)s\b", re.ASCII)
@@ -751,6 +830,18 @@ def _abbreviation(m: re.Match[str], zh: bool) -> str:
     # Only "etc." ends sentences; "Mr. Smith" must not get a pause after "Mister".
     stop = _stop_if_sentence_ends(m) if abbreviation == "etc." else ""
     return _sp(chinese if zh else en, zh) + stop
+
+
+def _dotted_name(m: re.Match[str], zh: bool) -> str:
+    return _sp(m.group(0).replace(".", "点" if zh else " dot "), zh)
+
+
+def _page(m: re.Match[str], zh: bool) -> str:
+    return "第" if zh else "page "
+
+
+def _service_number(m: re.Match[str], zh: bool) -> str:
+    return _sp(_digits(m["n"] or m["m"], zh), zh)
 
 
 def _acronym(m: re.Match[str], zh: bool) -> str:
@@ -923,8 +1014,23 @@ def _minus_op(m: re.Match[str], zh: bool) -> str:
     return "减" if zh else " minus "
 
 
+# What follows "2x4" when it is a product, not a size: "3x4 = 12", "3x4 is 12".
+_PRODUCT_AFTER: Final = re.compile(
+    r"[0-9.,]*\s?(?:=|(?:is|equals|makes|gives|plus|minus|times|divided)\b|[?+*/-])", re.ASCII
+)
+
+
 def _times_op(m: re.Match[str], zh: bool) -> str:
-    return "乘" if zh else " times "
+    if zh:
+        return "乘"
+    # Glued with an "x", it is a size ("1920x1080", "2x4 lumber", "a 3x3 grid") unless
+    # arithmetic follows: said "by", as sizes are.
+    glued_x = m.group(0) in ("x", "X")
+    return " by " if glued_x and not _PRODUCT_AFTER.match(m.string, m.end()) else " times "
+
+
+def _size_by(m: re.Match[str], zh: bool) -> str:
+    return m["unit"] + ("乘" if zh else " by ")
 
 
 def _factor(m: re.Match[str], zh: bool) -> str:
@@ -1019,6 +1125,10 @@ def _percent(m: re.Match[str], zh: bool) -> str:
 def _scaled_number(m: re.Match[str], zh: bool) -> str:
     int_part, frac = _split_num(m["num"])
     abbr = m["abbr"].lower()
+    if len(int_part) == 1 and not frac and abbr not in ("mn", "bn"):
+        after = _WORD_AFTER_SCALE.match(m.string, m.end())
+        if after is None or after["word"] not in _COUNTED_BY_ONE_DIGIT:
+            return m.group(0)  # "3M", "4K", "2B": a name, said as written
     if not (frac or abbr in ("mn", "bn") or _counts_something(m, int_part, abbr)):
         return m.group(0)  # a seat, a gate, a chip, a 401k: said as written
     words = _read_scaled(int_part, frac, abbr, zh)
@@ -1062,6 +1172,8 @@ def _read_scaled(int_part: str, frac: str | None, scale_key: str, zh: bool) -> s
 def _unit(m: re.Match[str], zh: bool) -> str:
     if m["unit"] == "g" and not _GRAMS_CONTEXT.match(m.string, m.end()):
         return m.group(0)  # "9 g in the turn", "the 5g network": no grams, said as written
+    if m["unit"] in _GLUED_ONLY_UNITS and m.string[m.start("unit") - 1].isspace():
+        return m.group(0)
     int_part, frac = _split_num(m["num"])
     singular, plural, chinese = _UNITS[m["unit"]]
     number = _read_number(int_part, frac, zh)
@@ -1095,6 +1207,27 @@ def _power_words(exp: str, neg: bool, zh: bool) -> str:
     if zh:
         return f"的{'负' if neg else ''}{exp}次方"
     return f" to the power of {'minus ' if neg else ''}{exp} "
+
+
+def _decimal_seconds(m: re.Match[str], zh: bool) -> str:
+    int_part, frac = _split_num(m["num"])
+    words = _read_number(int_part, frac, zh) + ("秒" if zh else " seconds")
+    return _sp(_signed(m, words, zh), zh)
+
+
+def _round_plural(m: re.Match[str], zh: bool) -> str:
+    hundreds = m["n"] == "100"
+    if zh:
+        return "数百" if hundreds else "数千"
+    return " hundreds " if hundreds else " thousands "
+
+
+def _resolution(m: re.Match[str], zh: bool) -> str:
+    letter = m["s"].upper()
+    if zh:
+        return _digits(m["n"], zh) + letter
+    head, tail = divmod(int(m["n"]), 100)
+    return f" {read_int_en(head)} {read_int_en(tail)} {letter} "
 
 
 def _ordinal(m: re.Match[str], zh: bool) -> str:
@@ -1138,6 +1271,8 @@ def _year_zh(m: re.Match[str], zh: bool) -> str:
 _SLASH_IDIOMS: Final = {
     (24, 7): ("twenty four seven", "全天候"),
     (50, 50): ("fifty fifty", "五五开"),
+    (20, 20): ("twenty twenty", "二十二十"),
+    (9, 11): ("nine eleven", "九一一"),
 }
 
 
@@ -1150,6 +1285,11 @@ def _fraction(m: re.Match[str], zh: bool) -> str:
     idiom = _SLASH_IDIOMS.get((a, b))
     if idiom is not None:
         return _sp(idiom[1] if zh else idiom[0], zh)
+    if a + b == 100 and a % 10 == 0 and b % 10 == 0 and a and b:
+        # A split ("a 60/40 portfolio", "the 80/20 rule"): "sixty forty", not a fraction.
+        if zh:
+            return f"{read_int_zh(a)}比{read_int_zh(b)}"
+        return _sp(f"{read_int_en(a)} {read_int_en(b)}", zh)
     if zh:
         if 0 < a < b:
             return f"{read_int_zh(b)}分之{read_int_zh(a)}"
@@ -1341,6 +1481,9 @@ _RULES: Final[tuple[_Rule, ...]] = (
     (_DOTTED_CLOCK, _dotted_clock),
     (_HOUR_AMPM, _hour_ampm),
     (_ACRONYM, _acronym),
+    (_DOTTED_NAME, _dotted_name),
+    (_PAGE, _page),
+    (_SERVICE_NUMBER, _service_number),
     (_RATIO, _ratio),
     (_PHONE, _phone),
     (_LOCAL_PHONE, _local_phone),
@@ -1351,6 +1494,7 @@ _RULES: Final[tuple[_Rule, ...]] = (
     (_UNIT_RANGE, _unit_range),
     (_MINUS_OP, _minus_op),
     (_RANGE, _range),
+    (_SIZE_BY, _size_by),
     (_TIMES_OP, _times_op),
     (_FACTOR, _factor),
     (_APPROX, _approx),
@@ -1359,10 +1503,13 @@ _RULES: Final[tuple[_Rule, ...]] = (
     (_CURRENCY_SYMBOL, _money),
     (_CURRENCY_CODE, _money),
     (_PERCENT, _percent),
+    (_DECIMAL_SECONDS, _decimal_seconds),
+    (_RESOLUTION, _resolution),
     (_UNIT, _unit),
     (_SCALED_NUMBER, _scaled_number),
     (_POWER, _power),
     (_ORDINAL, _ordinal),
+    (_ROUND_PLURAL, _round_plural),
     (_DECADE, _decade),
     (_YEAR_AFTER, _year_after),
     (_YEAR_ZH, _year_zh),

@@ -85,6 +85,51 @@ _ABBREVIATIONS: Final = frozenset(
 )
 
 
+# An inline list's item number ("Steps: 1. Open it. 2. Tap Save."): the sentence before it
+# ends before the number, not after it ("Open it. two." | "Tap Save" before).
+_LIST_MARKER: Final = re.compile(r"[0-9]{1,2}[.)][ \t]+[A-Z\"“'(*]")
+# What may still become one as more text streams in.
+_LIST_MARKER_PREFIX: Final = re.compile(r"[0-9]{1,2}(?:[.)][ \t]*)?")
+# Words before a "." that a number follows without ending anything ("Fig. 2. Then", "Oct. 3.
+# Then"), lower case.
+_NUMBERED_WORDS: Final = frozenset(
+    {
+        "no",
+        "nos",
+        "fig",
+        "figs",
+        "vol",
+        "ch",
+        "chap",
+        "eq",
+        "p",
+        "pp",
+        "sec",
+        "art",
+        "op",
+        "ver",
+        "v",
+        "rev",
+        "ref",
+        "tab",
+        "pt",
+        "para",
+        "jan",
+        "feb",
+        "mar",
+        "apr",
+        "jun",
+        "jul",
+        "aug",
+        "sep",
+        "sept",
+        "oct",
+        "nov",
+        "dec",
+    }
+)
+
+
 def _is_cjk(ch: str) -> bool:
     code = ord(ch)
     return 0x4E00 <= code <= 0x9FFF or 0x3400 <= code <= 0x4DBF or 0x3000 <= code <= 0x303F
@@ -95,25 +140,44 @@ def _in_token(ch: str) -> bool:
     return (ch.isalnum() and not _is_cjk(ch)) or ch in _TOKEN_PUNCT
 
 
-def _dot_ends_sentence(buf: str, dot: int, start: int, after: str, continued: bool) -> bool:
-    """Decide whether the "." at ``dot`` ends a sentence, given the next visible char.
-    ``continued``: ``buf[start:]`` continues a sentence cut for length (no list item)."""
-    if after.islower() or after.isdigit():
-        return False  # "e.g. this", "No. 5", "Fig. 3", "a.m. tomorrow"
-    # The word before the dot, read from a window (not from the sentence's start: every dot
-    # of a long run of "Dr. Dr. ..." would copy the whole sentence so far).
+def _word_before(buf: str, dot: int, start: int) -> str:
+    """The word before the "." at ``dot``, read from a window (not from the sentence's
+    start: every dot of a long run of "Dr. Dr. ..." would copy the whole sentence so far)."""
     head = buf[max(start, dot - _LONGEST_WORD) : dot]
     word = head.rsplit(None, 1)[-1] if head.strip() else ""
-    word = word.lstrip(_CLOSERS + "\"'([{“‘")
-    if word.lower() in _ABBREVIATIONS:
-        return False  # "Dr. Who", "the U.S. Army"
-    if len(word) == 1 and word.isupper():
-        return False  # an initial: "J. K. Rowling"
-    # A number opening the sentence is a list item ("1. First"), not a sentence; not so a
-    # number that opens what is left of a sentence cut for length ("... listed in | 2015.").
-    if continued:
+    return word.lstrip(_CLOSERS + "\"'([{“‘")
+
+
+def _is_name_or_abbreviation(word: str) -> bool:
+    return word.lower() in _ABBREVIATIONS or (len(word) == 1 and word.isupper())
+
+
+def _dot_ends_sentence(buf: str, dot: int, start: int, after: int, continued: bool) -> bool:
+    """Decide whether the "." at ``dot`` ends a sentence, given where the next visible
+    character is (``after``; an inline list's number there is settled by the caller).
+    ``continued``: ``buf[start:]`` continues a sentence cut for length (no list item)."""
+    nxt = buf[after]
+    word = _word_before(buf, dot, start)
+    if nxt.isdigit():
+        # "No. 5", "Fig. 3"; but "Open it. 2. Tap Save": the next item of an inline list.
+        return (
+            _LIST_MARKER.match(buf, after) is not None
+            and not _is_name_or_abbreviation(word)
+            and word.lower() not in _NUMBERED_WORDS
+            and not word.isdigit()
+        )
+    if nxt.islower():
+        return False  # "e.g. this", "a.m. tomorrow"
+    if _is_name_or_abbreviation(word):
+        return False  # "Dr. Who", "the U.S. Army", an initial: "J. K. Rowling"
+    # A number opening the sentence is a list item ("1. First"), not a sentence, as is one
+    # after a colon ("Steps: 1. Open it"); not so a number that opens what is left of a
+    # sentence cut for length ("... listed in | 2015.").
+    if continued or not word.isdigit():
         return True
-    return not (word.isdigit() and _VISIBLE.search(buf, start, dot - len(word)) is None)
+    before = buf[max(start, dot - len(word) - _LONGEST_WORD) : dot - len(word)].rstrip()
+    opens = _VISIBLE.search(buf, start, dot - len(word)) is None
+    return not (opens or (len(word) <= 2 and before.endswith(":")))
 
 
 def _find_boundary(
@@ -154,7 +218,9 @@ def _find_boundary(
             return end, end  # a line break ends the sentence whatever follows
         if visible is None:
             return (end, end) if final else (None, at)
-        if _dot_ends_sentence(buf, at, start, buf[rest], continued and start == 0):
+        if not final and _LIST_MARKER_PREFIX.fullmatch(buf, rest) is not None:
+            return None, at  # "it. 2" may be an inline list's "it. 2. Tap": wait and see
+        if _dot_ends_sentence(buf, at, start, rest, continued and start == 0):
             return end, end
         pos = end
     return None, len(buf)
