@@ -79,6 +79,9 @@ class TrackStats:
     # Packets lost to an exception, on either send path (the packet is lost, the clock goes
     # on); the name predates aiortc's path counting them too.
     direct_errors: int = 0
+    # Packets dropped by lean-path senders this track has let go of (a stopped track, one
+    # renewed on resume): the live sender's own count is added on top (``send_dropped``).
+    released_send_dropped: int = 0
 
 
 class OpusPacketTrack(MediaStreamTrack):
@@ -147,7 +150,8 @@ class OpusPacketTrack(MediaStreamTrack):
     @property
     def send_dropped(self) -> int:
         """Packets the lean path dropped: no nominated ICE pair yet, or a backed-up socket."""
-        return self._direct.dropped if self._direct is not None else 0
+        live = self._direct.dropped if self._direct is not None else 0
+        return self.stats.released_send_dropped + live
 
     # --- encoder settings (network adaptation drives these) ----------------------------
     def set_bitrate(self, bits_per_second: int) -> None:
@@ -190,6 +194,8 @@ class OpusPacketTrack(MediaStreamTrack):
             self._direct_schedule(loop)
             await self._parked
             raise MediaStreamError
+        if direct is not None:  # not usable: aiortc's sender sends; keep what it counted
+            self.stats.released_send_dropped += direct.dropped
         # Decided at the first packet (aiortc calls recv once DTLS is up, so the lean path
         # resolves then or never): switching later would restart the RTP sequence numbers,
         # timestamps and sender-report counts of a running stream.
@@ -452,6 +458,8 @@ class OpusPacketTrack(MediaStreamTrack):
             self._source.on_arrival = None
         if self._parked is not None and not self._parked.done():
             self._parked.set_result(None)
+        if self._direct is not None:  # its count outlives it, like the other figures
+            self.stats.released_send_dropped += self._direct.dropped
         self._direct = None  # holds the sender and its transports: let them go with the pc
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)

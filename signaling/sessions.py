@@ -317,6 +317,18 @@ class SessionRegistry:
         """The session a client's session token names (4xx: bad, unknown or expired)."""
         peer = self._peers[self.tokens.session_id(token)]
         SESSION_ID.set(peer.session.id)
+        detached_at = peer.life.detached_at
+        grace = self.config.lifecycle.resume_grace_s
+        if (
+            not peer.resuming
+            and detached_at is not None
+            and time.monotonic() - detached_at >= grace
+        ):
+            # The grace is over even if the watchdog (once a second) has not looked yet: a
+            # resume then took the expired session over, and its answer hung on the tick.
+            log.info("session %s: not resumed in time", peer.session.id)
+            self._spawn(self.close(peer.session.id), peer.session.id)
+            raise session_expired()
         return peer
 
     async def resume(self, peer: Peer, sdp: object, peer_ip: str | None) -> str:

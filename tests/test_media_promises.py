@@ -4,9 +4,12 @@ agent/track.py, agent/speech.py, agent/opus.py, agent/direct.py and agent/fanout
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import struct
 from types import SimpleNamespace
 from typing import Any, cast
+
+from aiortc.mediastreams import MediaStreamError
 
 from agent.bitrate import EncoderTarget
 from agent.config import SpeechSettings
@@ -174,6 +177,32 @@ def test_a_backed_up_socket_drops_packets_instead_of_queueing_them() -> None:
     transport.backlog = MAX_BUFFERED_BYTES
     sender.send(b"opus", 960)
     assert len(transport.sent) == 1 and sender.dropped == 1 and sender.packets == 1
+
+
+async def test_send_dropped_survives_the_track_stopping_and_a_resume() -> None:
+    """GET /sessions/{id} keeps a detached session's figures: ``send_dropped`` went back to
+    0 once aiortc stopped the track, and a resumed session's new track counted from 0 again,
+    while packets and bytes carried over (found by review)."""
+    transport = _Transport(backlog=MAX_BUFFERED_BYTES + 1)  # every packet is dropped
+    buffer = PlayoutBuffer(10)
+    track = OpusPacketTrack(buffer)
+    track.use_direct(_resolved_sender(transport))
+    parked = asyncio.ensure_future(track.recv())
+    await wait_for(lambda: track.send_dropped >= 3)
+    track.stop()
+    with contextlib.suppress(MediaStreamError):
+        await parked
+    dropped = track.send_dropped
+    assert dropped >= 3
+    # renew_track: a new track takes over the stats, and a new sender drops more.
+    renewed = OpusPacketTrack(buffer)
+    renewed.stats = track.stats
+    renewed.use_direct(_resolved_sender(transport))
+    parked = asyncio.ensure_future(renewed.recv())
+    await wait_for(lambda: renewed.send_dropped > dropped)
+    renewed.stop()
+    with contextlib.suppress(MediaStreamError):
+        await parked
 
 
 def test_rtp_sequence_numbers_wrap_through_every_value() -> None:

@@ -243,6 +243,30 @@ async def test_tokens_after_the_grace_wrong_or_malformed_are_refused(
     assert resumes["rejected_unknown_session"] + resumes.get("rejected_bad_token", 0) == 7
 
 
+async def test_a_resume_after_the_grace_is_refused_before_the_watchdog_looks(
+    live_server: LiveServer,
+) -> None:
+    """README: after --resume-grace, 410 session_expired. The grace was enforced only by the
+    watchdog, once a second: a resume in between took the expired session over (found by
+    review). Here the watchdog never looks, and the session's grace ran out a moment ago."""
+    registry = live_server.app[SESSIONS]
+    registry._check_all = lambda: None  # type: ignore[method-assign]
+    async with aiohttp.ClientSession() as http:
+        client = RtcClient(live_server.url, http)
+        await client.connect()
+        await client.close()  # no DELETE: the server sees the connection go
+        sid = client.session_id
+        assert sid is not None
+        peer = registry.get(sid)
+        async with asyncio.timeout(10):
+            while peer.life.detached_at is None:
+                await asyncio.sleep(0.02)
+        peer.life.detached_at = time.monotonic() - LIFE.resume_grace_s - 0.05
+        status, body = await post_resume(http, live_server.url, client.session_token)
+        assert (status, body["error"]["code"]) == (410, "session_expired"), body
+        await wait_for(http, live_server.url, sid, gone, 5)  # and it is closed
+
+
 @pytest.mark.parametrize("when", ["old_pc_closed", "negotiating", "negotiated"])
 async def test_a_session_closed_during_its_resume_is_not_resumed(
     live_server: LiveServer, monkeypatch: pytest.MonkeyPatch, when: str
