@@ -17,6 +17,7 @@ participant leaves.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import contextvars
 import dataclasses
@@ -98,6 +99,8 @@ class Room:
     ) -> None:
         self.name = name
         self.governor = governor
+        # Speakers' microphones are encoded there too (--encode-threads), off the loop.
+        self.encode_executor = encode_executor
         self.config = config
         self.settings = config.rooms
         # ``on_first_audio``: the server's first-audio measurement, as a session's pipeline
@@ -371,6 +374,10 @@ class SpeakerFeed:
             room.governor.register(self.encoder)
         self.source = FanoutSource(f"speaker:{member.participant_id}", self._apply_target)
         self._pending = np.zeros(0, dtype=np.int16)  # samples short of a whole 20 ms frame
+        # With encode threads, _on_frame leaves its 20 ms frames here for _run to encode off
+        # the loop, in order (one decoded frame's worth: _run empties it before the next).
+        self._executor = room.encode_executor
+        self._to_encode: collections.deque[Int16Array] = collections.deque()
         self._task: asyncio.Task[None] | None = None
         settings = room.settings
         self._threshold = settings.speaking_threshold_dbfs
@@ -401,6 +408,8 @@ class SpeakerFeed:
                 self._on_frame(
                     _mono_int16(frame.to_ndarray(), len(frame.layout.channels)), frame.sample_rate
                 )
+                while self._to_encode:
+                    self.source.publish(await self._encode_off_loop(self._to_encode.popleft()))
         except MediaStreamError:
             pass
         except Exception:  # a bad frame must not take the room down
@@ -420,7 +429,22 @@ class SpeakerFeed:
             self._measure(chunk)
             if self.source.subscribers:
                 self.encodes += 1
-                self.source.publish(self.encoder.encode(np.ascontiguousarray(chunk)))
+                if self._executor is None:
+                    self.source.publish(self.encoder.encode(np.ascontiguousarray(chunk)))
+                else:
+                    self._to_encode.append(np.ascontiguousarray(chunk))
+
+    async def _encode_off_loop(self, chunk: Int16Array) -> bytes:
+        """libopus in an encode thread (it releases the GIL): a room of four talking
+        speakers is 200 encodes a second that the event loop no longer pays for."""
+        assert self._executor is not None
+        try:
+            job = self._executor.submit(self.encoder.encode, chunk)
+        except RuntimeError:  # the server is shutting its encode threads down
+            return self.encoder.encode(chunk)
+        # Cancelled (the speaker leaves), the encode still finishes: close() then waits on
+        # the encoder's lock, and an encode after it raises instead of touching freed state.
+        return await asyncio.wrap_future(job)
 
     def _measure(self, chunk: np.ndarray[Any, np.dtype[np.int16]]) -> None:
         rms = float(np.sqrt(np.mean(np.square(chunk, dtype=np.float64)))) / 32768.0

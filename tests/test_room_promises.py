@@ -5,14 +5,18 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import aiohttp
+import av
 import numpy as np
 import pytest
 
 from agent.config import AdaptationSettings, Config, RoomSettings
-from agent.opus import FRAME_SAMPLES
+from agent.fanout import FanoutTrack
+from agent.opus import FRAME_SAMPLES, OpusEncoder
 from agent.room import Room, RoomError, RoomMember
 from signaling.keys import SESSIONS
 from tests.conftest import serve
@@ -103,6 +107,63 @@ async def test_a_speaker_who_leaves_while_talking_is_shown_quiet_and_its_encoder
         assert room.slots[0] is None
     finally:
         await room.leave(other)
+
+
+class FramesMic:
+    """A microphone track that yields the given 20 ms frames, then ends."""
+
+    kind = "audio"
+
+    def __init__(self, frames: list[np.ndarray]) -> None:
+        self._frames = list(frames)
+
+    async def recv(self) -> av.AudioFrame:
+        if not self._frames:
+            await asyncio.Event().wait()
+        pcm = self._frames.pop(0)
+        frame = av.AudioFrame.from_ndarray(pcm.reshape(1, -1), format="s16", layout="mono")
+        frame.sample_rate = 48_000
+        return frame
+
+
+async def test_with_encode_threads_a_speakers_voice_is_encoded_off_the_loop_in_order() -> None:
+    """README --encode-threads: encoding off the event loop. A room's speakers were encoded
+    on the loop whatever the flag said (four talking speakers: 200 encodes a second there).
+    The packets must be the ones the loop would have made, in the order spoken."""
+    frames = [tone(0.1 + 0.05 * i) for i in range(12)]
+    with ThreadPoolExecutor(1) as executor:
+        room = Room("r", ToneEngine(), Config(), encode_executor=executor)
+        speaker = room.join("sa", speaking=True, host=True, expects_channel=False)
+        room.start_speaker(speaker, FramesMic(frames))  # type: ignore[arg-type]
+        feed = room.slots[speaker.slot]  # type: ignore[index]
+        assert feed is not None
+        threads: list[int] = []
+        encode = feed.encoder.encode
+
+        def recording_encode(pcm: np.ndarray) -> bytes:
+            threads.append(threading.get_ident())
+            return encode(pcm)
+
+        feed.encoder.encode = recording_encode  # type: ignore[method-assign]
+        listener = FanoutTrack(queue_frames=100)
+        feed.source.subscribe(listener)
+        try:
+            await wait_for(lambda: len(listener._queue) == len(frames), timeout=10)
+            opus = Config().opus
+            reference = OpusEncoder(
+                bitrate=opus.bitrate,
+                complexity=opus.complexity,
+                fec=opus.fec,
+                expected_loss_pct=opus.expected_loss_pct,
+            )
+            expected = [reference.encode(pcm) for pcm in frames]
+            reference.close()
+            assert [payload for payload, _ in listener._queue] == expected
+            assert threads and threading.get_ident() not in threads, "encoded on the loop"
+        finally:
+            listener.stop()
+            await room.leave(speaker)
+            room.discard()
 
 
 # --- mute ----------------------------------------------------------------------------------
