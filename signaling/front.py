@@ -308,10 +308,20 @@ def _session_worker(request: web.Request, session_id_or_token: str) -> Worker:
 
 
 async def to_any_worker(request: web.Request) -> web.StreamResponse:
-    worker = request.app[POOL].any_serving()
-    if worker is None:
+    """A GET about no session (``/ice-servers``): any worker answers it the same, so one
+    that does not answer (it died since its last status poll) is passed over for the next,
+    rather than the page failing its call with 503 ``worker_unavailable``."""
+    serving = request.app[POOL].serving()
+    if not serving:
         raise ApiError(503, "not_ready", "no worker is up yet", {"Retry-After": "2"})
-    return await _forward(request, worker)
+    body = await read_body(request)
+    for worker in serving[:-1]:
+        try:
+            return await _forward(request, worker, body)
+        except ApiError as exc:
+            if exc.code != "worker_unavailable":
+                raise
+    return await _forward(request, serving[-1], body)
 
 
 async def _forward(

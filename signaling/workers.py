@@ -322,12 +322,13 @@ class WorkerPool:
             return None
         return self.workers[int(number)]
 
-    def any_serving(self) -> Worker | None:
-        """A worker that answers requests about no session (``/ice-servers``), which need no
-        engine: a ready one if any, else any whose status came back (its breaker may be open
-        or it may be draining, and a live session's resume still needs the ICE servers)."""
+    def serving(self) -> list[Worker]:
+        """Workers that answer requests about no session (``/ice-servers``), which need no
+        engine, best first: the ready ones, then any whose status came back (its breaker may
+        be open or it may be draining, and a live session's resume still needs the ICE
+        servers)."""
         serving = [w for w in self.workers if w.alive and (w.ready or w.status)]
-        return next((w for w in serving if w.ready), serving[0] if serving else None)
+        return sorted(serving, key=lambda w: not w.ready)  # stable: ready ones first
 
 
 def _stable_hash(text: str) -> int:

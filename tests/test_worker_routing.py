@@ -721,6 +721,21 @@ async def test_a_new_session_goes_around_a_worker_that_cannot_be_reached() -> No
             assert (await resp.json())["error"]["code"] == "worker_unavailable"
 
 
+async def test_ice_servers_go_around_a_worker_that_cannot_be_reached() -> None:
+    """/ice-servers went to one worker: one that died since its last status poll made the
+    page's call fail (503 worker_unavailable) while another stood ready."""
+    pools: list[WorkerPool] = []
+    config = Config(host="127.0.0.1", port=0, listen=ListenSettings(enabled=False))
+    async with (
+        front_and_worker(config, workers=2, pools=pools) as url,
+        aiohttp.ClientSession() as http,
+    ):
+        os.unlink(pools[0].workers[0].socket_path)  # the first ready one: nothing listens
+        async with http.get(url + "/ice-servers") as resp:
+            assert resp.status == 200, await resp.text()
+            assert "iceServers" in await resp.json()
+
+
 async def test_the_fronts_readyz_while_draining_says_when_to_ask_again() -> None:
     """The README's shutting_down is a 503 with Retry-After, /readyz's too: the front's
     (and a single process's) /readyz had no Retry-After (found by review)."""
