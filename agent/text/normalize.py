@@ -256,6 +256,7 @@ _SCALE_WORDS: Final[Mapping[str, tuple[str, str]]] = MappingProxyType(
         "b": ("billion", "十亿"),
         "bn": ("billion", "十亿"),
         "billion": ("billion", "十亿"),
+        "t": ("trillion", "万亿"),
         "trillion": ("trillion", "万亿"),
         "万": ("ten thousand", "万"),  # "¥3.5万": 三万五千元, not 三点五元万
         "亿": ("hundred million", "亿"),
@@ -326,8 +327,14 @@ _UNITS: Final[Mapping[str, tuple[str, str, str]]] = MappingProxyType(
         "h": ("hour", "hours", "小时"),
     }
 )
-# Units read only glued to their number ("12V", "100W"): "I-90 W" and "Exit 5 W" are west.
+# Units read only glued to their number ("12V", "100W"): "I-90 W" and "Exit 5 W" are west;
+# and not after a road's or an exit's name ("Route 9W", "I-35W", "Exit 16W").
 _GLUED_ONLY_UNITS: Final = frozenset({"V", "W"})
+_ROAD_BEFORE: Final = re.compile(
+    r"(?:\b(?:Route|Rte|Rt|Exit|Highway|Hwy|Interstate|Road|Rd|Street|St|Avenue|Ave)\.?\s*|"
+    r"\b[A-Z]{1,2}-\s?)$",
+    re.IGNORECASE,
+)
 # Units that "^2" / "^3" make an area or a volume: "50 m²" is fifty square meters.
 _LENGTH_UNITS: Final = frozenset({"km", "cm", "mm", "m", "ft"})
 # fmt: off
@@ -349,6 +356,9 @@ _SYMBOLS: Final[Mapping[str, tuple[str, str]]] = MappingProxyType(
         "°C": ("degrees Celsius", "摄氏度"),
         "°F": ("degrees Fahrenheit", "华氏度"),
         "°": ("degrees", "度"),
+        "§§": ("sections", "第"),
+        "§": ("section", "第"),
+        "¶": ("paragraph", "段"),
         "&": ("and", "和"),
         "@": ("at", "at"),
         "+": ("plus", "加"),
@@ -391,6 +401,14 @@ _ABBREVIATIONS: Final[Mapping[str, tuple[str, str]]] = MappingProxyType(
         "pp.": ("pages", "页"),
         "Ave.": ("Avenue", "大道"),
         "Blvd.": ("Boulevard", "大道"),
+        "Gov.": ("Governor", "州长"),
+        "Sen.": ("Senator", "参议员"),
+        "Rep.": ("Representative", "众议员"),
+        "Gen.": ("General", "将军"),
+        "Lt.": ("Lieutenant", "中尉"),
+        "Capt.": ("Captain", "上尉"),
+        "Col.": ("Colonel", "上校"),
+        "Sgt.": ("Sergeant", "中士"),
     }
 )
 # What may follow "/" to be read "per"; short forms are said in full.
@@ -415,6 +433,12 @@ _PER_WORDS: Final[Mapping[str, str]] = MappingProxyType(
         "seat": "seat",
         "kg": "kilogram",
         "lb": "pound",
+        "oz": "ounce",
+        "gal": "gallon",
+        "mL": "milliliter",
+        "ml": "milliliter",
+        "L": "liter",
+        "g": "gram",
         "km": "kilometer",
         "mile": "mile",
         "min": "minute",
@@ -517,7 +541,8 @@ _TIME_RANGE: Final = re.compile(
 # "7.30pm", as British English writes a time: only with am/pm (else "7.30" is a number).
 _DOTTED_CLOCK: Final = re.compile(rf"(?<![0-9.])(?P<h>1[0-2]|0?[1-9])\.(?P<m>[0-5][0-9])\s?{_AMPM}")
 _HOUR_AMPM: Final = re.compile(rf"(?<![0-9:])(?<![0-9][.,])(?P<h>[0-9]{{1,2}})\s?{_AMPM}")
-_RATIO: Final = re.compile(r"(?<![0-9])(?P<a>[0-9]+):(?P<b>[0-9]+)(?![0-9])")
+# Not an address's port ("127.0.0.1:5000": _DOTTED reads the address, the port follows).
+_RATIO: Final = re.compile(r"(?<![0-9])(?<![0-9]\.)(?P<a>[0-9]+):(?P<b>[0-9]+)(?![0-9])")
 _PHONE: Final = re.compile(
     r"(?<![\w-])(?P<cc>\+[0-9]{1,3}[\s-]?)?(?:\((?P<area>[0-9]{3})\)\s?|(?P<area2>[0-9]{3})[\s.-])"
     r"(?P<a>[0-9]{3})-(?P<b>[0-9]{4})(?![\w-])"
@@ -561,6 +586,11 @@ _DIGITS_AT: Final = re.compile(r"[0-9]+")
 # _RANGE, which would read the glued one "ten to three".
 _MINUS_OP: Final = re.compile(r"(?<=[0-9])(?:\s+-\s+|[-–](?=[0-9][0-9.,]*\s?=))(?=[0-9])")
 _TIMES_OP: Final = re.compile(r"(?<=[0-9])\s?[*xX×]\s?(?=[0-9])")
+# Spaced between a variable (one lower-case letter) or a call's ")" and a number, as code
+# and maths write them ("n - 1", "len(arr) - 1", "x * 2"): the dash was a pause.
+_NAME_OP: Final = re.compile(
+    r"(?:(?<=[^A-Za-z][a-z])|(?<=^[a-z])|(?<=\)))\s+(?P<op>[-*])\s+(?=[0-9])"
+)
 # "20 ft x 15 ft", "6 in x 4 in": a size between two lengths (before _UNIT reads them).
 _SIZE_BY: Final = re.compile(
     r"(?<=[0-9])(?P<unit>\s?(?:ft|in|cm|mm|m|km|inches|feet|meters))\s[xX×]\s(?=[0-9])",
@@ -582,7 +612,8 @@ _COMPARE: Final = re.compile(
 _HASH_NUMBER: Final = re.compile(r"(?:#|(?<![A-Za-z])No\.\s?)(?P<n>[0-9]+)(?![0-9])")
 # A scale after an amount: a letter ("2M") or a word ("2 million").
 _SCALE_SUFFIX: Final = (
-    r"[kK](?![A-Za-z])|[mMbB]n?(?![A-Za-z])|[万亿]|\s?(?:thousand|million|billion|trillion)\b"
+    r"[kK](?![A-Za-z])|[mMbB]n?(?![A-Za-z])|T(?![A-Za-z])|[万亿]"
+    r"|\s?(?:thousand|million|billion|trillion)\b"
 )
 # "$10-20", "$1.5-2M", "€5k-10k", "$10 - $20": the currency and the scale are said once,
 # after the range ("one point five dollars to two M" before: the first end was misread).
@@ -595,7 +626,7 @@ _MONEY_RANGE: Final = re.compile(
 )
 _CURRENCY_SYMBOL: Final = re.compile(
     rf"(?P<neg>-)?(?P<sym>[$€£¥])\s?(?P<num>{_NUM})"
-    r"(?:\s?(?P<scale>thousand|million|billion|trillion)\b|(?P<abbr>[kK]|[mMbB]n?|[万亿])(?![A-Za-z]))?",
+    r"(?:\s?(?P<scale>thousand|million|billion|trillion)\b|(?P<abbr>[kK]|[mMbB]n?|T|[万亿])(?![A-Za-z]))?",
     re.ASCII,
 )
 _CURRENCY_CODE: Final = re.compile(
@@ -611,7 +642,7 @@ _PERCENT: Final = re.compile(rf"(?P<neg>-)?(?P<num>{_NUM})\s?[%％]")
 _SCALED_NUMBER: Final = re.compile(
     r"(?<![0-9A-Za-z.,])(?P<neg>-)?"
     r"(?P<num>(?:[0-9]{1,3}(?:,[0-9]{3})+|[0-9]{2,})(?:\.[0-9]+)?|[0-9](?:\.[0-9]+)?)"
-    r"(?P<abbr>[kKMB]|[mb]n)(?![A-Za-z0-9])",
+    r"(?P<abbr>[kKMBT]|[mb]n)(?![A-Za-z0-9])",
     re.ASCII,
 )
 # What a count glued to its scale letter is followed by: a word (a hyphen's too: "a 10M-row
@@ -710,6 +741,15 @@ _YEAR_AFTER: Final = re.compile(
 )
 _YEAR_ZH: Final = re.compile(r"(?<![0-9])(?P<y>[0-9]{4})\s?年")
 _FRACTION: Final = re.compile(r"(?<![0-9/.])(?P<a>[0-9]+)/(?P<b>[0-9]+)(?![0-9/])")
+# A mixed number ("2 1/2 hours", "1-1/2 inches", "1½ cups") or a fraction before a unit
+# ("1/2 tsp"): "two and a half hours", "half a teaspoon" (the unit rule took "2 tsp" out of
+# "1/2 tsp", and a mixed number lost its "and"). Proper fractions up to twentieths only.
+_MIXED_FRACTION: Final = re.compile(
+    r"(?<![0-9./])(?<![0-9],)(?:(?P<w>[0-9]+)[ -])?(?P<a>[0-9]+)/(?P<b>[0-9]+)(?![0-9/])"
+    r"(?:\s?(?P<unit>"
+    + "|".join(re.escape(u) for u in sorted(_UNITS, key=len, reverse=True))
+    + r")(?![A-Za-z0-9]))?"
+)
 _LEADING_POINT: Final = re.compile(r"(?<![\w.])(?P<neg>-)?\.(?P<frac>[0-9]+)(?![0-9])")
 # What "2" is 两 before, not 二: o'clock, measure words, units and 万/千 (not 月, 号 or 楼,
 # which name the second one).
@@ -724,7 +764,7 @@ _NUMBER: Final = re.compile(rf"(?P<neg>-)?(?P<int>{_INT})(?:\.(?P<frac>[0-9]+))?
 _SYMBOL: Final = re.compile("|".join(re.escape(s) for s in sorted(_SYMBOLS, key=len, reverse=True)))
 _PER_SLASH: Final = re.compile(
     r"\s?/\s?(?:(?P<w>" + "|".join(sorted(_PER_WORDS, key=len, reverse=True)) + r")\b"
-    r"|(?=[天日时月年周人次个件斤晚小公分克升位张间瓶杯份包盒箱桶台辆]))",
+    r"|(?=[天日时月年周人次个件斤晚小公分克升位张间瓶杯份包盒箱桶台辆秒米千毫吨平立]))",
     re.ASCII,
 )
 _AND_OR: Final = re.compile(r"\band/or\b", re.ASCII)
@@ -1020,6 +1060,12 @@ _PRODUCT_AFTER: Final = re.compile(
 )
 
 
+def _name_op(m: re.Match[str], zh: bool) -> str:
+    if m["op"] == "-":
+        return "减" if zh else " minus "
+    return "乘" if zh else " times "
+
+
 def _times_op(m: re.Match[str], zh: bool) -> str:
     if zh:
         return "乘"
@@ -1041,14 +1087,40 @@ def _approx(m: re.Match[str], zh: bool) -> str:
     return "大约" if zh else " about "
 
 
+# A verb before a comparison says its "is" already ("must be < 10": must be less than ten).
+_VERB_BEFORE: Final = re.compile(
+    r"\b(?:is|are|was|were|be|been|being|stays|remains|isn't|aren't)\s*$", re.IGNORECASE
+)
+# "Settings > Privacy > Location": a menu path between capitalised words, no comparison.
+_MENU_BEFORE: Final = re.compile(r"\b[A-Z][A-Za-z]+\s+$")
+_MENU_AFTER: Final = re.compile(r"\s+[A-Z][A-Za-z]+\b")
+
+
+def _comparison_words(m: re.Match[str], en: str) -> str:
+    """``en`` ("is less than") without its "is" after a verb that says it."""
+    if en.startswith("is ") and _VERB_BEFORE.search(
+        m.string, max(0, m.start() - _LOOK_BACK), m.start()
+    ):
+        return en.removeprefix("is ")
+    return en
+
+
 def _compare(m: re.Match[str], zh: bool) -> str:
+    op = m["op"]
+    text = m.string
+    if (
+        op == ">"
+        and _MENU_AFTER.match(text, m.end())
+        and _MENU_BEFORE.search(text, max(0, m.start() - _LOOK_BACK), m.start())
+    ):
+        return ", "
     words = {
         "<": ("is less than", "小于"),
         ">": ("is greater than", "大于"),
         "<=": ("is at most", "小于等于"),
         ">=": ("is at least", "大于等于"),
-    }[m["op"]]
-    return _sp(words[1] if zh else words[0], zh)
+    }[op]
+    return _sp(words[1] if zh else _comparison_words(m, words[0]), zh)
 
 
 def _hash_number(m: re.Match[str], zh: bool) -> str:
@@ -1172,7 +1244,10 @@ def _read_scaled(int_part: str, frac: str | None, scale_key: str, zh: bool) -> s
 def _unit(m: re.Match[str], zh: bool) -> str:
     if m["unit"] == "g" and not _GRAMS_CONTEXT.match(m.string, m.end()):
         return m.group(0)  # "9 g in the turn", "the 5g network": no grams, said as written
-    if m["unit"] in _GLUED_ONLY_UNITS and m.string[m.start("unit") - 1].isspace():
+    if m["unit"] in _GLUED_ONLY_UNITS and (
+        m.string[m.start("unit") - 1].isspace()
+        or _ROAD_BEFORE.search(m.string, max(0, m.start("num") - _LOOK_BACK), m.start("num"))
+    ):
         return m.group(0)
     int_part, frac = _split_num(m["num"])
     singular, plural, chinese = _UNITS[m["unit"]]
@@ -1183,6 +1258,13 @@ def _unit(m: re.Match[str], zh: bool) -> str:
     if zh:
         if power:
             chinese = ("平方" if power == "2" else "立方") + chinese
+        elif (
+            number == "二"
+            and not (m["exp"] or m["neg"])
+            and "度" not in chinese
+            and "每" not in chinese
+        ):
+            number = "两"  # 2kg is 两公斤, as 2公斤 is
         return _signed(m, number + chinese, zh)
     one = int_part == "1" and not frac and not _negative(m) and not m["exp"]
     unit = singular if one else plural
@@ -1243,6 +1325,8 @@ def _decade(m: re.Match[str], zh: bool) -> str:
     century, decade = m["c"], m["d"]
     if century is None and decade == "00":
         return m.group(0)
+    if zh and century is None and not m.group(0).startswith("'"):
+        return read_int_zh(int(decade)) + "秒"  # "设置为30s": Chinese writes 年代 for decades
     if zh:
         if century:
             return _digits(century + decade, True) + "年代"
@@ -1263,8 +1347,25 @@ def _year_after(m: re.Match[str], zh: bool) -> str:
     return f"{keyword} {read_year_en(int(m['y']))} "
 
 
+# A number of years, not a calendar year: after a word that measures ("约为5730年", "已有2000
+# 年") or before one that says so ("2000年的历史", "1000年前", "3000多年").
+_YEARS_BEFORE: Final = re.compile(
+    r"(?:约|约为|为|有|了|近|超过|长达|达|共|历时|经过|持续|大约|将近)\s?$"
+)
+_YEARS_AFTER: Final = re.compile(
+    r"(?:的历史|历史|前|以前|之前|以后|之后|后|以上|多|左右|之久|来|间)"
+)
+
+
 def _year_zh(m: re.Match[str], zh: bool) -> str:
-    return _digits(m["y"], zh) + "年" if zh else m.group(0)
+    if not zh:
+        return m.group(0)
+    text = m.string
+    if _YEARS_AFTER.match(text, m.end()) or _YEARS_BEFORE.search(
+        text, max(0, m.start() - _LOOK_BACK), m.start()
+    ):
+        return read_int_zh(int(m["y"])) + "年"  # 五千七百三十年, 两千年的历史
+    return _digits(m["y"], zh) + "年"
 
 
 # Said as words, not as a fraction or "slash": "open 24/7", "a 50/50 chance".
@@ -1305,6 +1406,43 @@ def _fraction(m: re.Match[str], zh: bool) -> str:
     return _sp(f"{read_int_en(a)} {denominator}", zh)
 
 
+def _fraction_words(a: int, b: int, article: bool) -> str:
+    """ "three quarters", "one fifth"; with ``article``, "a half", "a quarter" for one part."""
+    if b == 2:
+        denominator = "half" if a == 1 else "halves"
+    elif b == 4:
+        denominator = "quarter" if a == 1 else "quarters"
+    else:
+        denominator = _ordinal_en(read_int_en(b)) + ("" if a == 1 else "s")
+    return f"{'a' if article and a == 1 else read_int_en(a)} {denominator}"
+
+
+def _mixed_fraction(m: re.Match[str], zh: bool) -> str:
+    whole, unit = m["w"], m["unit"]
+    if not (whole or unit) or len(m["a"]) > 2 or len(m["b"]) > 2 or (whole and len(whole) > 6):
+        return m.group(0)  # a plain fraction (_FRACTION), or no fraction said so
+    a, b = int(m["a"]), int(m["b"])
+    if not 0 < a < b <= 20:
+        return m.group(0)
+    if unit == "g" and not _GRAMS_CONTEXT.match(m.string, m.end()):
+        return m.group(0)
+    if unit in _GLUED_ONLY_UNITS:
+        return m.group(0)
+    singular, plural, chinese = _UNITS[unit] if unit else ("", "", "")
+    if zh:
+        words = f"{read_int_zh(b)}分之{read_int_zh(a)}"
+        if whole:
+            words = f"{read_int_zh(int(whole))}又{words}"
+        return words + chinese
+    if whole:
+        words = f"{read_int_en(int(whole))} and {_fraction_words(a, b, article=True)}"
+        return _sp(f"{words} {plural}" if unit else words, zh)
+    article = "an" if singular[0] in "aeiou" or singular.startswith("hour") else "a"
+    if a == 1 and b == 2:
+        return _sp(f"half {article} {singular}", zh)
+    return _sp(f"{_fraction_words(a, b, article=True)} of {article} {singular}", zh)
+
+
 def _leading_point(m: re.Match[str], zh: bool) -> str:
     words = ("零点" if zh else "point ") + _digits(m["frac"], zh)
     return _sp(_signed(m, words, zh), zh)
@@ -1324,7 +1462,7 @@ def _number(m: re.Match[str], zh: bool) -> str:
 
 def _symbol(m: re.Match[str], zh: bool) -> str:
     en, chinese = _SYMBOLS[m.group(0)]
-    return _sp(chinese if zh else en, zh)
+    return _sp(chinese if zh else _comparison_words(m, en), zh)
 
 
 def _per(m: re.Match[str], zh: bool) -> str:
@@ -1430,6 +1568,30 @@ def _zh_code(m: re.Match[str], zh: bool) -> str:
     return m["head"] + _digits(m["digits"], zh)
 
 
+# A hex literal ("0x1F", "0x80070005"): "hex" and its digits one by one (was "zero by one F").
+_HEX: Final = re.compile(r"(?<![0-9A-Za-z_.])0[xX](?P<h>[0-9A-Fa-f]+)(?![0-9A-Za-z_])")
+# Scientific notation ("1e-5", "3.5e8"): "one e minus five", as programmers say it (the
+# minus was lost: "one e five" is 10^5).
+_SCIENTIFIC: Final = re.compile(
+    r"(?<![0-9A-Za-z_.])(?P<m>[0-9]+(?:\.[0-9]+)?)[eE](?P<sign>[-+])?(?P<e>[0-9]{1,3})"
+    r"(?![0-9A-Za-z_])"
+)
+
+
+def _hex(m: re.Match[str], zh: bool) -> str:
+    chars = [_ZH_DIGITS[int(c)] if zh and c.isdigit() else c for c in m["h"]]
+    if not zh:
+        chars = [_ONES[int(c)] if c.isdigit() else c.upper() for c in m["h"]]
+    return _sp(("十六进制" if zh else "hex ") + ("" if zh else " ").join(chars), zh)
+
+
+def _scientific(m: re.Match[str], zh: bool) -> str:
+    int_part, frac = _split_num(m["m"])
+    sign = {"-": "负" if zh else "minus ", "+": ""}.get(m["sign"] or "+", "")
+    exponent = sign + _read_number(m["e"], None, zh)
+    return _sp(f"{_read_number(int_part, frac, zh)} e {exponent}", zh)
+
+
 def _tech_name(m: re.Match[str], zh: bool) -> str:
     if m["sharp"]:
         return f" {m['sharp']} sharp "
@@ -1469,6 +1631,8 @@ _RULES: Final[tuple[_Rule, ...]] = (
     (_URL, _url),
     (_EMAIL, _email),
     (_TECH_NAME, _tech_name),
+    (_HEX, _hex),
+    (_SCIENTIFIC, _scientific),
     (_FILE_NAME, _file_name),
     (_DOMAIN, _domain),
     (_ZH_CODE, _zh_code),
@@ -1491,8 +1655,10 @@ _RULES: Final[tuple[_Rule, ...]] = (
     (_DOTTED, _dotted),
     (_MONEY_RANGE, _money_range),
     (_YEAR_RANGE, _year_range),
+    (_MIXED_FRACTION, _mixed_fraction),
     (_UNIT_RANGE, _unit_range),
     (_MINUS_OP, _minus_op),
+    (_NAME_OP, _name_op),
     (_RANGE, _range),
     (_SIZE_BY, _size_by),
     (_TIMES_OP, _times_op),
@@ -1536,12 +1702,15 @@ def _prepare(text: str) -> str:
     # NFKD would turn "10³" into "103" and "m²" into "m2": keep the exponent an exponent.
     text = text.replace("№", "No.").translate(_SQUARE_UNITS)  # NFKD: "㎡" is "m2"
     text = _SUPERSCRIPT.sub(_superscript, text)
+    # "1½" is a mixed number: NFKD makes it "11⁄2" (eleven halves) without the space.
+    text = _GLUED_VULGAR_FRACTION.sub(" ", text)
     text = unicodedata.normalize("NFKD", text)
     text = "".join(ch for ch in text if not unicodedata.combining(ch))
     return text.replace("\u2212", "-").replace("\u2044", "/").replace("\r", "\n")
 
 
 _SUPERSCRIPT: Final = re.compile("[⁺⁻]?[⁰¹²³⁴⁵⁶⁷⁸⁹]+")
+_GLUED_VULGAR_FRACTION: Final = re.compile("(?<=[0-9])(?=[\u00bc-\u00be\u2150-\u215e])")
 _SQUARE_UNITS: Final = str.maketrans(
     {"㎡": "m²", "㎥": "m³", "㎠": "cm²", "㎢": "km²", "㎤": "cm³"}
 )

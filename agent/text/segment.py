@@ -72,6 +72,14 @@ _ABBREVIATIONS: Final = frozenset(
         "jr",
         "st",
         "mt",
+        "gov",
+        "sen",
+        "rep",
+        "gen",
+        "lt",
+        "capt",
+        "col",
+        "sgt",
         "vs",
         "cf",
         "approx",
@@ -148,8 +156,17 @@ def _word_before(buf: str, dot: int, start: int) -> str:
     return word.lstrip(_CLOSERS + "\"'([{“‘")
 
 
+_NUMBER_AFTER_COLON: Final = re.compile(r"(?<![0-9])[:：][0-9]{1,2}$")
+# Initials written without spaces ("J.K", "J.R.R" before their last "."), lower case too.
+_INITIALS: Final = re.compile(r"(?:[A-Z]\.)+[A-Z]")
+
+
 def _is_name_or_abbreviation(word: str) -> bool:
-    return word.lower() in _ABBREVIATIONS or (len(word) == 1 and word.isupper())
+    return (
+        word.lower() in _ABBREVIATIONS
+        or (len(word) == 1 and word.isupper())
+        or _INITIALS.fullmatch(word) is not None
+    )
 
 
 def _dot_ends_sentence(buf: str, dot: int, start: int, after: int, continued: bool) -> bool:
@@ -164,7 +181,6 @@ def _dot_ends_sentence(buf: str, dot: int, start: int, after: int, continued: bo
             _LIST_MARKER.match(buf, after) is not None
             and not _is_name_or_abbreviation(word)
             and word.lower() not in _NUMBERED_WORDS
-            and not word.isdigit()
         )
     if nxt.islower():
         return False  # "e.g. this", "a.m. tomorrow"
@@ -173,11 +189,15 @@ def _dot_ends_sentence(buf: str, dot: int, start: int, after: int, continued: bo
     # A number opening the sentence is a list item ("1. First"), not a sentence, as is one
     # after a colon ("Steps: 1. Open it"); not so a number that opens what is left of a
     # sentence cut for length ("... listed in | 2015.").
-    if continued or not word.isdigit():
+    if continued:
+        return True
+    if _NUMBER_AFTER_COLON.search(word):
+        return False  # "步骤：1. 打开": Chinese writes no space after its colon
+    if not word.isdigit():
         return True
     before = buf[max(start, dot - len(word) - _LONGEST_WORD) : dot - len(word)].rstrip()
     opens = _VISIBLE.search(buf, start, dot - len(word)) is None
-    return not (opens or (len(word) <= 2 and before.endswith(":")))
+    return not (opens or (len(word) <= 2 and before.endswith((":", "："))))
 
 
 def _find_boundary(
