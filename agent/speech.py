@@ -13,6 +13,7 @@ import asyncio
 import contextvars
 import dataclasses
 import logging
+import math
 import time
 import uuid
 from collections import deque
@@ -130,6 +131,10 @@ class SpeechPipeline:
         # Utterances taken by the worker whose end has not been played yet (at most a few:
         # the one generating and those whose last frames are still buffered).
         self._active: list[Utterance] = []
+        # When the last utterance ended (monotonic): the next one's first audio is measured
+        # from then at the earliest, as the time before it was spent queued behind that one's
+        # buffered audio (up to max_buffer_ahead_s), not in the engine.
+        self._last_ended_at = -math.inf
         self._stream: Utterance | None = None  # the open text.delta utterance
         self._stream_owner = CLIENT  # ... and who writes it
         self._stream_fed_at = 0.0  # ... and when its last delta came (monotonic)
@@ -471,6 +476,7 @@ class SpeechPipeline:
         if utt.ended:
             return
         utt.ended = True
+        self._last_ended_at = time.monotonic()
         if utt in self._active:
             self._active.remove(utt)
         if utt.silent:
@@ -643,10 +649,11 @@ class SpeechPipeline:
         # (tests/test_datachannel_contract.py), but it is no first audio: the histogram got a
         # ~1 ms sample for each, near-instant speech all through an outage (found by review).
         if utt.first_chunk_at is not None:
-            self.stats.first_audio_latencies.append(time.monotonic() - utt.first_chunk_at)
+            now, queued_until = time.monotonic(), self._last_ended_at
+            self.stats.first_audio_latencies.append(now - max(utt.first_chunk_at, queued_until))
             if utt.synth_started_at is not None and self._on_first_audio is not None:
                 try:
-                    self._on_first_audio(time.monotonic() - utt.synth_started_at)
+                    self._on_first_audio(now - max(utt.synth_started_at, queued_until))
                 except Exception:  # a measurement must never stop speech
                     log.exception("first-audio observer failed")
         self._emit({"type": "speech.started", "id": utt.id})

@@ -542,3 +542,53 @@ async def test_a_slow_cancellation_does_not_mark_the_next_utterance_as_making_no
     assert len(pipeline.buffer) == 0
     assert pipeline.sounding, "the new utterance is being made"
     await pipeline.close()
+
+
+class PacedDrain:
+    """Plays the buffer out one frame per ``tick_s`` (a track, faster than real time)."""
+
+    def __init__(self, pipeline: SpeechPipeline, tick_s: float) -> None:
+        self.pipeline = pipeline
+        self.tick_s = tick_s
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.tick_s)
+            frame = self.pipeline.buffer.pop()
+            if frame is not None:
+                for mark in frame.marks:
+                    mark()
+
+    def stop(self) -> None:
+        self._task.cancel()
+
+
+async def test_first_audio_excludes_time_queued_behind_the_previous_utterance() -> None:
+    """README (Metrics): voice_agent_first_audio_seconds "measures the server (engine,
+    framing, pacing), not time spent queued behind other speech". An engine that answers at
+    once was reported as taking up to max_buffer_ahead_s (3 s) because the utterance before
+    it still had that much audio buffered when this one's text reached the engine (found by
+    review)."""
+    observed: list[float] = []
+    events: list[dict[str, Any]] = []
+    pipeline = SpeechPipeline(
+        ToneEngine(),  # its first chunk comes at once
+        SpeechSettings(max_buffer_ahead_s=1.0),
+        events.append,
+        on_first_audio=observed.append,
+    )
+    pipeline.start()
+    drain = PacedDrain(pipeline, tick_s=0.01)  # 50 frames (1 s of audio) take 0.5 s
+    try:
+        pipeline.say("one two three four five six seven eight", "a")  # 2 s of audio
+        pipeline.say("one two", "b")
+        await wait_for(lambda: {"type": "speech.ended", "id": "b", "interrupted": False} in events)
+        assert len(observed) == 2
+        # "a": the engine's first chunk went out at once. "b" as well: its wait was behind
+        # "a"'s buffered second of audio, which is queueing behind other speech.
+        assert observed[0] < 0.1, observed
+        assert observed[1] < 0.1, f"'b' reported {observed[1]:.2f} s of first-audio latency"
+    finally:
+        drain.stop()
+        await pipeline.close()
