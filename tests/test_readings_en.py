@@ -170,3 +170,22 @@ def test_chinese_reads_the_new_forms_in_chinese() -> None:
         == "视频是一零八零P，每秒六十帧每秒，用时三点五秒。"
     )
     assert _read("调用os.path模块，遵循80/20法则。") == "调用os点path模块，遵循八十比二十法则。"
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        # was: "Wait tens and retry", "every thirties", "timeout equals twenties"
+        (
+            "Wait 10s and retry every 30s, timeout=20s.",
+            "Wait ten seconds and retry every thirty seconds, timeout equals twenty seconds.",
+        ),
+        # decades stay decades
+        (
+            "In their 30s, they loved 80s music.",
+            "In their thirties, they loved eighties music.",
+        ),
+    ],
+)
+def test_a_duration_in_seconds_is_no_decade(text: str, expected: str) -> None:
+    assert _read(text) == expected

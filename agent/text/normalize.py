@@ -1321,12 +1321,24 @@ def _ordinal(m: re.Match[str], zh: bool) -> str:
     return _sp(_ordinal_en(read_int_en(int(n))), zh)
 
 
+# What a duration follows ("wait 10s", "every 30s", "timeout=20s"), where "10s" is seconds,
+# not a decade ("in their 30s", "80s music").
+_WAIT_BEFORE: Final = re.compile(
+    r"(?:\b(?:wait|waits|waited|waiting|after|within|every|timeout|takes|took|lasts|lasted|"
+    r"delay|interval|sleep|sleeps|for)\s+|=\s?)$",
+    re.IGNORECASE,
+)
+
+
 def _decade(m: re.Match[str], zh: bool) -> str:
     century, decade = m["c"], m["d"]
     if century is None and decade == "00":
         return m.group(0)
-    if zh and century is None and not m.group(0).startswith("'"):
-        return read_int_zh(int(decade)) + "秒"  # "设置为30s": Chinese writes 年代 for decades
+    if century is None and not m.group(0).startswith("'"):
+        if zh:
+            return read_int_zh(int(decade)) + "秒"  # "设置为30s": Chinese writes 年代 for decades
+        if _WAIT_BEFORE.search(m.string, max(0, m.start() - _LOOK_BACK), m.start()):
+            return _sp(f"{read_int_en(int(decade))} seconds", zh)  # "wait 10s", "every 30s"
     if zh:
         if century:
             return _digits(century + decade, True) + "年代"
