@@ -43,7 +43,8 @@ def build_app(config: Config, engine: TTSEngine) -> web.Application:
     sessions = SessionRegistry(
         config, engine, on_closed=metrics.retire, on_room_closed=metrics.retire_room
     )
-    metrics.watch(sessions.peers, sessions.governor, sessions.rooms.rooms)
+    load_errors: list[str] = []  # the engine's failure to load, if it fails (app[ENGINE_ERROR])
+    metrics.watch(sessions.peers, sessions.governor, sessions.rooms.rooms, load_errors)
     app = web.Application(
         # Outermost first: CORS headers go on every answer, errors included; offer outcomes
         # are counted whichever layer refuses (auth too); auth runs before any handler.
@@ -64,7 +65,7 @@ def build_app(config: Config, engine: TTSEngine) -> web.Application:
     app[CONFIG] = config
     app[ENGINE] = engine
     app[SESSIONS] = sessions
-    app[ENGINE_ERROR] = []
+    app[ENGINE_ERROR] = load_errors
     app[LIMITS] = Limits(config.limits)
     app[METRICS] = metrics
     app[DRAIN] = Drain()

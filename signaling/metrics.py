@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import math
 from collections import Counter as Tally
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from aiohttp import web
@@ -89,6 +89,7 @@ class Metrics:
         self._rooms: Callable[[], Iterable[Room]] = tuple
         self._governor: ComplexityGovernor | None = None
         self._retired: Tally[str] = Tally()
+        self._load_errors: Sequence[str] = ()
         self.registry.register(_LiveCollector(self))
 
     def watch(
@@ -96,12 +97,14 @@ class Metrics:
         peers: Callable[[], Iterable[Peer]],
         governor: ComplexityGovernor | None = None,
         rooms: Callable[[], Iterable[Room]] = tuple,
+        load_errors: Sequence[str] = (),
     ) -> None:
         """Where the live sessions, rooms (and the encoders' complexity) are read from at
-        scrape time."""
+        scrape time; ``load_errors``: the engine's failure to load, once it failed."""
         self._peers = peers
         self._governor = governor
         self._rooms = rooms
+        self._load_errors = load_errors
 
     def retire(self, peer: Peer) -> None:
         """A session is leaving: keep its counts so the totals never go down."""
@@ -226,8 +229,8 @@ class _LiveCollector:
         )
         yield GaugeMetricFamily(
             "voice_agent_engine_failed",
-            "1 if the speech engine failed after it started",
-            int(engine.failure is not None),
+            "1 if the speech engine failed to load or failed after it started",
+            int(engine.failure is not None or bool(metrics._load_errors)),
         )
         yield GaugeMetricFamily(
             "voice_agent_queued_utterances",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import aiohttp
 import pytest
 from aiohttp import web
@@ -9,6 +11,7 @@ from aiohttp.test_utils import make_mocked_request
 from prometheus_client.parser import text_string_to_metric_families
 
 from agent.config import Config, RoomSettings, SecuritySettings
+from agent.engine import EngineLoadError
 from agent.governor import ComplexityGovernor
 from signaling.app import build_app
 from signaling.cli import build_parser, config_from_args
@@ -261,3 +264,42 @@ async def test_a_rooms_speech_is_counted_for_each_participant(direct_send: bool)
     )
     # Four words of the tone engine: 1 s of speech, 50 packets, sent to the one participant.
     assert 45 <= speech <= 55 and speech <= sent, (speech, sent)
+
+
+class _EngineThatCannotLoad(ToneEngine):
+    async def start(self) -> None:
+        raise EngineLoadError("could not download the model: pass --model-dir")
+
+
+async def _samples(http: aiohttp.ClientSession, url: str) -> dict[str, float]:
+    async with http.get(url + "/metrics") as resp:
+        assert resp.status == 200
+        text = await resp.text()
+    return {
+        s.name: s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if not s.labels
+    }
+
+
+@pytest.mark.parametrize("tone_engine", [_EngineThatCannotLoad()])
+async def test_an_engine_that_failed_to_load_shows_as_failed_in_the_metrics(
+    live_server: LiveServer,
+) -> None:
+    """README: /readyz and every offer answer 503 ``engine_failed`` when "the model could not
+    load" (no network: use --model-dir), and /metrics has ``voice_agent_engine_failed`` 0/1.
+    An operator alerting on it never hears of the commonest failure: the gauge stays 0 and
+    ``voice_agent_engine_ready`` 0, which reads as a model still loading, for ever (found
+    by review)."""
+    async with aiohttp.ClientSession() as http:
+        async with asyncio.timeout(5):
+            while True:  # the load runs in the background
+                async with http.get(live_server.url + "/readyz") as resp:
+                    body = await resp.json()
+                if body.get("error", {}).get("code") == "engine_failed":
+                    break
+                await asyncio.sleep(0.02)
+        samples = await _samples(http, live_server.url)
+    assert samples["voice_agent_engine_ready"] == 0
+    assert samples["voice_agent_engine_failed"] == 1, "readyz says engine_failed"
