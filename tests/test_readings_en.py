@@ -189,3 +189,9 @@ def test_chinese_reads_the_new_forms_in_chinese() -> None:
 )
 def test_a_duration_in_seconds_is_no_decade(text: str, expected: str) -> None:
     assert _read(text) == expected
+
+
+def test_a_glued_t_is_a_trillion_only_before_what_it_counts() -> None:
+    # "T" is tonnes or teslas as often ("a 20T truck", "a 1.5T MRI"): said as written.
+    assert _read("A 20T truck and a 1.5T MRI.") == "A twenty T truck and a one point five T MRI."
+    assert _read("It saw 15T tokens.") == "It saw fifteen trillion tokens."

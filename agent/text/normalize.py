@@ -1197,10 +1197,11 @@ def _percent(m: re.Match[str], zh: bool) -> str:
 def _scaled_number(m: re.Match[str], zh: bool) -> str:
     int_part, frac = _split_num(m["num"])
     abbr = m["abbr"].lower()
-    if len(int_part) == 1 and not frac and abbr not in ("mn", "bn"):
+    if abbr == "t" or (len(int_part) == 1 and not frac and abbr not in ("mn", "bn")):
+        # "T" counts only what it counts in earnest ("15T tokens"): "a 20T truck" is tonnes.
         after = _WORD_AFTER_SCALE.match(m.string, m.end())
         if after is None or after["word"] not in _COUNTED_BY_ONE_DIGIT:
-            return m.group(0)  # "3M", "4K", "2B": a name, said as written
+            return m.group(0)  # "3M", "4K", "2B", "20T": a name, said as written
     if not (frac or abbr in ("mn", "bn") or _counts_something(m, int_part, abbr)):
         return m.group(0)  # a seat, a gate, a chip, a 401k: said as written
     words = _read_scaled(int_part, frac, abbr, zh)
