@@ -19,6 +19,9 @@ MAX_PORT = 65535
 MAX_SSRC_LINES = 256
 MAX_EXTENSION_ID = 255  # RFC 8285: 1-14 in one-byte headers, up to 255 in two-byte ones
 MAX_MID_BYTES = 255  # the longest value a two-byte header extension carries
+# a=rtcp-fb and a=fmtp lines in one media section: Chrome's video section, the longest a
+# browser sends, has about 80 rtcp-fb lines.
+MAX_FORMAT_LINES = 256
 
 
 def check_offer_sdp(sdp: object, max_sections: int) -> str:
@@ -184,6 +187,7 @@ def _check_attributes(lines: list[str]) -> None:
         raise ApiError(
             400, "bad_sdp", f"the offer has {ssrc_lines} a=ssrc lines, at most {MAX_SSRC_LINES}"
         )
+    _check_format_lines(lines)
     for line in lines:
         if line.startswith("a=extmap:"):
             ident = line[len("a=extmap:") :].split(" ", 1)[0].split("/", 1)[0]
@@ -195,6 +199,35 @@ def _check_attributes(lines: list[str]) -> None:
                 )
         elif line.startswith("a=mid:") and len(line[len("a=mid:") :].encode()) > MAX_MID_BYTES:
             raise ApiError(400, "bad_sdp", f"an a=mid is limited to {MAX_MID_BYTES} bytes")
+
+
+def _check_format_lines(lines: list[str]) -> None:
+    """400 for a payload type's a=rtpmap given twice in a section, and for more than
+    MAX_FORMAT_LINES a=rtcp-fb and a=fmtp lines in one: aiortc's parser walks every codec
+    for each rtcp-fb line (a wildcard one adds a feedback object to each), so rtpmaps times
+    rtcp-fb lines is quadratic; a 63 KB offer repeating one rtpmap held the event loop
+    12-16 s and its session ~400 MB (found by review)."""
+    payload_types: set[str] = set()
+    format_lines = 0
+    for line in lines:
+        if line.startswith("m="):
+            payload_types.clear()
+            format_lines = 0
+        elif line.startswith("a=rtpmap:"):
+            payload_type = line[len("a=rtpmap:") :].split(" ", 1)[0]
+            if payload_type in payload_types:
+                raise ApiError(
+                    400, "bad_sdp", f"payload type {payload_type[:20]!r} has two a=rtpmap lines"
+                )
+            payload_types.add(payload_type)
+        elif line.startswith(("a=rtcp-fb:", "a=fmtp:")):
+            format_lines += 1
+            if format_lines > MAX_FORMAT_LINES:
+                raise ApiError(
+                    400,
+                    "bad_sdp",
+                    f"a media section has more than {MAX_FORMAT_LINES} a=rtcp-fb and a=fmtp lines",
+                )
 
 
 def _check_mids(lines: list[str]) -> None:
@@ -409,24 +442,14 @@ def add_mdns_fallback(sdp: str, peer_ip: str | None, host_ips: Callable[[], list
     if not addresses:
         return sdp
     newline = "\r\n" if "\r\n" in sdp else "\n"
-    out: list[str] = []
-    # The twins count against the offer's candidate limit too (distinct addresses, as
-    # check_offer_sdp counts them): a server with many addresses would otherwise multiply a
-    # legal offer's mDNS candidates past what aioice adds cheaply.
     lines = sdp.splitlines()
-    seen = {_candidate_address(line) for line in lines if line.startswith("a=candidate:")}
-    for line in lines:
-        out.append(line)
+    # Every twin, in order, as (the line it follows, the twin).
+    twins: list[tuple[int, str]] = []
+    for at, line in enumerate(lines):
         parts = line.split()
         # a=candidate:<foundation> <component> <transport> <priority> <address> <port> typ <t>
         if len(parts) >= 8 and line.startswith("a=candidate:") and parts[4].endswith(".local"):
-            twins: list[tuple[int, str]] = []
             for index, address in enumerate(addresses):
-                key = (parts[2].lower(), address.lower(), parts[5])
-                if key in seen or len(seen) < MAX_CANDIDATES:
-                    seen.add(key)
-                    twins.append((index, address))
-            for index, address in twins:
                 twin = list(parts)
                 twin[0] = f"{parts[0]}m{index}"[:44]
                 priority = parts[3]
@@ -434,8 +457,28 @@ def add_mdns_fallback(sdp: str, peer_ip: str | None, host_ips: Callable[[], list
                 if _DIGITS.fullmatch(priority):
                     twin[3] = str(max(0, int(priority) - 1 - index))
                 twin[4] = address
-                out.append(" ".join(twin))
-    return newline.join(out) + (newline if sdp.endswith(newline) else "")
+                twins.append((at, " ".join(twin)))
+
+    def with_twins(count: int) -> list[str]:
+        after: dict[int, list[str]] = {}
+        for at, twin in twins[:count]:
+            after.setdefault(at, []).append(twin)
+        return [out for at, line in enumerate(lines) for out in (line, *after.get(at, ()))]
+
+    # The twins count against the offer's candidate limit too, counted as check_offer_sdp
+    # counts (shared across the BUNDLE group, per section outside it): a server with many
+    # addresses would otherwise multiply a legal offer's mDNS candidates past what aioice
+    # adds cheaply (distinct addresses across the offer, counted before, let an offer
+    # without BUNDLE add 1024: found by review). The most twins that fit, first ones first
+    # (the count only grows with more).
+    low, high = 0, len(twins)
+    while low < high:
+        middle = (low + high + 1) // 2
+        if _candidates_to_add(with_twins(middle)) <= MAX_CANDIDATES:
+            low = middle
+        else:
+            high = middle - 1
+    return newline.join(with_twins(low)) + (newline if sdp.endswith(newline) else "")
 
 
 def _is_loopback(address: str) -> bool:

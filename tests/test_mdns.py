@@ -8,9 +8,10 @@ import uuid
 
 import aiohttp
 
-from signaling.sdp import MAX_CANDIDATES, add_mdns_fallback
+from signaling.sdp import MAX_CANDIDATES, _candidates_to_add, add_mdns_fallback, check_offer_sdp
 from tests.conftest import LiveServer
 from tests.rtc_client import RtcClient
+from tests.test_fuzz import BASE_OFFER
 
 CANDIDATE = "a=candidate:1 1 udp 2113937151 {addr} 54321 typ host generation 0"
 
@@ -125,3 +126,33 @@ def test_opus_moves_to_the_front_of_the_audio_payloads() -> None:
     assert out[1] == "m=audio 9 UDP/TLS/RTP/SAVPF 111 0 8 9"
     assert out[2:4] == ["a=rtpmap:111 opus/48000/2", "a=rtpmap:0 PCMU/8000"]
     assert out[4] == "m=video 9 UDP/TLS/RTP/SAVPF 96 111"  # video untouched
+
+
+def test_mdns_twins_of_an_unbundled_offer_stay_within_the_candidate_limit() -> None:
+    """README: an offer with more than 64 ICE candidates to add is 400 (each section the
+    BUNDLE group does not name adds its own). add_mdns_fallback says its twins count
+    against that limit "as check_offer_sdp counts them", but it counts distinct addresses
+    over the whole offer: in an offer without BUNDLE every section's copy of a twin is one
+    more candidate for that section's own ICE transport. A legal offer (16 sections, the
+    same 4 mDNS candidates in each: 64 to add) from a local reverse proxy, on a server
+    with 20 addresses, was given 960 twins: 1024 candidates to add, 16 times the limit
+    (found by review)."""
+    head, rest = BASE_OFFER.replace("a=group:BUNDLE 0 1\r\n", "").split("m=audio", 1)
+    audio = ("m=audio" + rest).split("m=application", 1)[0]
+    audio = "".join(
+        line + "\r\n" for line in audio.split("\r\n") if line and "candidate" not in line
+    )
+    mdns = "".join(
+        f"a=candidate:{i} 1 udp 2113937151 host{i}.local {50000 + i} typ host\r\n" for i in range(4)
+    )
+    sections = [
+        audio.replace("a=mid:0", f"a=mid:{n}").replace("a=ssrc:4176047882", f"a=ssrc:{n + 1}")
+        + mdns
+        for n in range(16)
+    ]
+    offer = check_offer_sdp(head + "".join(sections), max_sections=16)
+    assert _candidates_to_add(offer.splitlines()) == MAX_CANDIDATES  # allowed as offered
+    addresses = [f"10.0.0.{i}" for i in range(20)]
+    with_twins = add_mdns_fallback(offer, "127.0.0.1", lambda: addresses)
+    added = _candidates_to_add(with_twins.splitlines())
+    assert added <= MAX_CANDIDATES, f"{added} candidates to add after the mDNS twins"

@@ -5,8 +5,12 @@ signaling/sdp.py and signaling/sessions.py. Each test fails with one plausible c
 
 from __future__ import annotations
 
+import asyncio
+import gc
 import re
+import time
 
+import aiohttp
 import pytest
 from aiortc import RTCPeerConnection
 
@@ -293,3 +297,91 @@ async def test_a_refused_offer_s_peer_connection_is_closed(
     assert len(made) == 1, fails_at
     assert made[0].connectionState == "closed", fails_at
     assert len(live_server.app[SESSIONS]) == 0
+
+
+async def _max_stall_while(coro: object) -> tuple[float, object]:
+    """Run ``coro`` while a ticker measures the longest the event loop went unserved."""
+    stall = 0.0
+    done = False
+
+    async def ticker() -> None:
+        nonlocal stall
+        last = time.monotonic()
+        while not done:
+            await asyncio.sleep(0.01)
+            now = time.monotonic()
+            stall = max(stall, now - last - 0.01)
+            last = now
+
+    task = asyncio.create_task(ticker())
+    await asyncio.sleep(0.05)
+    try:
+        result = await coro  # type: ignore[misc]
+    finally:
+        done = True
+        await task
+    return stall, result
+
+
+def _quadratic_rtcp_fb_offer(rtpmaps: int = 1900, feedback: int = 2000) -> str:
+    """A 63 KB offer: one payload type listed on the m-line, its a=rtpmap repeated, and many
+    wildcard a=rtcp-fb lines. aiortc's parser appends every rtcp-fb line to every codec
+    (rtpmaps x rtcp-fb objects: 3.8 million here)."""
+    head, tail = BASE_OFFER.split("a=rtpmap:9 G722/8000", 1)
+    extra = "a=rtpmap:96 x/1\r\n" * rtpmaps + "a=rtcp-fb:* x\r\n" * feedback
+    offer = head + extra + "a=rtpmap:9 G722/8000" + tail
+    assert len(offer.encode()) < 64 * 1024  # within the documented size limit
+    return offer
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+async def test_an_offer_of_repeated_rtpmaps_and_rtcp_fb_does_not_stall_the_loop(
+    live_server: LiveServer,
+) -> None:
+    """README: the size, section, candidate and a=ssrc limits keep what aiortc parses in
+    quadratic time off the event loop that paces every session's audio. a=rtpmap lines
+    (a payload type may repeat) times a=rtcp-fb lines is quadratic in aiortc's parser too
+    (every rtcp-fb line walks every codec, a wildcard one appends a feedback object to each):
+    one 63 KB offer held the loop for ~10 s (it is parsed twice) and the session kept the
+    parsed offer (its remote description): ~400 MB, for as long as it lives (found by
+    review). Such an offer is now refused."""
+    gc.collect()
+    before = _rss_mb()
+    async with aiohttp.ClientSession() as http:
+
+        async def post() -> tuple[int, dict]:
+            offer = {"type": "offer", "sdp": _quadratic_rtcp_fb_offer()}
+            async with http.post(live_server.url + "/offer", json=offer) as response:
+                return response.status, await response.json()
+
+        stall, (status, body) = await _max_stall_while(post())
+        gc.collect()
+        held = _rss_mb() - before
+        if status == 200:
+            async with http.delete(live_server.url + "/sessions/" + body["session_id"]):
+                pass
+    assert stall < 0.5 and held < 100, (
+        f"one offer (answered {status}) stalled the event loop {stall:.2f} s; "
+        f"its open session holds {held:.0f} MB more"
+    )
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ("a=rtpmap:96 opus/48000/2\r\n", "two a=rtpmap"),
+        ("a=rtcp-fb:* nack\r\n" * 257, "a=rtcp-fb and a=fmtp"),
+    ],
+)
+def test_repeated_rtpmaps_and_too_many_feedback_lines_are_bad_sdp(extra: str, message: str) -> None:
+    head, tail = BASE_OFFER.split("a=rtpmap:9 G722/8000", 1)
+    with pytest.raises(ApiError) as refused:
+        check_offer_sdp(head + extra + "a=rtpmap:9 G722/8000" + tail, max_sections=16)
+    assert refused.value.code == "bad_sdp" and message in refused.value.message
