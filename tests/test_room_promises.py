@@ -166,6 +166,55 @@ async def test_with_encode_threads_a_speakers_voice_is_encoded_off_the_loop_in_o
             room.discard()
 
 
+async def _feed_through(executor: ThreadPoolExecutor, frames: list[np.ndarray]) -> list[bytes]:
+    """What a listener of a speaker who says ``frames`` gets, encoded with ``executor``."""
+    chunks = [
+        frame[start : start + FRAME_SAMPLES]
+        for frame in frames
+        for start in range(0, len(frame), FRAME_SAMPLES)
+    ]
+    room = Room("r", ToneEngine(), Config(), encode_executor=executor)
+    speaker = room.join("sa", speaking=True, host=True, expects_channel=False)
+    listener = FanoutTrack(queue_frames=100)
+    room.start_speaker(speaker, FramesMic(frames))  # type: ignore[arg-type]
+    feed = room.slots[speaker.slot]  # type: ignore[index]
+    assert feed is not None
+    feed.source.subscribe(listener)  # before the feed's task first runs
+    try:
+        await wait_for(lambda: len(listener._queue) == len(chunks), timeout=10)
+        opus = Config().opus
+        reference = OpusEncoder(
+            bitrate=opus.bitrate,
+            complexity=opus.complexity,
+            fec=opus.fec,
+            expected_loss_pct=opus.expected_loss_pct,
+        )
+        expected = [reference.encode(pcm) for pcm in chunks]
+        reference.close()
+        assert [payload for payload, _ in listener._queue] == expected
+        return expected
+    finally:
+        listener.stop()
+        await room.leave(speaker)
+        room.discard()
+
+
+async def test_a_40ms_frame_is_encoded_off_the_loop_in_order() -> None:
+    """A decoded frame longer than 20 ms (a 40 ms packet time) leaves several frames to
+    encode: they go out in the order spoken (found by mutation testing)."""
+    chunks = [tone(0.1 + 0.05 * i) for i in range(8)]
+    with ThreadPoolExecutor(1) as executor:
+        await _feed_through(executor, [np.concatenate(chunks[i : i + 2]) for i in range(0, 8, 2)])
+
+
+async def test_encode_threads_shutting_down_still_encode_on_the_loop() -> None:
+    """While the server shuts its encode threads down, a speaker's frames are still
+    encoded, on the loop, not sent as empty packets (found by mutation testing)."""
+    executor = ThreadPoolExecutor(1)
+    executor.shutdown()
+    await _feed_through(executor, [tone(0.1 + 0.05 * i) for i in range(4)])
+
+
 # --- mute ----------------------------------------------------------------------------------
 async def test_a_mute_that_changes_nothing_is_not_told_to_the_room() -> None:
     """README: mute tells the others "a change only" (a client re-syncing its button)."""

@@ -736,6 +736,21 @@ async def test_ice_servers_go_around_a_worker_that_cannot_be_reached() -> None:
             assert "iceServers" in await resp.json()
 
 
+async def test_ice_servers_go_around_every_worker_that_cannot_be_reached() -> None:
+    """With the first and the last of three workers unreachable, /ice-servers must reach the
+    one in the middle (found by mutation testing: only the first was passed over)."""
+    pools: list[WorkerPool] = []
+    config = Config(host="127.0.0.1", port=0, listen=ListenSettings(enabled=False))
+    async with (
+        front_and_worker(config, workers=3, pools=pools) as url,
+        aiohttp.ClientSession() as http,
+    ):
+        os.unlink(pools[0].workers[0].socket_path)
+        os.unlink(pools[0].workers[2].socket_path)
+        async with http.get(url + "/ice-servers") as resp:
+            assert resp.status == 200, await resp.text()
+
+
 async def test_the_fronts_readyz_while_draining_says_when_to_ask_again() -> None:
     """The README's shutting_down is a 503 with Retry-After, /readyz's too: the front's
     (and a single process's) /readyz had no Retry-After (found by review)."""

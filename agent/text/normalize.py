@@ -591,6 +591,8 @@ _TIMES_OP: Final = re.compile(r"(?<=[0-9])\s?[*xX×]\s?(?=[0-9])")
 _NAME_OP: Final = re.compile(
     r"(?:(?<=[^A-Za-z][a-z])|(?<=^[a-z])|(?<=\)))\s+(?P<op>[-*])\s+(?=[0-9])"
 )
+# A call before its ")" ("len(arr)"): "Lunch (12:00) - 1 hour" is a dash, not a minus.
+_CALL_BEFORE: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*\([^()\s]*\)$")
 # "20 ft x 15 ft", "6 in x 4 in": a size between two lengths (before _UNIT reads them).
 _SIZE_BY: Final = re.compile(
     r"(?<=[0-9])(?P<unit>\s?(?:ft|in|cm|mm|m|km|inches|feet|meters))\s[xX×]\s(?=[0-9])",
@@ -722,7 +724,8 @@ _POWER: Final = re.compile(
 _DECIMAL_SECONDS: Final = re.compile(
     r"(?<![0-9A-Za-z.,])(?P<neg>-)?(?P<num>[0-9]+\.[0-9]+)s(?![A-Za-z0-9])", re.ASCII
 )
-# "100s of people", "1000s of files": hundreds, thousands ("10s" and "20s" are decades).
+# "100s of people", "1000s of files": hundreds, thousands ("10s" and "20s" are decades);
+# before no "of", a duration ("timeout to 100s").
 _ROUND_PLURAL: Final = re.compile(r"(?<![0-9.,$€£¥])(?P<n>100|1,?000)s(?![A-Za-z0-9])")
 # A video resolution, said in pairs of digits as people do ("1080p": ten eighty P).
 _RESOLUTION: Final = re.compile(
@@ -864,8 +867,15 @@ def _domain(m: re.Match[str], zh: bool) -> str:
     return _sp(_read_domain(m["domain"], zh), zh) + stop
 
 
+# Titles said in full only before a name: "Col. 3" is a column, "Gen. 2" a generation.
+_TITLES: Final = frozenset({"Gov.", "Sen.", "Rep.", "Gen.", "Lt.", "Capt.", "Col.", "Sgt."})
+_NAME_AFTER: Final = re.compile(r"\s*[A-Z]")
+
+
 def _abbreviation(m: re.Match[str], zh: bool) -> str:
     abbreviation = _ABBREVIATION_FORMS[m.group(0)]
+    if abbreviation in _TITLES and not _NAME_AFTER.match(m.string, m.end()):
+        return m.group(0)
     en, chinese = _ABBREVIATIONS[abbreviation]
     # Only "etc." ends sentences; "Mr. Smith" must not get a pause after "Mister".
     stop = _stop_if_sentence_ends(m) if abbreviation == "etc." else ""
@@ -1060,7 +1070,19 @@ _PRODUCT_AFTER: Final = re.compile(
 )
 
 
+# "Calculate 3x4", "what is 3x4": a product asked for.
+_ASKED_PRODUCT: Final = re.compile(
+    r"\b(?:[Cc]alculate|[Cc]ompute|[Ww]hat is|[Ww]hat's|[Ss]olve|[Ee]valuate|[Mm]ultiply)"
+    r"\s+[0-9.,]*$"
+)
+
+
 def _name_op(m: re.Match[str], zh: bool) -> str:
+    text = m.string
+    if text[m.start() - 1] == ")" and not _CALL_BEFORE.search(
+        text, max(0, m.start() - _LOOK_BACK), m.start()
+    ):
+        return m.group(0)
     if m["op"] == "-":
         return "减" if zh else " minus "
     return "乘" if zh else " times "
@@ -1072,7 +1094,11 @@ def _times_op(m: re.Match[str], zh: bool) -> str:
     # Glued with an "x", it is a size ("1920x1080", "2x4 lumber", "a 3x3 grid") unless
     # arithmetic follows: said "by", as sizes are.
     glued_x = m.group(0) in ("x", "X")
-    return " by " if glued_x and not _PRODUCT_AFTER.match(m.string, m.end()) else " times "
+    text = m.string
+    product = _PRODUCT_AFTER.match(text, m.end()) or _ASKED_PRODUCT.search(
+        text, max(0, m.start() - _LOOK_BACK), m.start()
+    )
+    return " by " if glued_x and not product else " times "
 
 
 def _size_by(m: re.Match[str], zh: bool) -> str:
@@ -1091,9 +1117,15 @@ def _approx(m: re.Match[str], zh: bool) -> str:
 _VERB_BEFORE: Final = re.compile(
     r"\b(?:is|are|was|were|be|been|being|stays|remains|isn't|aren't)\s*$", re.IGNORECASE
 )
-# "Settings > Privacy > Location": a menu path between capitalised words, no comparison.
-_MENU_BEFORE: Final = re.compile(r"\b[A-Z][A-Za-z]+\s+$")
+# "Settings > Privacy > Location", "go to Settings > Privacy": a menu path, no comparison;
+# a single step between capitalised words with no such verb is one ("Revenue > Costs").
+_MENU_BEFORE: Final = re.compile(
+    r"(?:\b[A-Z][A-Za-z]+\s+>\s+|\b(?:[Gg]o to|[Oo]pen|[Nn]avigate to|[Cc]lick|[Ss]elect|"
+    r"[Cc]hoose|[Tt]ap|[Uu]nder|[Hh]ead to|[Ii]n)\s+)[A-Z][A-Za-z]+\s+$"
+)
 _MENU_AFTER: Final = re.compile(r"\s+[A-Z][A-Za-z]+\b")
+_MENU_CHAIN_AFTER: Final = re.compile(r"\s+[A-Z][A-Za-z]+\s+>\s+[A-Z]")
+_MENU_STEP_BEFORE: Final = re.compile(r"\b[A-Z][A-Za-z]+\s+$")
 
 
 def _comparison_words(m: re.Match[str], en: str) -> str:
@@ -1108,12 +1140,13 @@ def _comparison_words(m: re.Match[str], en: str) -> str:
 def _compare(m: re.Match[str], zh: bool) -> str:
     op = m["op"]
     text = m.string
-    if (
-        op == ">"
-        and _MENU_AFTER.match(text, m.end())
-        and _MENU_BEFORE.search(text, max(0, m.start() - _LOOK_BACK), m.start())
-    ):
-        return ", "
+    if op == ">" and _MENU_AFTER.match(text, m.end()):
+        window = max(0, m.start() - 2 * _LOOK_BACK)
+        if _MENU_BEFORE.search(text, window, m.start()) or (
+            _MENU_CHAIN_AFTER.match(text, m.end())
+            and _MENU_STEP_BEFORE.search(text, window, m.start())
+        ):
+            return ", "
     words = {
         "<": ("is less than", "小于"),
         ">": ("is greater than", "大于"),
@@ -1299,10 +1332,14 @@ def _decimal_seconds(m: re.Match[str], zh: bool) -> str:
 
 
 def _round_plural(m: re.Match[str], zh: bool) -> str:
-    hundreds = m["n"] == "100"
-    if zh:
-        return "数百" if hundreds else "数千"
-    return " hundreds " if hundreds else " thousands "
+    if zh or not _OF_AFTER.match(m.string, m.end()):
+        # "timeout to 100s", 超时设置为100s: a duration (Chinese writes 数百 for hundreds)
+        seconds = _read_number(m["n"].replace(",", ""), None, zh)
+        return seconds + "秒" if zh else _sp(f"{seconds} seconds", zh)
+    return " hundreds " if m["n"] == "100" else " thousands "
+
+
+_OF_AFTER: Final = re.compile(r"\s+of\b")
 
 
 def _resolution(m: re.Match[str], zh: bool) -> str:
@@ -1331,12 +1368,16 @@ _WAIT_BEFORE: Final = re.compile(
 )
 
 
+# "80s的歌", "90s风格": a decade in Chinese too (else "30s" there is seconds).
+_DECADE_AFTER_ZH: Final = re.compile(r"\s?(?:的|风|音乐|歌|流行|复古|时期|一代)")
+
+
 def _decade(m: re.Match[str], zh: bool) -> str:
     century, decade = m["c"], m["d"]
     if century is None and decade == "00":
         return m.group(0)
     if century is None and not m.group(0).startswith("'"):
-        if zh:
+        if zh and not _DECADE_AFTER_ZH.match(m.string, m.end()):
             return read_int_zh(int(decade)) + "秒"  # "设置为30s": Chinese writes 年代 for decades
         if _WAIT_BEFORE.search(m.string, max(0, m.start() - _LOOK_BACK), m.start()):
             return _sp(f"{read_int_en(int(decade))} seconds", zh)  # "wait 10s", "every 30s"
@@ -1361,21 +1402,28 @@ def _year_after(m: re.Match[str], zh: bool) -> str:
 
 
 # A number of years, not a calendar year: after a word that measures ("约为5730年", "已有2000
-# 年") or before one that says so ("2000年的历史", "1000年前", "3000多年").
-_YEARS_BEFORE: Final = re.compile(
-    r"(?:约|约为|为|有|了|近|超过|长达|达|共|历时|经过|持续|大约|将近)\s?$"
-)
-_YEARS_AFTER: Final = re.compile(
-    r"(?:的历史|历史|前|以前|之前|以后|之后|后|以上|多|左右|之久|来|间)"
-)
+# 年") or before one that says so ("2000年的历史", "3000多年"); for a number no calendar of
+# ours holds (outside 1800-2100) also 了, 有, 为 before and 前, 后, 左右 after ("活了1200年",
+# "5000年前"; 到了2030年, 在2025年前, 2010年左右 are dates).
+_YEARS_BEFORE: Final = re.compile(r"(?:约|约为|近|超过|长达|已有|历时|持续|大约|将近)\s?$")
+_YEARS_AFTER: Final = re.compile(r"(?:的历史|历史|多|之久)")
+_YEARS_AFTER_NOT_A_DATE: Final = re.compile(r"(?:前|以前|之前|以后|之后|后|左右|以上|来)")
+_YEARS_BEFORE_NOT_A_DATE: Final = re.compile(r"(?:了|有|为)\s?$")
 
 
 def _year_zh(m: re.Match[str], zh: bool) -> str:
     if not zh:
         return m.group(0)
     text = m.string
-    if _YEARS_AFTER.match(text, m.end()) or _YEARS_BEFORE.search(
-        text, max(0, m.start() - _LOOK_BACK), m.start()
+    a_date = 1800 <= int(m["y"]) <= 2100
+    if (
+        _YEARS_AFTER.match(text, m.end())
+        or (not a_date and _YEARS_AFTER_NOT_A_DATE.match(text, m.end()))
+        or _YEARS_BEFORE.search(text, max(0, m.start() - _LOOK_BACK), m.start())
+        or (
+            not a_date
+            and _YEARS_BEFORE_NOT_A_DATE.search(text, max(0, m.start() - _LOOK_BACK), m.start())
+        )
     ):
         return read_int_zh(int(m["y"])) + "年"  # 五千七百三十年, 两千年的历史
     return _digits(m["y"], zh) + "年"
@@ -1439,8 +1487,8 @@ def _mixed_fraction(m: re.Match[str], zh: bool) -> str:
         return m.group(0)
     if unit == "g" and not _GRAMS_CONTEXT.match(m.string, m.end()):
         return m.group(0)
-    if unit in _GLUED_ONLY_UNITS:
-        return m.group(0)
+    if unit in _GLUED_ONLY_UNITS and m.string[m.start("unit") - 1].isspace():
+        return m.group(0)  # "1/2 W" is west; "a 1/4W resistor" a quarter of a watt
     singular, plural, chinese = _UNITS[unit] if unit else ("", "", "")
     if zh:
         words = f"{read_int_zh(b)}分之{read_int_zh(a)}"
@@ -1671,11 +1719,11 @@ _RULES: Final[tuple[_Rule, ...]] = (
     (_MIXED_FRACTION, _mixed_fraction),
     (_UNIT_RANGE, _unit_range),
     (_MINUS_OP, _minus_op),
-    (_NAME_OP, _name_op),
     (_RANGE, _range),
     (_SIZE_BY, _size_by),
     (_TIMES_OP, _times_op),
     (_FACTOR, _factor),
+    (_NAME_OP, _name_op),  # after _FACTOR, whose algebra guard sees "3x - 2"'s minus
     (_APPROX, _approx),
     (_COMPARE, _compare),
     (_HASH_NUMBER, _hash_number),

@@ -156,7 +156,8 @@ def _word_before(buf: str, dot: int, start: int) -> str:
     return word.lstrip(_CLOSERS + "\"'([{“‘")
 
 
-_NUMBER_AFTER_COLON: Final = re.compile(r"(?<![0-9])[:：][0-9]{1,2}$")
+# A list after a colon starts at 1 ("Steps: 1. Open"; "Total: 12. Then" is a sentence).
+_NUMBER_AFTER_COLON: Final = re.compile(r"(?<![0-9])[:：]1$")
 # Initials written without spaces ("J.K", "J.R.R" before their last "."), lower case too.
 _INITIALS: Final = re.compile(r"(?:[A-Z]\.)+[A-Z]")
 
@@ -165,8 +166,12 @@ def _is_name_or_abbreviation(word: str) -> bool:
     return (
         word.lower() in _ABBREVIATIONS
         or (len(word) == 1 and word.isupper())
-        or _INITIALS.fullmatch(word) is not None
+        or (_INITIALS.fullmatch(word) is not None and word not in _COUNTRY_INITIALS)
     )
+
+
+# Initials that name a place, not a person: a sentence may end on them ("in the U.S.A.").
+_COUNTRY_INITIALS: Final = frozenset({"U.S.A", "U.A.E", "P.R.C", "U.S.S.R"})
 
 
 def _dot_ends_sentence(buf: str, dot: int, start: int, after: int, continued: bool) -> bool:
@@ -197,7 +202,7 @@ def _dot_ends_sentence(buf: str, dot: int, start: int, after: int, continued: bo
         return True
     before = buf[max(start, dot - len(word) - _LONGEST_WORD) : dot - len(word)].rstrip()
     opens = _VISIBLE.search(buf, start, dot - len(word)) is None
-    return not (opens or (len(word) <= 2 and before.endswith((":", "："))))
+    return not (opens or (word == "1" and before.endswith((":", "："))))
 
 
 def _find_boundary(
