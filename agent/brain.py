@@ -35,7 +35,8 @@ class EchoBrain:
         for message in reversed(history):
             if message["role"] != "user":
                 break
-            unanswered.append(message["content"])
+            # The words as typed: a room member's "Ann: " is for an LLM, not to be said back.
+            unanswered.append(message.get("typed", message["content"]))
         if unanswered:
             yield " ".join(reversed(unanswered))
 
@@ -71,5 +72,6 @@ def alternating(history: list[Message]) -> list[Message]:
             joiner = "\n" if message["role"] == "user" else " "
             out[-1] = {**out[-1], "content": out[-1]["content"] + joiner + message["content"]}
         else:
-            out.append(dict(message))
+            # Role and content only: what the API takes ("typed" is the echo brain's).
+            out.append({"role": message["role"], "content": message["content"]})
     return out

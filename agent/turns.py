@@ -299,7 +299,7 @@ class Conversation:
         if self._queue_full():
             limit = self.pipeline.settings.max_queued_utterances
             raise SpeechError("queue_full", f"{limit} utterances are already waiting")
-        self._add_user(f"{asker}: {text}" if asker else text)
+        self._add_user(f"{asker}: {text}" if asker else text, typed=text)
         self._questions_asked += 1
         self._question = (self._questions_asked, question_id)
         return self._start_reply(question_id)
@@ -326,9 +326,14 @@ class Conversation:
         self.pipeline.interrupt()  # ends each dropped utterance: observe() settles history
 
     # --- replies -------------------------------------------------------------------------
-    def _add_user(self, text: str) -> None:
+    def _add_user(self, text: str, typed: str | None = None) -> None:
+        """``typed``: the words alone, where ``text`` names their asker ("Ann: ...", for an
+        LLM to tell a room's askers apart): what the echo brain says back."""
         self._unanswered = True
-        self.history.append({"role": "user", "content": text})
+        message = {"role": "user", "content": text}
+        if typed is not None and typed != text:
+            message["typed"] = typed
+        self.history.append(message)
         self._trim_history()
 
     def _trim_history(self) -> None:
@@ -398,7 +403,10 @@ class Conversation:
             # A turn's slot stays empty until its transcript; a reply's until it is played.
             content = message["content"] or playing.get(id(message), "")
             if content.strip():
-                messages.append({"role": message["role"], "content": content})
+                request = {"role": message["role"], "content": content}
+                if "typed" in message:
+                    request["typed"] = message["typed"]
+                messages.append(request)
         return messages
 
     async def _run_reply(self, reply: Reply, previous: asyncio.Task[None] | None) -> None:

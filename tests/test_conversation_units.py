@@ -19,8 +19,9 @@ from agent.httpservice import ServiceError
 from agent.llm import ChatCompletions, Message
 from agent.protocol import ConfigUpdate, ProtocolError, parse_message
 from agent.session import AgentSession
+from agent.speech import SpeechPipeline
 from agent.stt import Transcriber, wav_bytes
-from agent.turns import Reply
+from agent.turns import Conversation, Reply
 from agent.vad import Activity, ActivityEvent, SpeechDetector
 from signaling.cli import build_parser, config_from_args
 from tests.doubles import FailingEngine, ToneEngine, ToneMicrophone
@@ -1301,3 +1302,32 @@ async def test_the_echo_brain_says_back_a_turn_whose_transcript_came_late() -> N
     finally:
         drain.stop()
         await session.close()
+
+
+async def test_the_echo_brain_echoes_a_named_room_members_chat_without_their_name() -> None:
+    """README: **Ask** -- "the agent's brain answers it: the LLM with --llm-url, else it is
+    echoed". In a room, a named member's chat is put in the history as "Ann: ..." so that an
+    LLM can tell the askers apart; the echo brain says that history message back, so the
+    room heard (and saw captioned) "Ann: Hello everyone" instead of the words that were
+    typed (found by review). An LLM still gets the name, and nothing but role and content."""
+    config = Config()
+    events: list[dict[str, Any]] = []
+    pipeline = SpeechPipeline(ToneEngine(seconds_per_word=0.01), config.speech, events.append)
+    conversation = Conversation(pipeline, config.listen, config.services, events.append)
+    # As room.py wires it: the pipeline's events go through observe() too.
+    pipeline._emit = lambda e: (conversation.observe(e), events.append(e))  # type: ignore[method-assign]
+    pipeline.start()
+    drain = Drain(pipeline)
+    try:
+        conversation.ask("Hello everyone", asker="Ann", question_id="q1")
+        await wait_for(lambda: any(e["type"] == "speech.ended" for e in events))
+        captions = [e["text"] for e in events if e["type"] == "speech.segment"]
+        assert " ".join(captions) == "Hello everyone", captions
+        assert alternating(conversation.history)[0] == {
+            "role": "user",
+            "content": "Ann: Hello everyone",
+        }
+    finally:
+        drain.stop()
+        await conversation.close()
+        await pipeline.close()
