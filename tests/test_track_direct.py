@@ -31,6 +31,7 @@ class RecordingSender:
     sent: list[tuple[float, bytes, int]] = field(default_factory=list)
     resolves: int = 0
     attempts: int = 0
+    dropped: int = 0  # packets DirectSender would have dropped (none here)
 
     def resolve(self) -> bool:
         self.resolves += 1
