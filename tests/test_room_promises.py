@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -17,7 +18,7 @@ import pytest
 from agent.config import AdaptationSettings, Config, RoomSettings
 from agent.fanout import FanoutTrack
 from agent.opus import FRAME_SAMPLES, OpusEncoder
-from agent.room import Room, RoomError, RoomMember
+from agent.room import Room, RoomError, RoomMember, SpeakerFeed
 from signaling.keys import SESSIONS
 from tests.conftest import serve
 from tests.doubles import ToneEngine, ToneMicrophone
@@ -130,14 +131,9 @@ async def test_with_encode_threads_a_speakers_voice_is_encoded_off_the_loop_in_o
     """README --encode-threads: encoding off the event loop. A room's speakers were encoded
     on the loop whatever the flag said (four talking speakers: 200 encodes a second there).
     The packets must be the ones the loop would have made, in the order spoken."""
-    frames = [tone(0.1 + 0.05 * i) for i in range(12)]
-    with ThreadPoolExecutor(1) as executor:
-        room = Room("r", ToneEngine(), Config(), encode_executor=executor)
-        speaker = room.join("sa", speaking=True, host=True, expects_channel=False)
-        room.start_speaker(speaker, FramesMic(frames))  # type: ignore[arg-type]
-        feed = room.slots[speaker.slot]  # type: ignore[index]
-        assert feed is not None
-        threads: list[int] = []
+    threads: list[int] = []
+
+    def record_threads(feed: SpeakerFeed) -> None:
         encode = feed.encoder.encode
 
         def recording_encode(pcm: np.ndarray) -> bytes:
@@ -145,29 +141,19 @@ async def test_with_encode_threads_a_speakers_voice_is_encoded_off_the_loop_in_o
             return encode(pcm)
 
         feed.encoder.encode = recording_encode  # type: ignore[method-assign]
-        listener = FanoutTrack(queue_frames=100)
-        feed.source.subscribe(listener)
-        try:
-            await wait_for(lambda: len(listener._queue) == len(frames), timeout=10)
-            opus = Config().opus
-            reference = OpusEncoder(
-                bitrate=opus.bitrate,
-                complexity=opus.complexity,
-                fec=opus.fec,
-                expected_loss_pct=opus.expected_loss_pct,
-            )
-            expected = [reference.encode(pcm) for pcm in frames]
-            reference.close()
-            assert [payload for payload, _ in listener._queue] == expected
-            assert threads and threading.get_ident() not in threads, "encoded on the loop"
-        finally:
-            listener.stop()
-            await room.leave(speaker)
-            room.discard()
+
+    with ThreadPoolExecutor(1) as executor:
+        await _feed_through(executor, [tone(0.1 + 0.05 * i) for i in range(12)], record_threads)
+    assert threads and threading.get_ident() not in threads, "encoded on the loop"
 
 
-async def _feed_through(executor: ThreadPoolExecutor, frames: list[np.ndarray]) -> list[bytes]:
-    """What a listener of a speaker who says ``frames`` gets, encoded with ``executor``."""
+async def _feed_through(
+    executor: ThreadPoolExecutor,
+    frames: list[np.ndarray],
+    watch: Callable[[SpeakerFeed], None] = lambda feed: None,
+) -> None:
+    """A listener of a speaker who says ``frames`` (encoded with ``executor``) gets the
+    packets the loop would have made, in order; ``watch`` sees the feed before it runs."""
     chunks = [
         frame[start : start + FRAME_SAMPLES]
         for frame in frames
@@ -179,6 +165,7 @@ async def _feed_through(executor: ThreadPoolExecutor, frames: list[np.ndarray]) 
     room.start_speaker(speaker, FramesMic(frames))  # type: ignore[arg-type]
     feed = room.slots[speaker.slot]  # type: ignore[index]
     assert feed is not None
+    watch(feed)
     feed.source.subscribe(listener)  # before the feed's task first runs
     try:
         await wait_for(lambda: len(listener._queue) == len(chunks), timeout=10)
@@ -192,7 +179,6 @@ async def _feed_through(executor: ThreadPoolExecutor, frames: list[np.ndarray]) 
         expected = [reference.encode(pcm) for pcm in chunks]
         reference.close()
         assert [payload for payload, _ in listener._queue] == expected
-        return expected
     finally:
         listener.stop()
         await room.leave(speaker)

@@ -1458,13 +1458,7 @@ def _fraction(m: re.Match[str], zh: bool) -> str:
         return f"{read_int_zh(a)}斜杠{read_int_zh(b)}"
     if not (0 < a < b <= 20):
         return _sp(f"{read_int_en(a)} slash {read_int_en(b)}", zh)
-    if b == 2:
-        denominator = "half" if a == 1 else "halves"
-    elif b == 4:
-        denominator = "quarter" if a == 1 else "quarters"
-    else:
-        denominator = _ordinal_en(read_int_en(b)) + ("" if a == 1 else "s")
-    return _sp(f"{read_int_en(a)} {denominator}", zh)
+    return _sp(_fraction_words(a, b, article=False), zh)
 
 
 def _fraction_words(a: int, b: int, article: bool) -> str:
