@@ -40,14 +40,19 @@ async def _post_resume(http: aiohttp.ClientSession, url: str, token: object) -> 
         await client.close()
 
 
+@pytest.mark.parametrize("grace_over", [False, True])
 async def test_a_second_resume_while_one_negotiates_gets_409_resume_in_progress(
-    live_server: LiveServer, monkeypatch: pytest.MonkeyPatch
+    live_server: LiveServer, monkeypatch: pytest.MonkeyPatch, grace_over: bool
 ) -> None:
     """README errors: ``resume_in_progress`` (409: the same token is being resumed). Two
     resumes of one session at once (a client retrying while ICE gathers) would otherwise
     both renew its track (the first answer's track stopped under it) and leave one of the
-    two new peer connections to nobody."""
+    two new peer connections to nobody. ``grace_over``: the retry comes after
+    --resume-grace ran out meanwhile: the grace check must not close the session under the
+    resume in progress (410 for both; found by mutation testing)."""
     registry = live_server.app[SESSIONS]
+    if grace_over:
+        registry._check_all = lambda: None  # type: ignore[method-assign]
     async with aiohttp.ClientSession() as http:
         first = RtcClient(live_server.url, http)
         await first.connect()
@@ -72,6 +77,9 @@ async def test_a_second_resume_while_one_negotiates_gets_409_resume_in_progress(
         while not peer.resuming:
             assert time.monotonic() < deadline, "the first resume never started"
             await asyncio.sleep(0.01)
+        if grace_over:
+            grace = registry.config.lifecycle.resume_grace_s
+            peer.life.detached_at = time.monotonic() - grace - 0.05
         second = await _post_resume(http, live_server.url, token)
         first_result = await one
     assert first_result[0] == 200, first_result
