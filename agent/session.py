@@ -100,6 +100,7 @@ class AgentSession:
         self.track.stop()
         self.track = self._new_track()
         self.track.stats = stats
+        self.pipeline.playout_resumed()
         # The old adaptation steered the old track: the new one starts afresh, as at first,
         # until the new connection's receiver is known (attach_sender). Kept if the
         # negotiation fails, the stats would show a closed encoder's settings.

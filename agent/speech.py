@@ -131,9 +131,10 @@ class SpeechPipeline:
         # Utterances taken by the worker whose end has not been played yet (at most a few:
         # the one generating and those whose last frames are still buffered).
         self._active: list[Utterance] = []
-        # When the last utterance ended (monotonic): the next one's first audio is measured
-        # from then at the earliest, as the time before it was spent queued behind that one's
-        # buffered audio (up to max_buffer_ahead_s), not in the engine.
+        # When the last utterance ended, or playout resumed (monotonic): the next one's first
+        # audio is measured from then at the earliest, as the time before it was spent queued
+        # behind that one's buffered audio (up to max_buffer_ahead_s), or waiting for a
+        # client's resume with playout paused, not in the engine.
         self._last_ended_at = -math.inf
         self._stream: Utterance | None = None  # the open text.delta utterance
         self._stream_owner = CLIENT  # ... and who writes it
@@ -471,6 +472,11 @@ class SpeechPipeline:
         self._queue.append(utt)
         self._wakeup.set()
         return utt
+
+    def playout_resumed(self) -> None:
+        """A resumed session's new connection plays what waited meanwhile: that wait was the
+        client's, not the engine's (first-audio latency is measured from now at most)."""
+        self._last_ended_at = time.monotonic()
 
     def _end(self, utt: Utterance, *, interrupted: bool) -> None:
         if utt.ended:

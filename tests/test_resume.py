@@ -451,7 +451,10 @@ async def test_a_renewed_track_gets_a_fresh_adaptation_until_its_connection_atta
     waits on, and its adaptation must be the new track's (not the stopped one's)."""
     session, _ = await _lossy_session()
     try:
+        before = time.monotonic()
         session.renew_track()
+        # What waited for the resume is no engine latency: first audio counts from here.
+        assert session.pipeline._last_ended_at >= before
         network = session.network
         assert network.track is session.track
         assert network.tap is None and network.controller.loss is None

@@ -592,3 +592,25 @@ async def test_first_audio_excludes_time_queued_behind_the_previous_utterance() 
     finally:
         drain.stop()
         await pipeline.close()
+
+
+async def test_first_audio_excludes_the_time_playout_waited_for_a_resume() -> None:
+    """README (Metrics): first audio "measures the server". A session whose client lost its
+    connection pauses playout until the resume: the utterance waiting meanwhile was reported
+    as seconds of first-audio latency (found by review)."""
+    observed: list[float] = []
+    events: list[dict[str, Any]] = []
+    pipeline = SpeechPipeline(
+        ToneEngine(), SpeechSettings(), events.append, on_first_audio=observed.append
+    )
+    pipeline.start()
+    try:
+        pipeline.say("one two", "a")  # made at once, then nothing plays it (detached)
+        await asyncio.sleep(0.5)
+        pipeline.playout_resumed()  # renew_track: the new connection's track plays it
+        drain = PacedDrain(pipeline, tick_s=0.01)
+        await wait_for(lambda: {"type": "speech.ended", "id": "a", "interrupted": False} in events)
+        drain.stop()
+        assert len(observed) == 1 and observed[0] < 0.1, observed
+    finally:
+        await pipeline.close()
