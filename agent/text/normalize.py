@@ -524,6 +524,8 @@ _DATE_YEAR_LAST: Final = re.compile(
 _MONTH_DAY: Final = re.compile(
     r"\b(?P<month>" + "|".join(sorted(_MONTH_BY_NAME, key=len, reverse=True)) + r")\.?"
     r"\s+(?P<d>[12][0-9]|3[01]|0?[1-9])(?:st|nd|rd|th)?(?![0-9])"
+    # a range of days ("June 10-12": the dash was read as a minus)
+    r"(?:\s?[-–]\s?(?P<d2>[12][0-9]|3[01]|0?[1-9])(?:st|nd|rd|th)?(?![0-9]))?"
     r"(?:,?\s+(?P<y>[0-9]{4})(?![0-9]))?",
     re.ASCII,
 )
@@ -541,8 +543,11 @@ _TIME_RANGE: Final = re.compile(
 # "7.30pm", as British English writes a time: only with am/pm (else "7.30" is a number).
 _DOTTED_CLOCK: Final = re.compile(rf"(?<![0-9.])(?P<h>1[0-2]|0?[1-9])\.(?P<m>[0-5][0-9])\s?{_AMPM}")
 _HOUR_AMPM: Final = re.compile(rf"(?<![0-9:])(?<![0-9][.,])(?P<h>[0-9]{{1,2}})\s?{_AMPM}")
-# Not an address's port ("127.0.0.1:5000": _DOTTED reads the address, the port follows).
-_RATIO: Final = re.compile(r"(?<![0-9])(?<![0-9]\.)(?P<a>[0-9]+):(?P<b>[0-9]+)(?![0-9])")
+# "2.39:1" too; never from inside an address ("127.0.0.1:5000": _DOTTED reads it, and its
+# port follows).
+_RATIO: Final = re.compile(
+    r"(?<![0-9.])(?P<a>[0-9]+(?:\.[0-9]+)?):(?P<b>[0-9]+(?:\.[0-9]+)?)(?![0-9])"
+)
 _PHONE: Final = re.compile(
     r"(?<![\w-])(?P<cc>\+[0-9]{1,3}[\s-]?)?(?:\((?P<area>[0-9]{3})\)\s?|(?P<area2>[0-9]{3})[\s.-])"
     r"(?P<a>[0-9]{3})-(?P<b>[0-9]{4})(?![\w-])"
@@ -592,6 +597,8 @@ _NAME_OP: Final = re.compile(
     r"(?:(?<=[^A-Za-z][a-z])|(?<=^[a-z])|(?<=\)))\s+(?P<op>[-*])\s+(?=[0-9])"
 )
 # A call before its ")" ("len(arr)"): "Lunch (12:00) - 1 hour" is a dash, not a minus.
+# Nor is one before a number that counts a word ("part a - 3 points").
+_WORD_AFTER_NUMBER: Final = re.compile(r"[0-9]+(?:[.,][0-9]+)*\s+[A-Za-z]")
 _CALL_BEFORE: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*\([^()\s]*\)$")
 # "20 ft x 15 ft", "6 in x 4 in": a size between two lengths (before _UNIT reads them).
 _SIZE_BY: Final = re.compile(
@@ -672,7 +679,6 @@ _COUNTED_BY_ONE_DIGIT: Final = frozenset(
         "visitors",
         "members",
         "copies",
-        "images",
         "words",
         "lines",
     }
@@ -724,8 +730,8 @@ _POWER: Final = re.compile(
 _DECIMAL_SECONDS: Final = re.compile(
     r"(?<![0-9A-Za-z.,])(?P<neg>-)?(?P<num>[0-9]+\.[0-9]+)s(?![A-Za-z0-9])", re.ASCII
 )
-# "100s of people", "1000s of files": hundreds, thousands ("10s" and "20s" are decades);
-# before no "of", a duration ("timeout to 100s").
+# "100s of people", "in the 1000s": hundreds, thousands ("10s" and "20s" are decades); after
+# what counts time, a duration ("timeout to 100s", "wait 100s").
 _ROUND_PLURAL: Final = re.compile(r"(?<![0-9.,$€£¥])(?P<n>100|1,?000)s(?![A-Za-z0-9])")
 # A video resolution, said in pairs of digits as people do ("1080p": ten eighty P).
 _RESOLUTION: Final = re.compile(
@@ -767,7 +773,7 @@ _NUMBER: Final = re.compile(rf"(?P<neg>-)?(?P<int>{_INT})(?:\.(?P<frac>[0-9]+))?
 _SYMBOL: Final = re.compile("|".join(re.escape(s) for s in sorted(_SYMBOLS, key=len, reverse=True)))
 _PER_SLASH: Final = re.compile(
     r"\s?/\s?(?:(?P<w>" + "|".join(sorted(_PER_WORDS, key=len, reverse=True)) + r")\b"
-    r"|(?=[天日时月年周人次个件斤晚小公分克升位张间瓶杯份包盒箱桶台辆秒米千毫吨平立]))",
+    r"|(?=[天日时月年周人次个件斤晚小公分克升位张间瓶杯份包盒箱桶台辆秒米千毫吨平立度]))",
     re.ASCII,
 )
 _AND_OR: Final = re.compile(r"\band/or\b", re.ASCII)
@@ -869,7 +875,7 @@ def _domain(m: re.Match[str], zh: bool) -> str:
 
 # Titles said in full only before a name: "Col. 3" is a column, "Gen. 2" a generation.
 _TITLES: Final = frozenset({"Gov.", "Sen.", "Rep.", "Gen.", "Lt.", "Capt.", "Col.", "Sgt."})
-_NAME_AFTER: Final = re.compile(r"\s*[A-Z]")
+_NAME_AFTER: Final = re.compile(r"\s*[A-Z][a-z]")  # "Gen. Z" is a generation too
 
 
 def _abbreviation(m: re.Match[str], zh: bool) -> str:
@@ -882,8 +888,28 @@ def _abbreviation(m: re.Match[str], zh: bool) -> str:
     return _sp(chinese if zh else en, zh) + stop
 
 
+# A dotted name is prose with a missing space when what follows the dot is such a word
+# ("fine.so we left", "Tap OK.then"), and an abbreviation without its last dot ("e.g,").
+# fmt: off
+_PROSE_AFTER_DOT: Final = frozenset((
+    "so", "then", "the", "and", "but", "we", "i", "it", "you", "he", "she", "they", "this",
+    "that", "there", "ltd", "inc", "also", "now", "if", "or", "a", "an", "in", "on", "at", "to",
+    "my", "our", "your", "not", "no", "yes", "ok", "thanks", "please",
+))
+# fmt: on
+_LAST_DOT_MISSING: Final = MappingProxyType(
+    {"e.g": ("for example", "例如"), "i.e": ("that is", "也就是")}
+)
+
+
 def _dotted_name(m: re.Match[str], zh: bool) -> str:
-    return _sp(m.group(0).replace(".", "点" if zh else " dot "), zh)
+    name = m.group(0)
+    abbreviation = _LAST_DOT_MISSING.get(name.lower())
+    if abbreviation is not None:
+        return _sp(abbreviation[1] if zh else abbreviation[0], zh)
+    if name.split(".")[1].lower() in _PROSE_AFTER_DOT:
+        return name.replace(".", ". ")
+    return _sp(name.replace(".", "点" if zh else " dot "), zh)
 
 
 def _page(m: re.Match[str], zh: bool) -> str:
@@ -922,7 +948,14 @@ def _date_year_last(m: re.Match[str], zh: bool) -> str:
 
 def _month_day(m: re.Match[str], zh: bool) -> str:
     year = int(m["y"]) if m["y"] else None
-    return _sp(_date_words(year, _MONTH_BY_NAME[m["month"]], int(m["d"]), zh), zh)
+    month = _MONTH_BY_NAME[m["month"]]
+    if m["d2"] is None:
+        return _sp(_date_words(year, month, int(m["d"]), zh), zh)
+    last = int(m["d2"])
+    if zh:
+        return _date_words(year, month, int(m["d"]), zh) + f"至{read_int_zh(last)}日"
+    words = f"{_date_words(None, month, int(m['d']), zh)} to {_ordinal_en(read_int_en(last))}"
+    return _sp(words + (f", {read_year_en(year)}" if year is not None else ""), zh)
 
 
 def _clock_words(hour: int, minute: int, second: int | None, ampm: str | None, zh: bool) -> str:
@@ -995,7 +1028,7 @@ def _hour_ampm(m: re.Match[str], zh: bool) -> str:
 
 
 def _ratio(m: re.Match[str], zh: bool) -> str:
-    a, b = _int_words(m["a"], zh), _int_words(m["b"], zh)
+    a, b = _read_number(*_split_num(m["a"]), zh), _read_number(*_split_num(m["b"]), zh)
     if zh:
         return f"{a}比{b}"
     return _sp(f"{a} to {b}", zh)
@@ -1066,7 +1099,9 @@ def _minus_op(m: re.Match[str], zh: bool) -> str:
 
 # What follows "2x4" when it is a product, not a size: "3x4 = 12", "3x4 is 12".
 _PRODUCT_AFTER: Final = re.compile(
-    r"[0-9.,]*\s?(?:=|(?:is|equals|makes|gives|plus|minus|times|divided)\b|[?+*/-])", re.ASCII
+    r"[0-9.,]*\s?(?:=|(?:is|equals|makes|gives|plus|minus|times|divided)\b|[?+*/-])"
+    r"|[0-9.,]+\s+[0-9]",  # "Is 8x8 64?"
+    re.ASCII,
 )
 
 
@@ -1079,6 +1114,8 @@ _ASKED_PRODUCT: Final = re.compile(
 
 def _name_op(m: re.Match[str], zh: bool) -> str:
     text = m.string
+    if _WORD_AFTER_NUMBER.match(text, m.end()):
+        return m.group(0)  # "part a - 3 points", "Setup(s) - 2 steps": a label's dash
     if text[m.start() - 1] == ")" and not _CALL_BEFORE.search(
         text, max(0, m.start() - _LOOK_BACK), m.start()
     ):
@@ -1126,6 +1163,8 @@ _MENU_BEFORE: Final = re.compile(
 _MENU_AFTER: Final = re.compile(r"\s+[A-Z][A-Za-z]+\b")
 _MENU_CHAIN_AFTER: Final = re.compile(r"\s+[A-Z][A-Za-z]+\s+>\s+[A-Z]")
 _MENU_STEP_BEFORE: Final = re.compile(r"\b[A-Z][A-Za-z]+\s+$")
+_MENU_STEP_ZH: Final = re.compile(r"\s*[\u4e00-\u9fff]")
+_CJK_BEFORE: Final = re.compile(r"[\u4e00-\u9fff]\s*$")
 
 
 def _comparison_words(m: re.Match[str], en: str) -> str:
@@ -1140,6 +1179,13 @@ def _comparison_words(m: re.Match[str], en: str) -> str:
 def _compare(m: re.Match[str], zh: bool) -> str:
     op = m["op"]
     text = m.string
+    if (
+        zh
+        and op == ">"
+        and _MENU_STEP_ZH.match(text, m.end())
+        and _CJK_BEFORE.search(text, max(0, m.start() - 2), m.start())
+    ):
+        return "，"  # "打开设置 > 隐私 > 定位服务"
     if op == ">" and _MENU_AFTER.match(text, m.end()):
         window = max(0, m.start() - 2 * _LOOK_BACK)
         if _MENU_BEFORE.search(text, window, m.start()) or (
@@ -1275,12 +1321,35 @@ def _read_scaled(int_part: str, frac: str | None, scale_key: str, zh: bool) -> s
     return _read_number(whole, fraction or None, zh)
 
 
+# A glued "W" is watts beside what has power ("a 100W bulb", "charges at 65W", "rated
+# 5W"): "apartment 4W", "Suite 200W" and "122.4W" (a longitude) are names and places.
+_POWER_AFTER: Final = re.compile(
+    r"[\s-]+(?:bulbs?|LEDs?|led|chargers?|charging|adapters?|power|output|laser|speakers?|amps?|"
+    r"amplifiers?|motors?|heaters?|panels?|solar|lights?|lamps?|supply|PSU|max|RMS|peak|"
+    r"fast|USB|wireless|MagSafe|each|per|or|to|total|TDP|of\s+(?:power|output|heat))\b"
+)
+_POWER_BEFORE: Final = re.compile(
+    r"(?:power|draws?|consumes?|consumption|output|charg\w*|rated|bulb|supply|TDP|uses|"
+    r"wattage)(?:\W+(?:at|up to|of|about|only))?\W+(?:[0-9.]+\s?W?\W+)?$",
+    re.IGNORECASE,
+)
+
+
+def _is_power(m: re.Match[str]) -> bool:
+    text = m.string
+    return bool(
+        _POWER_AFTER.match(text, m.end())
+        or _POWER_BEFORE.search(text, max(0, m.start("num") - _LOOK_BACK), m.start("num"))
+    )
+
+
 def _unit(m: re.Match[str], zh: bool) -> str:
     if m["unit"] == "g" and not _GRAMS_CONTEXT.match(m.string, m.end()):
         return m.group(0)  # "9 g in the turn", "the 5g network": no grams, said as written
     if m["unit"] in _GLUED_ONLY_UNITS and (
         m.string[m.start("unit") - 1].isspace()
         or _ROAD_BEFORE.search(m.string, max(0, m.start("num") - _LOOK_BACK), m.start("num"))
+        or (m["unit"] == "W" and not _is_power(m))
     ):
         return m.group(0)
     int_part, frac = _split_num(m["num"])
@@ -1332,14 +1401,19 @@ def _decimal_seconds(m: re.Match[str], zh: bool) -> str:
 
 
 def _round_plural(m: re.Match[str], zh: bool) -> str:
-    if zh or not _OF_AFTER.match(m.string, m.end()):
+    text, start = m.string, max(0, m.start() - _LOOK_BACK)
+    if (
+        zh
+        or _WAIT_BEFORE.search(text, start, m.start())
+        or _TO_BEFORE.search(text, start, m.start())
+    ):
         # "timeout to 100s", 超时设置为100s: a duration (Chinese writes 数百 for hundreds)
         seconds = _read_number(m["n"].replace(",", ""), None, zh)
         return seconds + "秒" if zh else _sp(f"{seconds} seconds", zh)
-    return " hundreds " if m["n"] == "100" else " thousands "
+    return " hundreds " if m["n"] == "100" else " thousands "  # "in the 100s", "100s of"
 
 
-_OF_AFTER: Final = re.compile(r"\s+of\b")
+_TO_BEFORE: Final = re.compile(r"\b(?:to|is|of|at|set)\s+$")
 
 
 def _resolution(m: re.Match[str], zh: bool) -> str:
@@ -1363,13 +1437,20 @@ def _ordinal(m: re.Match[str], zh: bool) -> str:
 # not a decade ("in their 30s", "80s music").
 _WAIT_BEFORE: Final = re.compile(
     r"(?:\b(?:wait|waits|waited|waiting|after|within|every|timeout|takes|took|lasts|lasted|"
-    r"delay|interval|sleep|sleeps|for)\s+|=\s?)$",
+    r"delay|interval|sleep|sleeps)\s+(?:for\s+|about\s+)?|"
+    # "for" only after what lasts ("hold for 30s"; "for 90s kids" is a decade)
+    r"\b(?:hold|press|run|heat|cook|bake|boil|blend|stir|rest|pause|microwave|steep)\s+for\s+|"
+    r"=\s?)$",
     re.IGNORECASE,
 )
 
 
-# "80s的歌", "90s风格": a decade in Chinese too (else "30s" there is seconds).
-_DECADE_AFTER_ZH: Final = re.compile(r"\s?(?:的|风|音乐|歌|流行|复古|时期|一代)")
+# "设置为30s", "等待30s", "30s后": seconds in Chinese where time is counted; else a decade
+# ("80s的歌", "90s经典老歌").
+_SECONDS_BEFORE_ZH: Final = re.compile(
+    r"(?:为|等待|等|超时|每|用时|耗时|需要|需|持续|延迟|间隔|约|大约|最多|最少|至少|仅|只)\s?$"
+)
+_SECONDS_AFTER_ZH: Final = re.compile(r"\s?(?:后|内|以内|左右|钟|之后)")
 
 
 def _decade(m: re.Match[str], zh: bool) -> str:
@@ -1377,8 +1458,11 @@ def _decade(m: re.Match[str], zh: bool) -> str:
     if century is None and decade == "00":
         return m.group(0)
     if century is None and not m.group(0).startswith("'"):
-        if zh and not _DECADE_AFTER_ZH.match(m.string, m.end()):
-            return read_int_zh(int(decade)) + "秒"  # "设置为30s": Chinese writes 年代 for decades
+        if zh and (
+            _SECONDS_AFTER_ZH.match(m.string, m.end())
+            or _SECONDS_BEFORE_ZH.search(m.string, max(0, m.start() - _LOOK_BACK), m.start())
+        ):
+            return read_int_zh(int(decade)) + "秒"  # "设置为30s", "等待30s", "30s后"
         if _WAIT_BEFORE.search(m.string, max(0, m.start() - _LOOK_BACK), m.start()):
             return _sp(f"{read_int_en(int(decade))} seconds", zh)  # "wait 10s", "every 30s"
     if zh:
@@ -1401,29 +1485,30 @@ def _year_after(m: re.Match[str], zh: bool) -> str:
     return f"{keyword} {read_year_en(int(m['y']))} "
 
 
-# A number of years, not a calendar year: after a word that measures ("约为5730年", "已有2000
-# 年") or before one that says so ("2000年的历史", "3000多年"); for a number no calendar of
-# ours holds (outside 1800-2100) also 了, 有, 为 before and 前, 后, 左右 after ("活了1200年",
-# "5000年前"; 到了2030年, 在2025年前, 2010年左右 are dates).
-_YEARS_BEFORE: Final = re.compile(r"(?:约|约为|近|超过|长达|已有|历时|持续|大约|将近)\s?$")
-_YEARS_AFTER: Final = re.compile(r"(?:的历史|历史|多|之久)")
-_YEARS_AFTER_NOT_A_DATE: Final = re.compile(r"(?:前|以前|之前|以后|之后|后|左右|以上|来)")
-_YEARS_BEFORE_NOT_A_DATE: Final = re.compile(r"(?:了|有|为)\s?$")
+# A number of years, not a calendar year: after a verb that counts them ("活了1200年", "已有
+# 2000年", "长达300年") or before "的历史"/"之久" ("2000年的历史"); for a number past any
+# year of ours (above 2100) also after 约 and before 前, 后, 左右 ("约为5730年", "5000年前").
+# A year that could be a date stays one: 到了2030年, 约1990年出生, 1644年以后, 2010年左右,
+# 2023年多家银行, 2023年历史最高.
+_YEARS_BEFORE: Final = re.compile(
+    r"(?:活了|过了|用了|花了|经过了|经历了|存在了|持续了|延续了|流传了|相隔|相距|长达|超过|"
+    r"已有|已经有|历时|将近|有着)\s?$"
+)
+_YEARS_AFTER: Final = re.compile(r"(?:的历史|之久)")
+_YEARS_BEFORE_PAST_DATES: Final = re.compile(r"(?:约|约为|大约|大概|近|了|有|为)\s?$")
+_YEARS_AFTER_PAST_DATES: Final = re.compile(r"(?:前|以前|之前|以后|之后|后|左右|以上|来|多)")
 
 
 def _year_zh(m: re.Match[str], zh: bool) -> str:
     if not zh:
         return m.group(0)
-    text = m.string
-    a_date = 1800 <= int(m["y"]) <= 2100
+    text, window = m.string, max(0, m.start() - _LOOK_BACK)
+    past_dates = int(m["y"]) > 2100
     if (
         _YEARS_AFTER.match(text, m.end())
-        or (not a_date and _YEARS_AFTER_NOT_A_DATE.match(text, m.end()))
-        or _YEARS_BEFORE.search(text, max(0, m.start() - _LOOK_BACK), m.start())
-        or (
-            not a_date
-            and _YEARS_BEFORE_NOT_A_DATE.search(text, max(0, m.start() - _LOOK_BACK), m.start())
-        )
+        or _YEARS_BEFORE.search(text, window, m.start())
+        or (past_dates and _YEARS_AFTER_PAST_DATES.match(text, m.end()))
+        or (past_dates and _YEARS_BEFORE_PAST_DATES.search(text, window, m.start()))
     ):
         return read_int_zh(int(m["y"])) + "年"  # 五千七百三十年, 两千年的历史
     return _digits(m["y"], zh) + "年"
@@ -1469,20 +1554,37 @@ def _fraction_words(a: int, b: int, article: bool) -> str:
         denominator = "quarter" if a == 1 else "quarters"
     else:
         denominator = _ordinal_en(read_int_en(b)) + ("" if a == 1 else "s")
-    return f"{'a' if article and a == 1 else read_int_en(a)} {denominator}"
+    one = "an" if denominator[0] in "aeiou" else "a"
+    return f"{one if article and a == 1 else read_int_en(a)} {denominator}"
 
 
 def _mixed_fraction(m: re.Match[str], zh: bool) -> str:
-    whole, unit = m["w"], m["unit"]
-    if not (whole or unit) or len(m["a"]) > 2 or len(m["b"]) > 2 or (whole and len(whole) > 6):
+    whole, unit, text = m["w"], m["unit"], m.string
+    before = ""  # a number before the fraction that is not its whole part
+    if whole and (
+        len(whole) > 2 or _OF_BEFORE.search(text, max(0, m.start() - _LOOK_BACK), m.start())
+    ):
+        # "In 2020 1/3 of workers", "out of 30 2/3 passed": a number, then a fraction
+        whole, before = None, text[m.start() : m.start("a")]
+    if not (whole or unit) or len(m["a"]) > 2 or len(m["b"]) > 2:
         return m.group(0)  # a plain fraction (_FRACTION), or no fraction said so
+    reading = _fraction_reading(m, whole, unit, zh)
+    return m.group(0) if reading is None else before + reading
+
+
+def _fraction_reading(
+    m: re.Match[str], whole: str | None, unit: str | None, zh: bool
+) -> str | None:
+    """_MIXED_FRACTION's fraction with its whole part (or None) and its unit (or None), read;
+    None where it is said otherwise."""
+    text = m.string
     a, b = int(m["a"]), int(m["b"])
     if not 0 < a < b <= 20:
-        return m.group(0)
-    if unit == "g" and not _GRAMS_CONTEXT.match(m.string, m.end()):
-        return m.group(0)
-    if unit in _GLUED_ONLY_UNITS and m.string[m.start("unit") - 1].isspace():
-        return m.group(0)  # "1/2 W" is west; "a 1/4W resistor" a quarter of a watt
+        return None
+    if unit == "g" and not _GRAMS_CONTEXT.match(text, m.end()):
+        return None
+    if unit in _GLUED_ONLY_UNITS and text[m.start("unit") - 1].isspace():
+        return None  # "1/2 W" is west; "a 1/4W resistor" a quarter watt
     singular, plural, chinese = _UNITS[unit] if unit else ("", "", "")
     if zh:
         words = f"{read_int_zh(b)}分之{read_int_zh(a)}"
@@ -1492,10 +1594,20 @@ def _mixed_fraction(m: re.Match[str], zh: bool) -> str:
     if whole:
         words = f"{read_int_en(int(whole))} and {_fraction_words(a, b, article=True)}"
         return _sp(f"{words} {plural}" if unit else words, zh)
+    if _ARTICLE_BEFORE.search(text, max(0, m.start("a") - _LOOK_BACK), m.start("a")):
+        # "a 1/4W resistor", "the 1/2 lb bag": a quarter watt, the half pound
+        part = _fraction_words(a, b, article=False)
+        part = part.removeprefix("one ") if a == 1 else part.removesuffix("s")
+        return _sp(f"{part} {singular}", zh)
     article = "an" if singular[0] in "aeiou" or singular.startswith("hour") else "a"
     if a == 1 and b == 2:
         return _sp(f"half {article} {singular}", zh)
     return _sp(f"{_fraction_words(a, b, article=True)} of {article} {singular}", zh)
+
+
+_OF_BEFORE: Final = re.compile(r"\bof\s+$")
+# A determiner before the amount makes it a size ("a 1/4W resistor", "the 1/2 lb bag").
+_ARTICLE_BEFORE: Final = re.compile(r"\b(?:[Aa]n?|[Tt]he|[Tt]his|[Tt]hat|[Ee]ach|[Ee]very|per)\s+$")
 
 
 def _leading_point(m: re.Match[str], zh: bool) -> str:
@@ -1630,6 +1742,10 @@ _HEX: Final = re.compile(r"(?<![0-9A-Za-z_.])0[xX](?P<h>[0-9A-Fa-f]+)(?![0-9A-Za
 _SCIENTIFIC: Final = re.compile(
     r"(?<![0-9A-Za-z_.])(?P<m>[0-9]+(?:\.[0-9]+)?)[eE](?P<sign>[-+])?(?P<e>[0-9]{1,3})"
     r"(?![0-9A-Za-z_])"
+    # its unit ("5e-7 m", "3e8 m/s"), which _UNIT would not find after it is read
+    r"(?:\s(?P<unit>"
+    + "|".join(re.escape(u) for u in sorted(_UNITS, key=len, reverse=True))
+    + r")(?![A-Za-z0-9]))?"
 )
 
 
@@ -1644,7 +1760,12 @@ def _scientific(m: re.Match[str], zh: bool) -> str:
     int_part, frac = _split_num(m["m"])
     sign = {"-": "负" if zh else "minus ", "+": ""}.get(m["sign"] or "+", "")
     exponent = sign + _read_number(m["e"], None, zh)
-    return _sp(f"{_read_number(int_part, frac, zh)} e {exponent}", zh)
+    unit = m["unit"]
+    if unit is None or unit in _GLUED_ONLY_UNITS or unit == "g":
+        said = "" if unit is None else f" {unit}"  # "g" and "W" need their context: as written
+    else:
+        said = _UNITS[unit][2] if zh else f" {_UNITS[unit][1]}"
+    return _sp(f"{_read_number(int_part, frac, zh)} e {exponent}", zh) + said
 
 
 def _tech_name(m: re.Match[str], zh: bool) -> str:
