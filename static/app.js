@@ -29,6 +29,9 @@ const TOKEN = new URLSearchParams(location.search).get("token");
 // Elements
 
 const $ = (id) => document.getElementById(id);
+// The access token goes along to the rooms page (README: open /?token=...): without it
+// that page's Join was refused 401.
+if (TOKEN) $("rooms-link").search = `?token=${encodeURIComponent(TOKEN)}`;
 const ui = {
   connect: $("connect"),
   hangup: $("hangup"),
@@ -757,7 +760,12 @@ function handleEvent(msg) {
       if (question && question.dataset.role === "user") setItemStatus(question, "error", code);
       const text = `${code}: ${msg.message ?? ""}`;
       showAlert(`The agent reported an error. ${text}`);
-      if (id !== null && !turn && (item || texts.has(id))) {
+      if (turn) {
+        // An Ask or a voice turn refused or failed (rate_limited, stt_failed): its own item
+        // is marked, with the message in its title; no second item for the same refusal.
+        turn.dataset.code = code;
+        turn.title = msg.message ?? "";
+      } else if (id !== null && (item || texts.has(id))) {
         // A say of ours refused (rate_limited, empty_text, queue_full...): the box emptied
         // as it went out, so its item shows what was typed, marked with the refusal. An
         // utterance the engine failed on (tts_failed, sent as it ends) is marked so too.

@@ -26,6 +26,8 @@ const LEVEL_INTERVAL_MS = 100;
 const MAX_EVENTS = 1000;
 
 const $ = (id) => document.getElementById(id);
+// The access token goes along to the 1:1 page, as it came here from it.
+if (TOKEN) $("call-link").search = `?token=${encodeURIComponent(TOKEN)}`;
 const ui = {
   state: $("state"), me: $("me"), alert: $("alert"), joinForm: $("join-form"),
   room: $("room-name"), name: $("display-name"), speak: $("speak"), join: $("join"),

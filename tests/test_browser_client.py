@@ -16,9 +16,11 @@ import numpy as np
 import pytest
 import pytest_asyncio
 
-from agent.config import Config
+from agent.config import Config, LimitSettings, SecuritySettings
+from signaling.auth import mint_token
 from signaling.keys import SESSIONS
 from tests import test_browser
+from tests.conftest import serve
 from tests.doubles import FailingEngine, ToneEngine
 from tests.test_browser import (
     FAIL_ICE_JS,
@@ -33,6 +35,8 @@ browser = test_browser.browser
 agent_page = test_browser.agent_page
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(90)]
+
+SECRET = "browser-client-secret-0123456789abcdef"
 
 # Events fed to the page as if they came from the server (its own channel's listener).
 FEED_JS = """
@@ -648,3 +652,61 @@ async def test_a_page_back_from_the_cache_after_going_away_shows_the_call_over(
     )
     await ap.page.wait_for_selector('#state[data-state="closed"]')
     assert await ap.page.evaluate("() => window.voiceAgent.pc === null")
+
+
+async def test_the_rooms_link_keeps_the_pages_access_token(browser: Any) -> None:
+    """README: on a server with an auth secret the client is opened as ``/?token=<token>``.
+    The page's own "Rooms" link dropped the token: the room page it opened had none, and
+    Join was refused 401 ``unauthorized`` (found by review). The way back keeps it too."""
+    token = mint_token(SECRET, ttl_s=600)
+    config = Config(host="127.0.0.1", security=SecuritySettings(auth_secret=SECRET))
+    async with serve(config, ToneEngine()) as server:
+        context = await browser.new_context()
+        try:
+            page = await context.new_page()
+            page.set_default_timeout(15_000)
+            await page.goto(f"{server.url}/?token={token}")
+            await page.wait_for_function("() => window.voiceAgent !== undefined")
+            await page.click("text=Rooms")
+            await page.wait_for_function("() => window.voiceRoom !== undefined")
+            assert await page.get_attribute("#call-link", "href") is not None
+            back = await page.evaluate("() => document.getElementById('call-link').search")
+            assert back == f"?token={token}"
+            await page.set_checked("#speak", False)
+            await page.click("#join")
+            await page.wait_for_function(
+                "() => document.getElementById('state').dataset.state === 'connected'"
+                " || !document.getElementById('alert').hidden"
+            )
+            alert = await page.text_content("#alert") if await page.is_visible("#alert") else None
+            state = await page.get_attribute("#state", "data-state")
+            assert (state, alert) == ("connected", None), page.url
+        finally:
+            await context.close()
+
+
+@pytest.mark.parametrize(
+    "server_config",
+    [Config(host="127.0.0.1", port=0, limits=LimitSettings(speech_burst=1, speech_rate=0.01))],
+    ids=["speech_burst_1"],
+)
+async def test_an_ask_the_server_refuses_shows_once_in_the_transcript(
+    agent_page: AgentPage,
+) -> None:
+    """A refused Say marks its own item and adds nothing (the message in its title). A
+    refused Ask marked its question's item and appended a second error item for the same
+    refusal: the one refused question showed twice (found by review)."""
+    ap = agent_page
+    await connect(ap)
+    await ap.page.evaluate("() => window.voiceAgent.say('use up the one speech request')")
+    await ap.page.fill("#text", "a question")
+    await ap.page.click("#ask")
+    await ap.page.wait_for_function(
+        "() => window.voiceAgent.events.some((e) => e.type === 'error')", timeout=5_000
+    )
+    (refused,) = [e for e in await test_browser.events(ap) if e.get("type") == "error"]
+    assert refused["code"] == "rate_limited" and refused["id"].startswith("asked-"), refused
+    items = [i for i in await ap.page.evaluate(ITEMS_JS) if i["status"] == "error"]
+    assert [(i.get("id"), i["text"]) for i in items] == [(refused["id"], "a question")], items
+    title = await ap.page.get_attribute(f'#transcript li[data-id="{refused["id"]}"]', "title")
+    assert title == refused["message"]
