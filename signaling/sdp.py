@@ -214,7 +214,8 @@ def _check_format_lines(lines: list[str]) -> None:
             payload_types.clear()
             format_lines = 0
         elif line.startswith("a=rtpmap:"):
-            payload_type = line[len("a=rtpmap:") :].split(" ", 1)[0]
+            # As aiortc reads it: "096" is 96 again (_listed_formats_only keeps it for 96).
+            payload_type = _format(line[len("a=rtpmap:") :].split(" ", 1)[0])
             if payload_type in payload_types:
                 raise ApiError(
                     400, "bad_sdp", f"payload type {payload_type[:20]!r} has two a=rtpmap lines"

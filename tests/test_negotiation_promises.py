@@ -377,6 +377,7 @@ async def test_an_offer_of_repeated_rtpmaps_and_rtcp_fb_does_not_stall_the_loop(
     ("extra", "message"),
     [
         ("a=rtpmap:96 opus/48000/2\r\n", "two a=rtpmap"),
+        ("a=rtpmap:096 opus/48000/2\r\n", "two a=rtpmap"),  # the same payload type to aiortc
         ("a=rtcp-fb:* nack\r\n" * 257, "a=rtcp-fb and a=fmtp"),
     ],
 )
