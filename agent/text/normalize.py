@@ -1330,7 +1330,9 @@ _POWER_AFTER: Final = re.compile(
 )
 _POWER_BEFORE: Final = re.compile(
     r"(?:power|draws?|consumes?|consumption|output|charg\w*|rated|bulb|supply|TDP|uses|"
-    r"wattage)(?:\W+(?:at|up to|of|about|only))?\W+(?:[0-9.]+\s?W?\W+)?$",
+    r"wattage)(?:\W+(?:is|are|at|up to|of|about|only))?\W+"
+    # "draws 20W to 65W": the range's first wattage between
+    r"(?:[0-9.]+\s?W?(?:\s*(?:to|or|-|–|/)\s*|\W+))?$",
     re.IGNORECASE,
 )
 
@@ -1402,10 +1404,11 @@ def _decimal_seconds(m: re.Match[str], zh: bool) -> str:
 
 def _round_plural(m: re.Match[str], zh: bool) -> str:
     text, start = m.string, max(0, m.start() - _LOOK_BACK)
-    if (
-        zh
-        or _WAIT_BEFORE.search(text, start, m.start())
-        or _TO_BEFORE.search(text, start, m.start())
+    if zh or (
+        not _OF_AFTER.match(text, m.end())  # "to 100s of users" counts users
+        and (
+            _WAIT_BEFORE.search(text, start, m.start()) or _TO_BEFORE.search(text, start, m.start())
+        )
     ):
         # "timeout to 100s", 超时设置为100s: a duration (Chinese writes 数百 for hundreds)
         seconds = _read_number(m["n"].replace(",", ""), None, zh)
@@ -1414,6 +1417,7 @@ def _round_plural(m: re.Match[str], zh: bool) -> str:
 
 
 _TO_BEFORE: Final = re.compile(r"\b(?:to|is|of|at|set)\s+$")
+_OF_AFTER: Final = re.compile(r"\s+of\b")
 
 
 def _resolution(m: re.Match[str], zh: bool) -> str:
@@ -1562,7 +1566,7 @@ def _mixed_fraction(m: re.Match[str], zh: bool) -> str:
     whole, unit, text = m["w"], m["unit"], m.string
     before = ""  # a number before the fraction that is not its whole part
     if whole and (
-        len(whole) > 2 or _OF_BEFORE.search(text, max(0, m.start() - _LOOK_BACK), m.start())
+        len(whole) > 3 or _OF_BEFORE.search(text, max(0, m.start() - _LOOK_BACK), m.start())
     ):
         # "In 2020 1/3 of workers", "out of 30 2/3 passed": a number, then a fraction
         whole, before = None, text[m.start() : m.start("a")]
