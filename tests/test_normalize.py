@@ -113,7 +113,7 @@ CASES: list[tuple[str, str | None, str]] = [
     ("1 km", None, "one kilometer"),
     ("3kg of rice", None, "three kilograms of rice"),
     ("100 km/h", None, "one hundred kilometers per hour"),
-    ("A 16 GB phone", None, "A sixteen gigabytes phone"),
+    ("A 16 GB phone", None, "A sixteen gigabyte phone"),
     ("$5/month", None, "five dollars per month"),
     ("10 MB/s", None, "ten megabytes per second"),
     ("and/or", None, "and or"),

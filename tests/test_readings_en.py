@@ -107,9 +107,9 @@ def test_a_size_is_by_and_a_product_is_times(text: str, expected: str) -> None:
         # was: "twelve V", "one hundred W"; spaced "W" is west
         (
             "Use a 12V adapter and a 100W bulb near I-90 W.",
-            "Use a twelve volts adapter and a one hundred watts bulb near I ninety W.",
+            "Use a twelve volt adapter and a one hundred watt bulb near I ninety W.",
         ),
-        ("A 5000mAh battery.", "A five thousand milliamp hours battery."),
+        ("A 5000mAh battery.", "A five thousand milliamp hour battery."),
     ],
 )
 def test_units_resolutions_seconds_and_round_plurals(text: str, expected: str) -> None:

@@ -285,3 +285,43 @@ def test_old_dates(text: str, expected: str) -> None:
 )
 def test_old_misreadings(text: str, unwanted: str) -> None:
     assert unwanted not in _read(text, "" if "。" in text else " ")
+
+
+# --- a fourth review: a new corpus of support, finance, fitness, travel and medicine text --
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        # HEAD: "every ninety seconds kid", "after ninety seconds grunge"
+        ("This is a song every 90s kid knows.", "This is a song every nineties kid knows."),
+        ("Grunge faded after 90s excess.", "Grunge faded after nineties excess."),
+        # old: "thirties", "nineties ... sixties", "forty five s"
+        ("Hold each stretch for 30s.", "Hold each stretch for thirty seconds."),
+        ("Jog for 90s, walk for 60s.", "Jog for ninety seconds, walk for sixty seconds."),
+        ("Set the timer for 45s.", "Set the timer for forty five seconds."),
+        (
+            "This blog is for 20s and 30s professionals.",
+            "This blog is for twenties and thirties professionals.",
+        ),
+        # old: "two h thirty meters"
+        ("The layover is 2h 30m.", "The layover is two hours thirty minutes."),
+        ("Your layover is 1h55m.", "Your layover is one hour fifty five minutes."),
+        # HEAD: "Lieutenant Blue"; a name after it is still a title
+        ("It comes in Navy, Lt. Blue and White.", "It comes in Navy, Light Blue and White."),
+        ("Lt. Dan was there.", "Lieutenant Dan was there."),
+        # HEAD: "RX hundreds"
+        ("The RX100s are great cameras.", "The RX one hundred s are great cameras."),
+        # old: "twenty five billion", "thirty g", "ten minutes walk"
+        ("Take exit 25B toward the airport.", "Take exit twenty five B toward the airport."),
+        ("Aim for 25-30 g per day.", "Aim for twenty five to thirty grams per day."),
+        ("Gate C7 is a 10 min walk away.", "Gate C seven is a ten minute walk away."),
+    ],
+)
+def test_durations_colours_models_and_measures_before_a_noun(text: str, expected: str) -> None:
+    assert _read(text) == expected
+
+
+def test_two_rooms_in_chinese_is_liang() -> None:
+    # old: 三室二厅
+    assert _read("这套房子3室2厅。") == "这套房子三室两厅。"

@@ -706,13 +706,14 @@ _PLACE_WORDS: Final = frozenset(
         "pier",
         "berth",
         "cabin",
+        "exit",
         "bay",
         "stand",
     }
 )
 # "g" is grams only before "of" or where a phrase ends ("250 g of flour", "add 200g."); else
 # it is as often a g-force or a network generation.
-_GRAMS_CONTEXT: Final = re.compile(r"\s+of\b|\s*(?:[.,;:!?)]|$)|[\u4e00-\u9fff]")
+_GRAMS_CONTEXT: Final = re.compile(r"\s+(?:of|per|a)\b|\s*(?:[.,;:!?)]|$)|[\u4e00-\u9fff]")
 # "10^3 kg": a number with an exponent takes the unit too (the exponent is not the unit's
 # number: a match never starts right after "^" or "^-").
 _UNIT: Final = re.compile(
@@ -732,7 +733,22 @@ _DECIMAL_SECONDS: Final = re.compile(
 )
 # "100s of people", "in the 1000s": hundreds, thousands ("10s" and "20s" are decades); after
 # what counts time, a duration ("timeout to 100s", "wait 100s").
-_ROUND_PLURAL: Final = re.compile(r"(?<![0-9.,$€£¥])(?P<n>100|1,?000)s(?![A-Za-z0-9])")
+_ROUND_PLURAL: Final = re.compile(
+    r"(?<![0-9A-Za-z.,$€£¥])(?P<n>100|1,?000)s(?![A-Za-z0-9])"  # not a model's ("RX100s")
+)
+# "wait 10s", "every 30s", "Jog for 90s, walk for 60s", "timer for 45s": seconds after what
+# counts time, where the duration ends ("every 90s kid" and "for 90s kids" are decades).
+_GLUED_SECONDS: Final = re.compile(r"(?<![0-9A-Za-z.,$€£¥])(?P<n>[0-9]{1,4})s(?![A-Za-z0-9'])")
+_FOR_BEFORE: Final = re.compile(r"\b[Ff]or\s+$")
+_PHRASE_END: Final = re.compile(r"\s*(?:$|[.,;:!?)\]])")
+_DURATION_END: Final = re.compile(
+    r"\s*(?:$|[.,;:!?)\]]|(?:and|or|then|to|before|after|between|each|per|of|with|rest|"
+    r"later|max|min|apart|intervals?|at)\b)"
+)
+# "2h 30m", "1h55m": hours and minutes (the "m" was meters).
+_HOURS_MINUTES: Final = re.compile(
+    r"(?<![0-9A-Za-z.])(?P<h>[0-9]{1,2})\s?h\s?(?P<m>[0-9]{1,2})\s?m(?:in)?(?![A-Za-z0-9])"
+)
 # A video resolution, said in pairs of digits as people do ("1080p": ten eighty P).
 _RESOLUTION: Final = re.compile(
     r"(?<![0-9A-Za-z.,])(?P<n>240|360|480|576|720|1080|1440|2160|4320)(?P<s>[pPi])(?![A-Za-z0-9])"
@@ -767,7 +783,7 @@ _TAKES_LIANG: Final = re.compile(
     "次(?!方|函数|方程|幂|曲线)|元(?![一二三]次|方程|函数)|年(?!级)|"
     "点|个|小时|天|位|种|周|星期|岁|倍|本|只|张|件|名|条|台|辆|分钟|秒|万|千|亿|杯|斤|公斤|"
     "公里|米|遍|场|家|座|门|节|页|份|双|对|人|块|句|部|篇|首|碗|瓶|间|层|把|根|头|片|"
-    "升|毫升|克|颗|粒|支|盒|包|袋|箱|项|趟|棵|套(?!房)"
+    "升|毫升|克|颗|粒|支|盒|包|袋|箱|项|趟|棵|套(?!房)|厅|室|卫|辆"
 )
 _NUMBER: Final = re.compile(rf"(?P<neg>-)?(?P<int>{_INT})(?:\.(?P<frac>[0-9]+))?")
 _SYMBOL: Final = re.compile("|".join(re.escape(s) for s in sorted(_SYMBOLS, key=len, reverse=True)))
@@ -875,6 +891,9 @@ def _domain(m: re.Match[str], zh: bool) -> str:
 
 # Titles said in full only before a name: "Col. 3" is a column, "Gen. 2" a generation.
 _TITLES: Final = frozenset({"Gov.", "Sen.", "Rep.", "Gen.", "Lt.", "Capt.", "Col.", "Sgt."})
+_COLOUR_AFTER: Final = re.compile(
+    r"\s*(?:Blue|Gr[ae]y|Green|Pink|Purple|Brown|Yellow|Red|Orange|Tan|Beige|Olive|Teal)\b"
+)
 _NAME_AFTER: Final = re.compile(r"\s*[A-Z][a-z]")  # "Gen. Z" is a generation too
 
 
@@ -882,6 +901,8 @@ def _abbreviation(m: re.Match[str], zh: bool) -> str:
     abbreviation = _ABBREVIATION_FORMS[m.group(0)]
     if abbreviation in _TITLES and not _NAME_AFTER.match(m.string, m.end()):
         return m.group(0)
+    if abbreviation == "Lt." and _COLOUR_AFTER.match(m.string, m.end()):
+        return "Light"  # a shop's "Lt. Blue"
     en, chinese = _ABBREVIATIONS[abbreviation]
     # Only "etc." ends sentences; "Mr. Smith" must not get a pause after "Mister".
     stop = _stop_if_sentence_ends(m) if abbreviation == "etc." else ""
@@ -1372,7 +1393,11 @@ def _unit(m: re.Match[str], zh: bool) -> str:
             number = "两"  # 2kg is 两公斤, as 2公斤 is
         return _signed(m, number + chinese, zh)
     one = int_part == "1" and not frac and not _negative(m) and not m["exp"]
-    unit = singular if one else plural
+    # "a 10 min walk", "a 100W bulb": a measure before its noun is singular
+    attributive = _ARTICLE_BEFORE.search(
+        m.string, max(0, m.start() - _LOOK_BACK), m.start()
+    ) and _NOUN_AFTER.match(m.string, m.end())
+    unit = singular if one or attributive else plural
     if power and m["unit"] in _LENGTH_UNITS:
         unit = ("square " if power == "2" else "cubic ") + unit
     elif power:  # "m/s^2": meters per second squared
@@ -1400,6 +1425,28 @@ def _decimal_seconds(m: re.Match[str], zh: bool) -> str:
     int_part, frac = _split_num(m["num"])
     words = _read_number(int_part, frac, zh) + ("秒" if zh else " seconds")
     return _sp(_signed(m, words, zh), zh)
+
+
+def _glued_seconds(m: re.Match[str], zh: bool) -> str:
+    text, start = m.string, max(0, m.start() - _LOOK_BACK)
+    if zh:
+        return m.group(0)
+    if _WAIT_BEFORE.search(text, start, m.start()):
+        ends = _DURATION_END.match(text, m.end())
+    else:  # after a plain "for", only where the phrase ends ("for 20s and 30s professionals")
+        ends = _FOR_BEFORE.search(text, start, m.start()) and _PHRASE_END.match(text, m.end())
+    if not ends:
+        return m.group(0)
+    return _sp(f"{read_int_en(int(m['n']))} seconds", zh)
+
+
+def _hours_minutes(m: re.Match[str], zh: bool) -> str:
+    hours, minutes = int(m["h"]), int(m["m"])
+    if zh:
+        return f"{read_int_zh(hours)}小时{read_int_zh(minutes)}分钟"
+    hour_word = "hour" if hours == 1 else "hours"
+    minute_word = "minute" if minutes == 1 else "minutes"
+    return _sp(f"{read_int_en(hours)} {hour_word} {read_int_en(minutes)} {minute_word}", zh)
 
 
 def _round_plural(m: re.Match[str], zh: bool) -> str:
@@ -1461,14 +1508,17 @@ def _decade(m: re.Match[str], zh: bool) -> str:
     century, decade = m["c"], m["d"]
     if century is None and decade == "00":
         return m.group(0)
-    if century is None and not m.group(0).startswith("'"):
-        if zh and (
+    # (English durations, "wait 10s", are _GLUED_SECONDS' before this rule.)
+    if (
+        zh
+        and century is None
+        and not m.group(0).startswith("'")
+        and (
             _SECONDS_AFTER_ZH.match(m.string, m.end())
             or _SECONDS_BEFORE_ZH.search(m.string, max(0, m.start() - _LOOK_BACK), m.start())
-        ):
-            return read_int_zh(int(decade)) + "秒"  # "设置为30s", "等待30s", "30s后"
-        if _WAIT_BEFORE.search(m.string, max(0, m.start() - _LOOK_BACK), m.start()):
-            return _sp(f"{read_int_en(int(decade))} seconds", zh)  # "wait 10s", "every 30s"
+        )
+    ):
+        return read_int_zh(int(decade)) + "秒"  # "设置为30s", "等待30s", "30s后"
     if zh:
         if century:
             return _digits(century + decade, True) + "年代"
@@ -1609,6 +1659,7 @@ def _fraction_reading(
     return _sp(f"{_fraction_words(a, b, article=True)} of {article} {singular}", zh)
 
 
+_NOUN_AFTER: Final = re.compile(r"[\s-]+(?!of\b|per\b|and\b|or\b|to\b)[a-z]")
 _OF_BEFORE: Final = re.compile(r"\bof\s+$")
 # A determiner before the amount makes it a size ("a 1/4W resistor", "the 1/2 lb bag").
 _ARTICLE_BEFORE: Final = re.compile(r"\b(?:[Aa]n?|[Tt]he|[Tt]his|[Tt]hat|[Ee]ach|[Ee]very|per)\s+$")
@@ -1850,11 +1901,13 @@ _RULES: Final[tuple[_Rule, ...]] = (
     (_CURRENCY_CODE, _money),
     (_PERCENT, _percent),
     (_DECIMAL_SECONDS, _decimal_seconds),
+    (_HOURS_MINUTES, _hours_minutes),
     (_RESOLUTION, _resolution),
     (_UNIT, _unit),
     (_SCALED_NUMBER, _scaled_number),
     (_POWER, _power),
     (_ORDINAL, _ordinal),
+    (_GLUED_SECONDS, _glued_seconds),
     (_ROUND_PLURAL, _round_plural),
     (_DECADE, _decade),
     (_YEAR_AFTER, _year_after),
