@@ -325,3 +325,19 @@ def test_durations_colours_models_and_measures_before_a_noun(text: str, expected
 def test_two_rooms_in_chinese_is_liang() -> None:
     # old: 三室二厅
     assert _read("这套房子3室2厅。") == "这套房子三室两厅。"
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        # old: "three fifteenths", "seven twelfths", "two slash twenty eight"
+        ("It is scheduled for 3/15.", "It is scheduled for March fifteenth."),
+        ("Pickup on 7/12 at noon.", "Pickup on July twelfth at noon."),
+        ("The fee was waived on 2/28.", "The fee was waived on February twenty eighth."),
+        # fractions stay fractions: before "of", and after "by" or "from"
+        ("It ran on 3/4 of the days.", "It ran on three quarters of the days."),
+        ("Cut it by 1/3.", "Cut it by one third."),
+    ],
+)
+def test_a_month_and_day_after_a_word_that_dates_them_is_a_date(text: str, expected: str) -> None:
+    assert _read(text) == expected

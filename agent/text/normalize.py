@@ -1577,11 +1577,33 @@ _SLASH_IDIOMS: Final = {
 }
 
 
+# A month and a day after a word that dates ("scheduled for 3/15", "on 5/8", "due 2/28"):
+# no one says "three fifteenths". Not before "of" ("on 3/4 of the days" is a fraction).
+_DATE_WORD_BEFORE: Final = re.compile(
+    # (not "by", "from", "after": "cut by 1/3", "from 1/2 to 3/4" are fractions)
+    r"\b(?:[Oo]n|[Uu]ntil|[Tt]ill|[Tt]hrough|[Ss]ince|[Dd]ue|[Ss]cheduled for|[Ss]tarting|"
+    r"[Ee]nding|[Dd]eadline is|[Dd]ated)\s+$"
+)
+
+
+def _month_day_date(m: re.Match[str], zh: bool) -> str | None:
+    """The fraction ``m`` read as a month and a day where a word before it dates it."""
+    month, day = int(m["a"]), int(m["b"])
+    if not (1 <= month <= 12 and 1 <= day <= 31) or _OF_AFTER.match(m.string, m.end()):
+        return None
+    if not _DATE_WORD_BEFORE.search(m.string, max(0, m.start() - _LOOK_BACK), m.start()):
+        return None
+    return _sp(_date_words(None, month, day, zh), zh)
+
+
 def _fraction(m: re.Match[str], zh: bool) -> str:
     if max(len(m["a"]), len(m["b"])) > _MAX_CARDINAL_DIGITS:
         return _sp(
             _int_words(m["a"], zh) + ("斜杠" if zh else " slash ") + _int_words(m["b"], zh), zh
         )
+    date = _month_day_date(m, zh)
+    if date is not None:
+        return date
     a, b = int(m["a"]), int(m["b"])
     idiom = _SLASH_IDIOMS.get((a, b))
     if idiom is not None:
