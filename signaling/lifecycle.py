@@ -66,11 +66,14 @@ class Liveness:
         self.last_activity = max(self.last_activity, when)
 
 
+def grace_over(life: Liveness, settings: LifecycleSettings, now: float) -> bool:
+    """A detached session whose client did not come back within --resume-grace."""
+    return life.detached_at is not None and now - life.detached_at >= settings.resume_grace_s
+
+
 def verdict(life: Liveness, connected: bool, settings: LifecycleSettings, now: float) -> Verdict:
     if life.detached_at is not None:
-        if now - life.detached_at >= settings.resume_grace_s:
-            return Verdict.EXPIRED
-        return Verdict.KEEP
+        return Verdict.EXPIRED if grace_over(life, settings, now) else Verdict.KEEP
     if settings.idle_timeout_s and now - life.last_activity >= settings.idle_timeout_s:
         return Verdict.IDLE
     if life.connected_at is None or not connected:

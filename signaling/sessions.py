@@ -33,7 +33,7 @@ from agent.session import AgentSession
 from agent.threads import cores
 from agent.vad import VadPool
 from signaling.errors import ApiError
-from signaling.lifecycle import Liveness, Verdict, check_interval, tap_rtcp, verdict
+from signaling.lifecycle import Liveness, Verdict, check_interval, grace_over, tap_rtcp, verdict
 from signaling.negotiation import OpusOffer, read_opus_offer, tune_answer
 from signaling.release import close_peer_connection
 from signaling.resume import TokenBook, new_token, session_expired
@@ -317,13 +317,7 @@ class SessionRegistry:
         """The session a client's session token names (4xx: bad, unknown or expired)."""
         peer = self._peers[self.tokens.session_id(token)]
         SESSION_ID.set(peer.session.id)
-        detached_at = peer.life.detached_at
-        grace = self.config.lifecycle.resume_grace_s
-        if (
-            not peer.resuming
-            and detached_at is not None
-            and time.monotonic() - detached_at >= grace
-        ):
+        if not peer.resuming and grace_over(peer.life, self.config.lifecycle, time.monotonic()):
             # The grace is over even if the watchdog (once a second) has not looked yet: a
             # resume then took the expired session over, and its answer hung on the tick.
             log.info("session %s: not resumed in time", peer.session.id)

@@ -586,6 +586,15 @@ _GLUED_NUMBER_BEFORE: Final = re.compile(r"[A-Za-z][0-9]+$")
 # How far before a match these look (a window: from the text's start, every match scanned
 # all the text before it, quadratic in a long text of matches).
 _LOOK_BACK: Final = 32
+
+
+def _before(pattern: re.Pattern[str], m: re.Match[str], group: int | str = 0) -> bool:
+    """Whether ``pattern`` (anchored with ``$``) ends right where ``m`` (or its ``group``)
+    starts, looking back _LOOK_BACK characters at most."""
+    at = m.start(group)
+    return pattern.search(m.string, max(0, at - _LOOK_BACK), at) is not None
+
+
 _DIGITS_AT: Final = re.compile(r"[0-9]+")
 # Spaced ("5 - 3"), or glued where an "=" follows the sum ("10-3=7": no range); before
 # _RANGE, which would read the glued one "ten to three".
@@ -742,8 +751,8 @@ _GLUED_SECONDS: Final = re.compile(r"(?<![0-9A-Za-z.,$€£¥])(?P<n>[0-9]{1,4})
 _FOR_BEFORE: Final = re.compile(r"\b[Ff]or\s+$")
 _PHRASE_END: Final = re.compile(r"\s*(?:$|[.,;:!?)\]])")
 _DURATION_END: Final = re.compile(
-    r"\s*(?:$|[.,;:!?)\]]|(?:and|or|then|to|before|after|between|each|per|of|with|rest|"
-    r"later|max|min|apart|intervals?|at)\b)"
+    _PHRASE_END.pattern + r"|\s*(?:and|or|then|to|before|after|between|each|per|of|with|rest|"
+    r"later|max|min|apart|intervals?|at)\b"
 )
 # "2h 30m", "1h55m": hours and minutes (the "m" was meters).
 _HOURS_MINUTES: Final = re.compile(
@@ -1137,9 +1146,7 @@ def _name_op(m: re.Match[str], zh: bool) -> str:
     text = m.string
     if _WORD_AFTER_NUMBER.match(text, m.end()):
         return m.group(0)  # "part a - 3 points", "Setup(s) - 2 steps": a label's dash
-    if text[m.start() - 1] == ")" and not _CALL_BEFORE.search(
-        text, max(0, m.start() - _LOOK_BACK), m.start()
-    ):
+    if text[m.start() - 1] == ")" and not _before(_CALL_BEFORE, m):
         return m.group(0)
     if m["op"] == "-":
         return "减" if zh else " minus "
@@ -1153,9 +1160,7 @@ def _times_op(m: re.Match[str], zh: bool) -> str:
     # arithmetic follows: said "by", as sizes are.
     glued_x = m.group(0) in ("x", "X")
     text = m.string
-    product = _PRODUCT_AFTER.match(text, m.end()) or _ASKED_PRODUCT.search(
-        text, max(0, m.start() - _LOOK_BACK), m.start()
-    )
+    product = _PRODUCT_AFTER.match(text, m.end()) or _before(_ASKED_PRODUCT, m)
     return " by " if glued_x and not product else " times "
 
 
@@ -1190,9 +1195,7 @@ _CJK_BEFORE: Final = re.compile(r"[\u4e00-\u9fff]\s*$")
 
 def _comparison_words(m: re.Match[str], en: str) -> str:
     """``en`` ("is less than") without its "is" after a verb that says it."""
-    if en.startswith("is ") and _VERB_BEFORE.search(
-        m.string, max(0, m.start() - _LOOK_BACK), m.start()
-    ):
+    if en.startswith("is ") and _before(_VERB_BEFORE, m):
         return en.removeprefix("is ")
     return en
 
@@ -1360,10 +1363,7 @@ _POWER_BEFORE: Final = re.compile(
 
 def _is_power(m: re.Match[str]) -> bool:
     text = m.string
-    return bool(
-        _POWER_AFTER.match(text, m.end())
-        or _POWER_BEFORE.search(text, max(0, m.start("num") - _LOOK_BACK), m.start("num"))
-    )
+    return bool(_POWER_AFTER.match(text, m.end()) or _before(_POWER_BEFORE, m, "num"))
 
 
 def _unit(m: re.Match[str], zh: bool) -> str:
@@ -1371,7 +1371,7 @@ def _unit(m: re.Match[str], zh: bool) -> str:
         return m.group(0)  # "9 g in the turn", "the 5g network": no grams, said as written
     if m["unit"] in _GLUED_ONLY_UNITS and (
         m.string[m.start("unit") - 1].isspace()
-        or _ROAD_BEFORE.search(m.string, max(0, m.start("num") - _LOOK_BACK), m.start("num"))
+        or _before(_ROAD_BEFORE, m, "num")
         or (m["unit"] == "W" and not _is_power(m))
     ):
         return m.group(0)
@@ -1394,9 +1394,7 @@ def _unit(m: re.Match[str], zh: bool) -> str:
         return _signed(m, number + chinese, zh)
     one = int_part == "1" and not frac and not _negative(m) and not m["exp"]
     # "a 10 min walk", "a 100W bulb": a measure before its noun is singular
-    attributive = _ARTICLE_BEFORE.search(
-        m.string, max(0, m.start() - _LOOK_BACK), m.start()
-    ) and _NOUN_AFTER.match(m.string, m.end())
+    attributive = _before(_ARTICLE_BEFORE, m) and _NOUN_AFTER.match(m.string, m.end())
     unit = singular if one or attributive else plural
     if power and m["unit"] in _LENGTH_UNITS:
         unit = ("square " if power == "2" else "cubic ") + unit
@@ -1428,13 +1426,13 @@ def _decimal_seconds(m: re.Match[str], zh: bool) -> str:
 
 
 def _glued_seconds(m: re.Match[str], zh: bool) -> str:
-    text, start = m.string, max(0, m.start() - _LOOK_BACK)
     if zh:
         return m.group(0)
-    if _WAIT_BEFORE.search(text, start, m.start()):
-        ends = _DURATION_END.match(text, m.end())
+    text = m.string
+    if _before(_WAIT_BEFORE, m):
+        ends = _DURATION_END.match(text, m.end()) is not None
     else:  # after a plain "for", only where the phrase ends ("for 20s and 30s professionals")
-        ends = _FOR_BEFORE.search(text, start, m.start()) and _PHRASE_END.match(text, m.end())
+        ends = _before(_FOR_BEFORE, m) and _PHRASE_END.match(text, m.end()) is not None
     if not ends:
         return m.group(0)
     return _sp(f"{read_int_en(int(m['n']))} seconds", zh)
@@ -1450,12 +1448,9 @@ def _hours_minutes(m: re.Match[str], zh: bool) -> str:
 
 
 def _round_plural(m: re.Match[str], zh: bool) -> str:
-    text, start = m.string, max(0, m.start() - _LOOK_BACK)
     if zh or (
-        not _OF_AFTER.match(text, m.end())  # "to 100s of users" counts users
-        and (
-            _WAIT_BEFORE.search(text, start, m.start()) or _TO_BEFORE.search(text, start, m.start())
-        )
+        not _OF_AFTER.match(m.string, m.end())  # "to 100s of users" counts users
+        and (_before(_WAIT_BEFORE, m) or _before(_TO_BEFORE, m))
     ):
         # "timeout to 100s", 超时设置为100s: a duration (Chinese writes 数百 for hundreds)
         seconds = _read_number(m["n"].replace(",", ""), None, zh)
@@ -1513,10 +1508,7 @@ def _decade(m: re.Match[str], zh: bool) -> str:
         zh
         and century is None
         and not m.group(0).startswith("'")
-        and (
-            _SECONDS_AFTER_ZH.match(m.string, m.end())
-            or _SECONDS_BEFORE_ZH.search(m.string, max(0, m.start() - _LOOK_BACK), m.start())
-        )
+        and (_SECONDS_AFTER_ZH.match(m.string, m.end()) or _before(_SECONDS_BEFORE_ZH, m))
     ):
         return read_int_zh(int(decade)) + "秒"  # "设置为30s", "等待30s", "30s后"
     if zh:
@@ -1556,13 +1548,13 @@ _YEARS_AFTER_PAST_DATES: Final = re.compile(r"(?:前|以前|之前|以后|之后
 def _year_zh(m: re.Match[str], zh: bool) -> str:
     if not zh:
         return m.group(0)
-    text, window = m.string, max(0, m.start() - _LOOK_BACK)
+    text = m.string
     past_dates = int(m["y"]) > 2100
     if (
         _YEARS_AFTER.match(text, m.end())
-        or _YEARS_BEFORE.search(text, window, m.start())
+        or _before(_YEARS_BEFORE, m)
         or (past_dates and _YEARS_AFTER_PAST_DATES.match(text, m.end()))
-        or (past_dates and _YEARS_BEFORE_PAST_DATES.search(text, window, m.start()))
+        or (past_dates and _before(_YEARS_BEFORE_PAST_DATES, m))
     ):
         return read_int_zh(int(m["y"])) + "年"  # 五千七百三十年, 两千年的历史
     return _digits(m["y"], zh) + "年"
@@ -1591,7 +1583,7 @@ def _month_day_date(m: re.Match[str], zh: bool) -> str | None:
     month, day = int(m["a"]), int(m["b"])
     if not (1 <= month <= 12 and 1 <= day <= 31) or _OF_AFTER.match(m.string, m.end()):
         return None
-    if not _DATE_WORD_BEFORE.search(m.string, max(0, m.start() - _LOOK_BACK), m.start()):
+    if not _before(_DATE_WORD_BEFORE, m):
         return None
     return _sp(_date_words(None, month, day, zh), zh)
 
@@ -1637,9 +1629,7 @@ def _fraction_words(a: int, b: int, article: bool) -> str:
 def _mixed_fraction(m: re.Match[str], zh: bool) -> str:
     whole, unit, text = m["w"], m["unit"], m.string
     before = ""  # a number before the fraction that is not its whole part
-    if whole and (
-        len(whole) > 3 or _OF_BEFORE.search(text, max(0, m.start() - _LOOK_BACK), m.start())
-    ):
+    if whole and (len(whole) > 3 or _before(_OF_BEFORE, m)):
         # "In 2020 1/3 of workers", "out of 30 2/3 passed": a number, then a fraction
         whole, before = None, text[m.start() : m.start("a")]
     if not (whole or unit) or len(m["a"]) > 2 or len(m["b"]) > 2:
@@ -1670,7 +1660,7 @@ def _fraction_reading(
     if whole:
         words = f"{read_int_en(int(whole))} and {_fraction_words(a, b, article=True)}"
         return _sp(f"{words} {plural}" if unit else words, zh)
-    if _ARTICLE_BEFORE.search(text, max(0, m.start("a") - _LOOK_BACK), m.start("a")):
+    if _before(_ARTICLE_BEFORE, m, "a"):
         # "a 1/4W resistor", "the 1/2 lb bag": a quarter watt, the half pound
         part = _fraction_words(a, b, article=False)
         part = part.removeprefix("one ") if a == 1 else part.removesuffix("s")
