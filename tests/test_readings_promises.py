@@ -42,8 +42,9 @@ def test_wan_and_yi_after_a_price_are_their_amounts(
         ("I ran a 10K race.", "I ran a ten K race."),
         # a chip (mutation: the 4-digit "k" rule dropped)
         ("the 14900K runs hot", "the fourteen thousand nine hundred K runs hot"),
-        # a retirement plan (mutation: 401/403/457 dropped: "four hundred one thousand plan")
-        ("my 401k plan", "my four hundred one k plan"),
+        # a retirement plan (mutation: 401/403/457 dropped: "four hundred one thousand plan");
+        # said "four oh one k" since tests/test_readings_domains.py
+        ("my 401k plan", "my four oh one k plan"),
         # a place word capitalised as a sentence starts (mutation: no .lower())
         ("Gate 22B opens at noon.", "Gate twenty two B opens at noon."),
     ],

@@ -289,6 +289,33 @@ _UNITS: Final[Mapping[str, tuple[str, str, str]]] = MappingProxyType(
         "kg": ("kilogram", "kilograms", "公斤"),
         "g": ("gram", "grams", "克"),
         "mg": ("milligram", "milligrams", "毫克"),
+        # micro units as NFKD leaves them (the micro sign U+00B5 becomes Greek mu, U+03BC):
+        # the mu was dropped, and "10 µm" was "ten m" (found in an earlier note)
+        "\u03bcm": ("micrometer", "micrometers", "微米"),
+        "\u03bcg": ("microgram", "micrograms", "微克"),
+        "mcg": ("microgram", "micrograms", "微克"),
+        "\u03bcs": ("microsecond", "microseconds", "微秒"),
+        "\u03bcL": ("microliter", "microliters", "微升"),
+        "\u03bcl": ("microliter", "microliters", "微升"),
+        "nm": ("nanometer", "nanometers", "纳米"),
+        # resistance: the ohm sign and Greek omega are one after NFKD
+        "k\u03a9": ("kilohm", "kilohms", "千欧"),
+        "M\u03a9": ("megohm", "megohms", "兆欧"),
+        "\u03a9": ("ohm", "ohms", "欧"),
+        "ns": ("nanosecond", "nanoseconds", "纳秒"),
+        # lab values and vital signs ("100 mg/dL", "5.6 mmol/L", "120/80 mmHg", "60 bpm")
+        "dL": ("deciliter", "deciliters", "分升"),
+        "mmol": ("millimole", "millimoles", "毫摩尔"),
+        "mmHg": ("millimeter of mercury", "millimeters of mercury", "毫米汞柱"),
+        "kcal": ("kilocalorie", "kilocalories", "千卡"),
+        "bpm": ("beat per minute", "beats per minute", "次每分钟"),
+        # short forms of time ("5 yrs old", "6 mos", "2 wks"), read only after a number
+        "yrs": ("year", "years", "年"),
+        "yr": ("year", "years", "年"),
+        "mos": ("month", "months", "个月"),
+        "mo": ("month", "months", "个月"),
+        "wks": ("week", "weeks", "周"),
+        "wk": ("week", "weeks", "周"),
         "lbs": ("pound", "pounds", "磅"),
         "lb": ("pound", "pounds", "磅"),
         "oz": ("ounce", "ounces", "盎司"),
@@ -336,7 +363,7 @@ _ROAD_BEFORE: Final = re.compile(
     re.IGNORECASE,
 )
 # Units that "^2" / "^3" make an area or a volume: "50 m²" is fifty square meters.
-_LENGTH_UNITS: Final = frozenset({"km", "cm", "mm", "m", "ft"})
+_LENGTH_UNITS: Final = frozenset({"km", "cm", "mm", "m", "ft", "\u03bcm", "nm"})
 # fmt: off
 _MONTHS: Final = (
     "January", "February", "March", "April", "May", "June", "July", "August", "September",
@@ -350,6 +377,19 @@ _MONTH_BY_NAME: Final[Mapping[str, int]] = MappingProxyType(
         "Sept": 9,
     }
 )
+# Greek letters as maths and science write them ("μ = 5", "σ", "ΔT", "α and β" were read with
+# the letter dropped). NFKD makes the micro sign Greek mu: alone, it is said "mu".
+# fmt: off
+_GREEK_LETTERS: Final[Mapping[str, tuple[str, str]]] = MappingProxyType({
+    "\u03b1": ("alpha", "阿尔法"), "\u03b2": ("beta", "贝塔"), "\u03b3": ("gamma", "伽马"),
+    "\u03b4": ("delta", "德尔塔"), "\u0394": ("delta", "德尔塔"), "\u03b5": ("epsilon", "艾普西隆"),
+    "\u03b8": ("theta", "西塔"), "\u03bb": ("lambda", "拉姆达"), "\u03bc": ("mu", "缪"),
+    "\u03c3": ("sigma", "西格玛"), "\u03a3": ("sigma", "西格玛"), "\u03c4": ("tau", "套"),
+    "\u03c6": ("phi", "斐"), "\u03a6": ("phi", "斐"), "\u03c9": ("omega", "欧米伽"),
+    "\u03a9": ("omega", "欧米伽"), "\u03c1": ("rho", "柔"), "\u03b7": ("eta", "伊塔"),
+    "\u03c7": ("chi", "卡方"), "\u03c8": ("psi", "普西"),
+})
+# fmt: on
 # Symbols left after the number rules; longest first so "°C" wins over "°".
 _SYMBOLS: Final[Mapping[str, tuple[str, str]]] = MappingProxyType(
     {
@@ -378,6 +418,7 @@ _SYMBOLS: Final[Mapping[str, tuple[str, str]]] = MappingProxyType(
         "€": ("euros", "欧元"),
         "£": ("pounds", "英镑"),
         "¥": ("yen", "元"),
+        **_GREEK_LETTERS,
     }
 )
 # Abbreviations whose dot is not a sentence end; value is the spoken form.
@@ -437,6 +478,7 @@ _PER_WORDS: Final[Mapping[str, str]] = MappingProxyType(
         "gal": "gallon",
         "mL": "milliliter",
         "ml": "milliliter",
+        "dL": "deciliter",
         "L": "liter",
         "g": "gram",
         "km": "kilometer",
@@ -618,8 +660,9 @@ _SIZE_BY: Final = re.compile(
 # reads "3x4"; "x86", "v2x" and "0x1F" are left to the other rules).
 _FACTOR: Final = re.compile(
     r"(?<![A-Za-z0-9_.])(?<![=(])(?<![=(]\s)(?P<num>[0-9]+(?:\.[0-9]+)?)[xX×]"
-    # "2x + 3", "y = 2x", "5x = 10", "(3x)": an algebra term, said "two x"
-    r"(?![A-Za-z0-9_])(?!\s?[-+=*/^<>)²³])",
+    # "2x + 3", "y = 2x", "5x = 10", "(3x)": an algebra term, said "two x"; but "2x/day"
+    # is a count of times ("two x per day" before)
+    r"(?![A-Za-z0-9_])(?!\s?[-+=*^<>)²³]|\s?/(?!(?:day|week|wk|month|mo|year|yr|hour|hr|night)\b))",
     re.ASCII,
 )
 _APPROX: Final = re.compile(r"(?<![0-9])[~～]\s?(?=[$€£¥]?[0-9])")
@@ -1135,6 +1178,14 @@ _PRODUCT_AFTER: Final = re.compile(
 )
 
 
+# What ends a run of spaced "x"s that is a size: a length ("12 x 10 x 6 inches").
+_SIZE_AFTER: Final = re.compile(
+    # (three sides at most: a run to the end of a long chain from every "x" was quadratic)
+    r"[0-9.,]{1,20}(?:\s?[xX×]\s?[0-9.,]{1,20}){0,2}(?:\s?(?:inches|inch|cm|mm|ft|feet|foot|meters|metres|"
+    r"px|pixels?)(?![A-Za-z])|in\b(?!\s+[a-z])|[\"”′″])",
+)
+
+
 # "Calculate 3x4", "what is 3x4": a product asked for.
 _ASKED_PRODUCT: Final = re.compile(
     r"\b(?:[Cc]alculate|[Cc]ompute|[Ww]hat is|[Ww]hat's|[Ss]olve|[Ee]valuate|[Mm]ultiply)"
@@ -1157,11 +1208,13 @@ def _times_op(m: re.Match[str], zh: bool) -> str:
     if zh:
         return "乘"
     # Glued with an "x", it is a size ("1920x1080", "2x4 lumber", "a 3x3 grid") unless
-    # arithmetic follows: said "by", as sizes are.
-    glued_x = m.group(0) in ("x", "X")
+    # arithmetic follows: said "by", as sizes are. Spaced, it is a size when a length ends
+    # the run ("12 x 10 x 6 inches", "1920 x 1080 pixels"; "times" before).
+    x = m.group(0).strip() in ("x", "X", "×")
     text = m.string
     product = _PRODUCT_AFTER.match(text, m.end()) or _before(_ASKED_PRODUCT, m)
-    return " by " if glued_x and not product else " times "
+    sized = m.group(0) in ("x", "X") or _SIZE_AFTER.match(text, m.end())
+    return " by " if x and sized and not product else " times "
 
 
 def _size_by(m: re.Match[str], zh: bool) -> str:
@@ -1867,6 +1920,178 @@ def _md_link_tail(m: re.Match[str], zh: bool) -> str:
     return " "
 
 
+# ------------------------------------------------------------------------ domain readings
+
+_ROMAN_VALUES: Final = MappingProxyType({"I": 1, "V": 5, "X": 10, "L": 50})
+_ROMAN_WELL_FORMED: Final = re.compile(r"L?X{0,3}(?:IX|IV|V?I{0,3})|XL(?:IX|IV|V?I{0,3})")
+
+
+def _roman_value(numeral: str) -> int | None:
+    """The value of a Roman numeral up to 89 written the standard way, else None ("IIV")."""
+    if not numeral or not _ROMAN_WELL_FORMED.fullmatch(numeral):
+        return None
+    values = [_ROMAN_VALUES[c] for c in numeral]
+    total = sum(-v if v < nxt else v for v, nxt in zip(values, [*values[1:], 0], strict=True))
+    return total or None
+
+
+# A reign's numeral after a monarch's or a pope's name ("Henry VIII": the eighth, spelt out
+# letter by letter before). Not a lone "I" ("Mary I think..."), and only after these names
+# ("Malcolm X" is no tenth).
+# fmt: off
+_REGNAL_NAMES: Final = (
+    "John Paul", "Juan Carlos", "Victor Emmanuel", "Henry", "Louis", "Elizabeth", "George",
+    "Charles", "Edward", "Richard", "James", "William", "John", "Paul", "Pius", "Benedict", "Leo",
+    "Gregory", "Innocent", "Clement", "Urban", "Boniface", "Sixtus", "Napoleon", "Philip",
+    "Felipe", "Frederick", "Friedrich", "Wilhelm", "Peter", "Catherine", "Mary", "Alexander",
+    "Nicholas", "Ivan", "Ramesses", "Ramses", "Amenhotep", "Thutmose", "Ferdinand", "Alfonso",
+    "Carlos", "Gustav", "Gustavus", "Christian", "Frederik", "Haakon", "Harald", "Olaf", "Otto",
+    "Rudolf", "Francis", "Constantine", "Justinian", "David", "Robert", "Ludwig", "Leopold",
+    "Umberto", "Willem", "Rama",
+)
+# fmt: on
+_REGNAL: Final = re.compile(
+    r"\b(?P<name>" + "|".join(_REGNAL_NAMES) + r")"
+    r"\s+(?P<r>(?!I\b)[IVXL]{1,7})\b(?![-/.][A-Za-z0-9])",
+    re.ASCII,
+)
+# A numeral after what is numbered so ("World War II", "Type II", "Phase III", "Super Bowl
+# LVIII", "Chapter IV", "Title IX"): a cardinal. A lone "L" is a letter ("Type L").
+_NUMBERED_TITLE: Final = re.compile(
+    r"\b(?P<head>World War|Super Bowl|[Tt]ype|[Pp]hase|[Ss]tage|Part|Chapter|Act|Scene|Book|"
+    r"Volume|Episode|Level|Title|Article|Schedule|Appendix|Mark|Category|Grade|Tier|Class)"
+    r"\s+(?P<r>(?!L\b)[IVXL]{1,7})\b(?![-/.'][A-Za-z0-9])",
+    re.ASCII,
+)
+_WORLD_WAR: Final = re.compile(r"\bWW(?P<n>II|I|2|1)\b", re.ASCII)
+
+
+_SURNAME_AFTER: Final = re.compile(r"\.\s+[A-Z][a-z]")
+
+
+def _regnal(m: re.Match[str], zh: bool) -> str:
+    value = _roman_value(m["r"])
+    if zh or value is None:
+        return m.group(0)
+    if len(m["r"]) == 1 and _SURNAME_AFTER.match(m.string, m.end()):
+        return m.group(0)  # an initial ("Paul V. Smith")
+    return f"{m['name']} the {_ordinal_en(read_int_en(value))}"
+
+
+def _numbered_title(m: re.Match[str], zh: bool) -> str:
+    value = _roman_value(m["r"])
+    if zh or value is None:
+        return m.group(0)
+    return f"{m['head']} {read_int_en(value)}"
+
+
+def _world_war(m: re.Match[str], zh: bool) -> str:
+    n = 2 if m["n"] in ("II", "2") else 1
+    return f"第{read_int_zh(n)}次世界大战" if zh else f"World War {read_int_en(n)}"
+
+
+# "Python 3.x", "Node 18.x", "2.7.x": a version's wildcard ("three. x" before: the dot was
+# read as a full stop). One part is a point, as "3.11" is; more are dots, as "2.7.18" are.
+_VERSION_WILDCARD: Final = re.compile(
+    r"(?<![0-9A-Za-z_.])(?P<v>[0-9]+(?:\.[0-9]+)*)\.[xX](?![A-Za-z0-9_]|\.[0-9A-Za-z])", re.ASCII
+)
+
+
+def _version_wildcard(m: re.Match[str], zh: bool) -> str:
+    parts = [_read_number(p, None, zh) for p in m["v"].split(".")]
+    if zh:
+        return "点".join(parts) + "点x"
+    joint = " point " if len(parts) == 1 else " dot "
+    return _sp(joint.join([*parts, "x"]), zh)
+
+
+# A US retirement account ("401(k)", "403(b)", "a 401k"): "four oh one k", as it is said
+# ("four hundred one, k" before; "401k" without the brackets was 401 thousand).
+_RETIREMENT_PLAN: Final = re.compile(
+    r"(?<![0-9A-Za-z$€£¥.,])(?P<n>401|403|457)(?:\((?P<a>[abk])\)|(?P<b>[abk]))(?![A-Za-z0-9])",
+    re.ASCII,
+)
+
+
+def _retirement_plan(m: re.Match[str], zh: bool) -> str:
+    letter = m["a"] or m["b"]
+    if zh:
+        return _digits(m["n"], zh) + letter
+    first, last = m["n"][0], m["n"][2]
+    return f"{_ONES[int(first)]} oh {_ONES[int(last)]} {letter}"
+
+
+# "$100s", "$1000s": hundreds, thousands of dollars ("one hundred dollars s" before).
+_ROUND_MONEY_PLURAL: Final = re.compile(
+    r"(?<![0-9A-Za-z.,])(?P<sym>[$€£])(?P<n>100|1,?000)s(?![A-Za-z0-9'])"
+)
+
+
+def _round_money_plural(m: re.Match[str], zh: bool) -> str:
+    hundreds = m["n"] == "100"
+    currency = _CURRENCIES[m["sym"]]
+    if zh:
+        return ("几百" if hundreds else "几千") + currency.zh
+    return _sp(f"{'hundreds' if hundreds else 'thousands'} of {currency.many}", zh)
+
+
+# A postal code after what names it ("zip code is 94103", "ZIP: 10001-1234") or after a US
+# state in an address ("Springfield, IL 62704"): digit by digit, as it is said (it was
+# "sixty two thousand seven hundred four"); a ZIP+4's dash is a pause, not "to".
+_POSTAL_CODE: Final = re.compile(
+    r"(?<![0-9A-Za-z.,-])(?P<z>[0-9]{5})(?:-(?P<p4>[0-9]{4}))?(?![0-9A-Za-z]|[.,:/-][0-9])",
+    re.ASCII,
+)
+_POSTAL_CUE_BEFORE: Final = re.compile(
+    r"(?:\b(?:[Zz][Ii][Pp](?:\s?[Cc]odes?)?|[Pp]ostal\s+[Cc]odes?|[Pp]ostcodes?)(?:\s+is)?"
+    r"\s*:?\s*|,\s[A-Z]{2}\s)$",
+    re.ASCII,
+)
+
+
+def _postal_code(m: re.Match[str], zh: bool) -> str:
+    if not _before(_POSTAL_CUE_BEFORE, m):
+        return m.group(0)
+    groups = [_digits(m["z"], zh)] + ([_digits(m["p4"], zh)] if m["p4"] else [])
+    return _groups(groups, zh)
+
+
+# Blood pressure ("118/76" after "blood pressure" or "BP", or before "mmHg"): "one hundred
+# eighteen over seventy six" (it was "slash", and a fraction in Chinese: 七十六分之一百一十八).
+_PRESSURE_PAIR: Final = re.compile(
+    r"(?<![0-9/.,])(?P<a>[0-9]{2,3})\s?/\s?(?P<b>[0-9]{2,3})(?![0-9/]|[.,][0-9])"
+    r"(?P<unit>\s?mm\s?Hg\b)?",
+    re.ASCII,
+)
+_PRESSURE_CUE_BEFORE: Final = re.compile(
+    r"(?:[Bb]lood\s+[Pp]ressure|\bBP|血压|高压)[^.!?;。！？；0-9]*$"
+)
+
+
+def _pressure_pair(m: re.Match[str], zh: bool) -> str:
+    if not (m["unit"] or _before(_PRESSURE_CUE_BEFORE, m)):
+        return m.group(0)
+    a, b = _read_number(m["a"], None, zh), _read_number(m["b"], None, zh)
+    unit = _UNITS["mmHg"][2 if zh else 1] if m["unit"] else ""
+    return f"高压{a}，低压{b}{unit}" if zh else _sp(f"{a} over {b} {unit}", zh)
+
+
+# "L/100km", "kcal/100g", "mg/100 mL": per an amount of a unit (the unit rule reads the
+# amount: "liters per one hundred kilometers"; before, "liters slash one hundred ...").
+# The same unit both sides is a choice ("18W/30W": eighteen watts slash thirty watts).
+_PER_AMOUNT: Final = re.compile(
+    r"(?<![A-Za-z])(?P<left>[A-Za-z]{1,4})\s?/\s?(?=[0-9]+\s?(?P<right>"
+    + "|".join(re.escape(u) for u in sorted(_UNITS, key=len, reverse=True))
+    + r")(?![A-Za-z0-9]))"
+)
+
+
+def _per_amount(m: re.Match[str], zh: bool) -> str:
+    if m["left"] == m["right"]:
+        return m.group(0)
+    return m["left"] + ("每" if zh else " per ")
+
+
 _RULES: Final[tuple[_Rule, ...]] = (
     (_BRACKETED_ADDRESS, _bracketed_address),
     (_MD_LINK, _md_link),
@@ -1880,6 +2105,11 @@ _RULES: Final[tuple[_Rule, ...]] = (
     (_DOMAIN, _domain),
     (_ZH_CODE, _zh_code),
     (_ABBREVIATION, _abbreviation),
+    (_WORLD_WAR, _world_war),
+    (_REGNAL, _regnal),
+    (_NUMBERED_TITLE, _numbered_title),
+    (_VERSION_WILDCARD, _version_wildcard),
+    (_RETIREMENT_PLAN, _retirement_plan),
     (_ISO_DATE, _iso_date),
     (_DATE_YEAR_LAST, _date_year_last),
     (_MONTH_DAY, _month_day),
@@ -1891,13 +2121,16 @@ _RULES: Final[tuple[_Rule, ...]] = (
     (_DOTTED_NAME, _dotted_name),
     (_PAGE, _page),
     (_SERVICE_NUMBER, _service_number),
+    (_POSTAL_CODE, _postal_code),
     (_RATIO, _ratio),
     (_PHONE, _phone),
     (_LOCAL_PHONE, _local_phone),
     (_DIGIT_GROUPS, _digit_groups),
     (_DOTTED, _dotted),
+    (_ROUND_MONEY_PLURAL, _round_money_plural),
     (_MONEY_RANGE, _money_range),
     (_YEAR_RANGE, _year_range),
+    (_PRESSURE_PAIR, _pressure_pair),
     (_MIXED_FRACTION, _mixed_fraction),
     (_UNIT_RANGE, _unit_range),
     (_MINUS_OP, _minus_op),
@@ -1915,6 +2148,7 @@ _RULES: Final[tuple[_Rule, ...]] = (
     (_DECIMAL_SECONDS, _decimal_seconds),
     (_HOURS_MINUTES, _hours_minutes),
     (_RESOLUTION, _resolution),
+    (_PER_AMOUNT, _per_amount),
     (_UNIT, _unit),
     (_SCALED_NUMBER, _scaled_number),
     (_POWER, _power),
