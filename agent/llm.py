@@ -120,9 +120,15 @@ class ChatCompletions:
                         return
                     if event.data:  # an empty 'data:' is no chunk (some servers' keep-alive)
                         events += 1
-                        delta = _delta_content(event.data)
+                        delta, finished = _delta_content(event.data)
                         if delta:
                             yield delta
+                        if finished:
+                            # The answer is whole: a server that then holds the stream open
+                            # without [DONE] kept the reply's last sentence unsaid until
+                            # llm_timeout, which then failed the turn.
+                            await _finish_body(response)
+                            return
                         # Counted from here, after the consumer let go: the time it held
                         # the stream (a reply waiting behind the client's own text stream)
                         # is not the server's.
@@ -224,11 +230,13 @@ async def _finish_body(response: aiohttp.ClientResponse) -> None:
             await read_capped(response, FINISH_BODY_BYTES)
 
 
-def _delta_content(data: str) -> str | None:
+def _delta_content(data: str) -> tuple[str | None, bool]:
+    """A chunk's text, and whether its choice has finished (a ``finish_reason``)."""
     event = _parse(data)
     choices = event.get("choices")
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
-        return None  # e.g. a usage-only chunk
+        return None, False  # e.g. a usage-only chunk
     delta = choices[0].get("delta")
     content = delta.get("content") if isinstance(delta, dict) else None
-    return content if isinstance(content, str) else None
+    finished = isinstance(choices[0].get("finish_reason"), str)
+    return (content if isinstance(content, str) else None), finished

@@ -184,6 +184,27 @@ async def test_the_first_event_is_due_within_the_timeout_of_the_request(handler:
     assert took < SLOW_S * 2
 
 
+async def finished_then_held_open(request: web.Request) -> web.StreamResponse:
+    await request.read()
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await response.prepare(request)
+    for token, reason in (("Hello", None), (" there.", "stop")):
+        chunk = {"choices": [{"index": 0, "delta": {"content": token}, "finish_reason": reason}]}
+        await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
+    await asyncio.sleep(30)  # no [DONE], no end of the body
+    return response
+
+
+async def test_a_finished_answer_ends_the_stream_without_done() -> None:
+    """Bug: a server that sent its last chunk with a finish_reason, then held the stream
+    open without [DONE], failed the turn with llm_timeout, the reply's last sentence unsaid
+    till then. The finish_reason says the answer is whole."""
+    deltas, failure, took = await llm_deltas(finished_then_held_open)
+    assert failure is None, failure
+    assert deltas == ["Hello", " there."]
+    assert took < TIMEOUT_S
+
+
 async def test_a_whole_json_completion_is_spoken() -> None:
     deltas, failure, _ = await llm_deltas(whole_completion)
     assert failure is None
