@@ -68,6 +68,11 @@ class FanoutTrack(MediaStreamTrack):
         self.source: FanoutSource | None = None
         self.last_size = 0  # bytes of the packet returned last (transport-cc bookkeeping)
         self._direct: DirectSender | None = None
+        # Has aiortc's sender started pulling (its connection is up)? Before, only the
+        # newest packet is kept and nothing counts as dropped: the queue filled during ICE
+        # and DTLS, each overflow counted as falling behind, then the joiner got 200 ms of
+        # stale audio at once (found by review).
+        self._pulling = False
 
     def use_direct(self, direct: DirectSender) -> None:
         """Send from the source's tick (agent/direct.py) instead of through aiortc's sender."""
@@ -102,7 +107,9 @@ class FanoutTrack(MediaStreamTrack):
                 return
             if direct.usable:
                 return  # not connected yet: aiortc could not send it either
-        if len(self._queue) == self._queue.maxlen:
+        if not self._pulling:
+            self._queue.clear()  # not connected yet: the newest packet only, as the lean path
+        elif len(self._queue) == self._queue.maxlen:
             self.dropped += 1
         self._queue.append((payload, speech))
         waiter = self._waiter
@@ -110,6 +117,7 @@ class FanoutTrack(MediaStreamTrack):
             waiter.set_result(None)
 
     async def recv(self) -> av.Packet[Any]:
+        self._pulling = True
         while not self._queue:
             if self.readyState != "live":
                 raise MediaStreamError

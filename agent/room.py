@@ -709,6 +709,11 @@ class RoomMember:
         self.outbox.attach(channel, self.handle_message)
 
     def handle_message(self, raw: str | bytes) -> None:
+        if self.room.members.get(self.participant_id) is not self:
+            # Left already: the seat leaves the room before its connection closes, and a
+            # message in flight then opened a text stream no one would end (forget_writer
+            # had run), holding the room's agent for the room's life (found by review).
+            return
         message: Message | None = None
         try:
             if self._room_message(raw):

@@ -466,3 +466,36 @@ def test_a_crafted_voice_string_does_not_corrupt_the_servers_memory() -> None:
     )
     assert proc.returncode == 0, (proc.returncode, proc.stderr[-2000:])
     assert "still alive" in proc.stdout
+
+
+def _held_bytes(hiddens: list[torch.Tensor]) -> int:
+    storages = {h.untyped_storage().data_ptr(): h.untyped_storage().nbytes() for h in hiddens}
+    return sum(storages.values())
+
+
+def test_a_rows_hidden_states_do_not_pin_the_whole_batchs_step_outputs(
+    tiny_chat: LoadedModel,
+) -> None:
+    """Bug: each step's hidden state was kept as a view of the batch-wide (B, H) output, so a
+    row that outlived its batch-mates kept B times its own decoder input alive (on the GPU,
+    where the model runs) until it ended. add() cloned for this reason; step() did not."""
+    gpt = BatchedGPT(tiny_chat.chat)
+
+    def row(text: str, seed: int) -> Any:
+        return gpt.make_row(
+            text, prompt="[speed_5]", spk_emb=None, sampling=Sampling(max_new_tokens=400), seed=seed
+        )
+
+    long = row("a long sentence that keeps going for quite a while longer than the others", 1)
+    gpt.add(long)
+    short = [row("hi", 10 + k) for k in range(7)]  # a full batch of 8, as max_batch allows
+    for r in short:
+        gpt.add(r)
+    for _ in range(30):
+        gpt.step()
+    assert all(r.finished for r in short) and long in gpt.rows  # the others have left
+    for r in short:  # what the scheduler's _retire does with a finished row
+        r.hiddens.clear()
+    needed = sum(h.numel() * h.element_size() for h in long.hiddens)
+    held = _held_bytes(long.hiddens)
+    assert held <= 1.5 * needed, f"{held} bytes held for {needed} bytes of hidden states"

@@ -24,13 +24,33 @@ async def test_a_full_subscriber_queue_drops_its_oldest_packets_only() -> None:
     slow, fast = FanoutTrack(queue_frames=3), FanoutTrack(queue_frames=3)
     source.subscribe(slow)
     source.subscribe(fast)
+    source.publish(b"\xff")
+    for track in (slow, fast):  # both connected: their senders pulled once
+        assert bytes(await track.recv()) == b"\xff"
     for i in range(5):
         source.publish(bytes([i]))
         assert bytes(await fast.recv()) == bytes([i])  # the fast one keeps up
-    # The slow one never read: it holds the newest three, and counted two drops.
+    # The slow one read no more: it holds the newest three, and counted two drops.
     assert [bytes(await slow.recv()) for _ in range(3)] == [b"\x02", b"\x03", b"\x04"]
     assert slow.dropped == 2 and fast.dropped == 0
-    assert source.packets == 5
+    assert source.packets == 6
+
+
+async def test_a_subscriber_not_pulled_yet_keeps_only_the_newest_packet_and_drops_none() -> None:
+    """Bug (--room-send aiortc): a subscriber is made at its offer, seconds before aiortc's
+    sender pulls it (after ICE and DTLS). Its queue filled meanwhile, each overflow counted
+    as falling behind, and once connected the sender got 200 ms of stale audio at once."""
+    source = FanoutSource("agent", lambda target: None)
+    joiner = FanoutTrack(10)
+    source.subscribe(joiner)
+    for i in range(25):  # half a second of speech before the connection is up
+        source.publish(bytes([i]) * 40, speech=True)
+    assert bytes(await joiner.recv())[0] == 24  # the newest, and nothing stale after it
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(joiner.recv(), 0.05)
+    assert joiner.dropped == 0
+    source.publish(b"next")
+    assert bytes(await joiner.recv()) == b"next"
 
 
 async def test_pts_step_960_and_jump_forward_over_a_pause() -> None:

@@ -4,6 +4,7 @@ found by hand mutation testing of agent/room.py, signaling/rooms.py, signaling/s
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import threading
 from collections.abc import Callable
@@ -162,6 +163,7 @@ async def _feed_through(
     room = Room("r", ToneEngine(), Config(), encode_executor=executor)
     speaker = room.join("sa", speaking=True, host=True, expects_channel=False)
     listener = FanoutTrack(queue_frames=100)
+    listener._pulling = True  # as once aiortc's sender pulls: the queue keeps every packet
     room.start_speaker(speaker, FramesMic(frames))  # type: ignore[arg-type]
     feed = room.slots[speaker.slot]  # type: ignore[index]
     assert feed is not None
@@ -357,3 +359,32 @@ async def test_a_narrow_band_listener_who_leaves_no_longer_limits_the_agent() ->
         finally:
             await wide.close()
             await narrow.close()
+
+
+async def test_a_text_stream_from_a_participant_who_left_does_not_hang_the_rooms_agent() -> None:
+    """Bug: a seat leaves the room before its peer connection closes, and aiortc still
+    delivers data-channel messages in flight meanwhile. A text.delta then opened a stream
+    owned by someone no longer in the room: forget_writer had run and the stalled-stream
+    watchdog ends only present writers' streams, so every later say and chat reply waited
+    behind it for the room's life. README: a writer who leaves mid-stream ends it."""
+    config = Config()
+    config = dataclasses.replace(
+        config, speech=dataclasses.replace(config.speech, stream_idle_timeout_s=0.3)
+    )
+    room = Room("r", ToneEngine(seconds_per_word=0.05), config)
+    room.start()
+    leaver = room.join("sa", speaking=False, host=True, expects_channel=False)
+    stayer = room.join("sb", speaking=False, host=True, expects_channel=False)
+    heard = listen(stayer)
+    try:
+        await room.leave(leaver)
+        leaver.handle_message(msg(type="text.delta", id="ghost", delta="Half a sentence"))
+        stayer.handle_message(msg(type="say", text="Is anyone there?", id="real"))
+        await wait_for(
+            lambda: any(e["type"] == "speech.started" and e.get("id") == "real" for e in heard),
+            timeout=5,
+        )
+        assert not [e for e in heard if e["type"] == "error"], heard
+        assert all(e.get("id") != "ghost" for e in heard)
+    finally:
+        await room.leave(stayer)

@@ -288,7 +288,9 @@ class BatchedGPT:
         done: list[int] = []
         for i, row in enumerate(self.rows):
             row.length += 1
-            self._accept(row, hidden[i], logits[i])
+            # clone: a view of this step's (B, H) output kept every batch-mate's hidden
+            # state alive with the row, B times its own (found by review)
+            self._accept(row, hidden[i].clone(), logits[i])
             if row.finished:
                 done.append(i)
         finished = [self.rows[i] for i in done]
