@@ -160,3 +160,27 @@ def test_greek_letters_are_said(text: str, expected: str) -> None:
 )
 def test_chinese_domain_readings(text: str, expected: str) -> None:
     assert expected in read(text)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        # found while narrowing the rules after review: each read right before them
+        ("The Mark III version is cheaper than Mark IV.", "Mark three version"),
+        ("Canon EOS 5D Mark IV is a great camera.", "Mark four is"),
+        ("Level V autonomy means no driver.", "Level five autonomy"),
+        ("Category IV hurricane hit.", "Category four hurricane"),
+        ("Add 250g/9oz plain flour.", "two hundred fifty grams slash nine ounces"),
+        ("血压正常范围是90-139/60-89mmHg。", "九十到一百三十九"),
+        ("TSH was 2.5 μIU/mL.", "two point five micro IU per milliliter"),
+        ("Your 401(k)'s balance grew.", "four oh one ks balance"),
+        ("Type V collagen.", "Type V collagen"),
+        ("Apartment 401b is vacant.", "four hundred one b"),
+        ("The salary is 403k.", "four hundred three k"),
+        ("Stage IIIA cancer.", "Stage three A cancer"),
+        ("II型糖尿病比I型更常见。", "二型糖尿病比一型"),
+        ("The time complexity is Θ(n log n).", "theta"),
+    ],
+)
+def test_narrowed_rules_keep_their_readings(text: str, expected: str) -> None:
+    assert expected in read(text)

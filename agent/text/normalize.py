@@ -295,6 +295,12 @@ _UNITS: Final[Mapping[str, tuple[str, str, str]]] = MappingProxyType(
         "\u03bcg": ("microgram", "micrograms", "微克"),
         "mcg": ("microgram", "micrograms", "微克"),
         "\u03bcs": ("microsecond", "microseconds", "微秒"),
+        "\u03bcmol": ("micromole", "micromoles", "微摩尔"),
+        "\u03bcF": ("microfarad", "microfarads", "微法"),
+        "\u03bcA": ("microamp", "microamps", "微安"),
+        "\u03bcV": ("microvolt", "microvolts", "微伏"),
+        "nF": ("nanofarad", "nanofarads", "纳法"),
+        "pF": ("picofarad", "picofarads", "皮法"),
         "\u03bcL": ("microliter", "microliters", "微升"),
         "\u03bcl": ("microliter", "microliters", "微升"),
         "nm": ("nanometer", "nanometers", "纳米"),
@@ -387,7 +393,10 @@ _GREEK_LETTERS: Final[Mapping[str, tuple[str, str]]] = MappingProxyType({
     "\u03c3": ("sigma", "西格玛"), "\u03a3": ("sigma", "西格玛"), "\u03c4": ("tau", "套"),
     "\u03c6": ("phi", "斐"), "\u03a6": ("phi", "斐"), "\u03c9": ("omega", "欧米伽"),
     "\u03a9": ("omega", "欧米伽"), "\u03c1": ("rho", "柔"), "\u03b7": ("eta", "伊塔"),
-    "\u03c7": ("chi", "卡方"), "\u03c8": ("psi", "普西"),
+    "\u03c7": ("chi", "卡方"), "\u03c8": ("psi", "普西"), "\u0398": ("theta", "西塔"),
+    "\u0393": ("gamma", "伽马"), "\u03a0": ("pi", "派"), "\u03ba": ("kappa", "卡帕"),
+    "\u03bd": ("nu", "纽"), "\u039b": ("lambda", "拉姆达"), "\u03a8": ("psi", "普西"),
+    "\u03be": ("xi", "克西"), "\u03b6": ("zeta", "泽塔"), "\u03b9": ("iota", "约塔"),
 })
 # fmt: on
 # Symbols left after the number rules; longest first so "°C" wins over "°".
@@ -520,7 +529,11 @@ _URL: Final = re.compile(
     rf"\b(?:https?://|www\.)(?:{_URL_ASCII}+|{_URL_IDN_HOST}(?:[/?#]{_URL_ASCII}*)?)",
     re.IGNORECASE | re.ASCII,
 )
-_EMAIL: Final = re.compile(r"\b[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)+\b", re.ASCII)
+# A match starts only where a run of its characters does: from every word boundary of a long
+# dotted run with no "@" ("1.1.1.1...") it scanned to the run's end (quadratic; found by review).
+_EMAIL: Final = re.compile(
+    r"(?<![A-Za-z0-9._%+-])[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)+\b", re.ASCII
+)
 # A bare domain, and its path, which is not said (as a URL's: "github.com/user/repo" was
 # "github dot com per user slash repo"). A match starts only where a run of its characters
 # does: from every word boundary of a long dashed run it scanned to the run's end (quadratic).
@@ -765,7 +778,9 @@ _PLACE_WORDS: Final = frozenset(
 )
 # "g" is grams only before "of" or where a phrase ends ("250 g of flour", "add 200g."); else
 # it is as often a g-force or a network generation.
-_GRAMS_CONTEXT: Final = re.compile(r"\s+(?:of|per|a)\b|\s*(?:[.,;:!?)]|$)|[\u4e00-\u9fff]")
+_GRAMS_CONTEXT: Final = re.compile(
+    r"\s+(?:of|per|a)\b|\s*(?:[.,;:!?)]|$)|[\u4e00-\u9fff]|\s?/\s?[0-9]"  # "250g/9oz"
+)
 # "10^3 kg": a number with an exponent takes the unit too (the exponent is not the unit's
 # number: a match never starts right after "^" or "^-").
 _UNIT: Final = re.compile(
@@ -777,7 +792,7 @@ _UNIT: Final = re.compile(
 # "10^3", "x^2", "10^-3" (superscripts become "^" in _prepare); after _UNIT, which reads
 # "m^2" as square meters. The base is read by the rules after it.
 _POWER: Final = re.compile(
-    r"(?<=[0-9A-Za-z)])\s?\^\s?(?P<neg>-)?(?P<exp>[0-9]+|[A-Za-z](?![A-Za-z]))"
+    r"(?<=[0-9A-Za-z)\u0391-\u03c9])\s?\^\s?(?P<neg>-)?(?P<exp>[0-9]+|[A-Za-z](?![A-Za-z]))"
 )
 # "9.58s", "0.5s": seconds after a decimal ("5s" or "20s" may be a phone or a decade).
 _DECIMAL_SECONDS: Final = re.compile(
@@ -1166,6 +1181,17 @@ def _unit_range(m: re.Match[str], zh: bool) -> str:
     return m["unit"] + _range(m, zh)
 
 
+# "6 mos-2 yrs", "3 months-1 year": a range between two lengths of time.
+_TIME_UNIT_RANGE: Final = re.compile(
+    r"(?<=[0-9])(?P<u>\s?(?:mos?|yrs?|wks?|hrs?|mins?|months?|years?|weeks?|days?|hours?|"
+    r"minutes?))[-–](?=[0-9])"
+)
+
+
+def _time_unit_range(m: re.Match[str], zh: bool) -> str:
+    return m["u"] + ("到" if zh else " to ")
+
+
 def _minus_op(m: re.Match[str], zh: bool) -> str:
     return "减" if zh else " minus "
 
@@ -1447,7 +1473,12 @@ def _unit(m: re.Match[str], zh: bool) -> str:
         return _signed(m, number + chinese, zh)
     one = int_part == "1" and not frac and not _negative(m) and not m["exp"]
     # "a 10 min walk", "a 100W bulb": a measure before its noun is singular
-    attributive = _before(_ARTICLE_BEFORE, m) and _NOUN_AFTER.match(m.string, m.end())
+    # (not after "per": "L/100km on the highway" is per one hundred kilometers)
+    attributive = (
+        _before(_ARTICLE_BEFORE, m)
+        and not _before(_PER_BEFORE, m)
+        and _NOUN_AFTER.match(m.string, m.end())
+    )
     unit = singular if one or attributive else plural
     if power and m["unit"] in _LENGTH_UNITS:
         unit = ("square " if power == "2" else "cubic ") + unit
@@ -1728,6 +1759,7 @@ _NOUN_AFTER: Final = re.compile(r"[\s-]+(?!of\b|per\b|and\b|or\b|to\b)[a-z]")
 _OF_BEFORE: Final = re.compile(r"\bof\s+$")
 # A determiner before the amount makes it a size ("a 1/4W resistor", "the 1/2 lb bag").
 _ARTICLE_BEFORE: Final = re.compile(r"\b(?:[Aa]n?|[Tt]he|[Tt]his|[Tt]hat|[Ee]ach|[Ee]very|per)\s+$")
+_PER_BEFORE: Final = re.compile(r"\bper\s+$")
 
 
 def _leading_point(m: re.Match[str], zh: bool) -> str:
@@ -1747,15 +1779,40 @@ def _number(m: re.Match[str], zh: bool) -> str:
     return _sp(_signed(m, _read_number(m["int"], m["frac"], zh), zh), zh)
 
 
+_LETTER_AFTER: Final = re.compile(r"[A-Za-z]")
+
+
 def _symbol(m: re.Match[str], zh: bool) -> str:
+    if m.group(0) == "\u03bc" and _LETTER_AFTER.match(m.string, m.end()):
+        return "微" if zh else " micro "  # a unit's prefix ("88 μIU/mL"), not the letter mu
     en, chinese = _SYMBOLS[m.group(0)]
     return _sp(chinese if zh else _comparison_words(m, en), zh)
+
+
+_PER_WORDS_ZH: Final[Mapping[str, str]] = MappingProxyType(
+    {
+        "hour": "小时",
+        "day": "天",
+        "night": "晚",
+        "week": "周",
+        "month": "月",
+        "year": "年",
+        "person": "人",
+        "minute": "分钟",
+        "second": "秒",
+        "mile": "英里",
+        "item": "件",
+    }
+)
 
 
 def _per(m: re.Match[str], zh: bool) -> str:
     word = m["w"]
     if zh:
-        return "每" + (word or "")
+        # "200mg/dL": 毫克每分升 (the English letters were left: 每dL)
+        if word in _UNITS:
+            return "每" + _UNITS[word][2]
+        return "每" + (_PER_WORDS_ZH.get(_PER_WORDS[word], word) if word else "")
     return f" per {_PER_WORDS[word]} " if word else " per "
 
 
@@ -1952,37 +2009,80 @@ _REGNAL_NAMES: Final = (
 # fmt: on
 _REGNAL: Final = re.compile(
     r"\b(?P<name>" + "|".join(_REGNAL_NAMES) + r")"
-    r"\s+(?P<r>(?!I\b)[IVXL]{1,7})\b(?![-/.][A-Za-z0-9])",
+    r"\s+(?P<r>(?!I\b)[IVX]{1,6})\b(?![-/.][A-Za-z0-9])",
     re.ASCII,
 )
 # A numeral after what is numbered so ("World War II", "Type II", "Phase III", "Super Bowl
 # LVIII", "Chapter IV", "Title IX"): a cardinal. A lone "L" is a letter ("Type L").
 _NUMBERED_TITLE: Final = re.compile(
     r"\b(?P<head>World War|Super Bowl|[Tt]ype|[Pp]hase|[Ss]tage|Part|Chapter|Act|Scene|Book|"
-    r"Volume|Episode|Level|Title|Article|Schedule|Appendix|Mark|Category|Grade|Tier|Class)"
-    r"\s+(?P<r>(?!L\b)[IVXL]{1,7})\b(?![-/.'][A-Za-z0-9])",
+    r"Volume|Episode|Level|Title|Article|Schedule|Appendix|Grade|Tier|Class|Category|Mark)"
+    r"\s+(?P<r>[IVXL]{1,7})(?P<sub>[A-C]|[a-c](?![a-z]))?\b(?![-/.'][A-Za-z0-9])",
     re.ASCII,
 )
+# Where a numeral of one letter is one: a lone "I" after a lower-case head is the pronoun
+# ("at this stage I would", "the type I prefer"); a lone "V" or "X" after a kind is a letter
+# ("Type X drywall", "type V in vim", "Class X"); "L" and "XL" are letters or a size.
+# fmt: off
+_ONE_LETTER_NUMBERED: Final = frozenset({
+    "Part", "Chapter", "Act", "Scene", "Book", "Volume", "Episode", "Title", "Article",
+    "Schedule", "Appendix", "World War",
+})
+# fmt: on
+# ... a lone "V" is also a numeral after these ("Level V autonomy", "Category V hurricanes");
+# after "Mark" only a numeral of two letters or more is one ("Mark IV", but "Mark I said").
+_V_NUMBERED: Final = frozenset({"Level", "Grade", "Class", "Category", "Phase", "Stage", "Tier"})
 _WORLD_WAR: Final = re.compile(r"\bWW(?P<n>II|I|2|1)\b", re.ASCII)
 
 
-_SURNAME_AFTER: Final = re.compile(r"\.\s+[A-Z][a-z]")
+_SURNAME_AFTER: Final = re.compile(r"\.(?:\s+[A-Z][a-z]|,)")
+# No monarch's or pope's number is higher (John XXIII, Louis XVIII).
+_MAX_REIGN: Final = 30
 
 
 def _regnal(m: re.Match[str], zh: bool) -> str:
     value = _roman_value(m["r"])
     if zh or value is None:
         return m.group(0)
-    if len(m["r"]) == 1 and _SURNAME_AFTER.match(m.string, m.end()):
-        return m.group(0)  # an initial ("Paul V. Smith")
+    if value > _MAX_REIGN or (len(m["r"]) == 1 and _SURNAME_AFTER.match(m.string, m.end())):
+        return m.group(0)  # an initial ("Paul V. Smith", "Mary V., Texas")
     return f"{m['name']} the {_ordinal_en(read_int_en(value))}"
 
 
 def _numbered_title(m: re.Match[str], zh: bool) -> str:
-    value = _roman_value(m["r"])
+    numeral, head = m["r"], m["head"]
+    value = _roman_value(numeral)
     if zh or value is None:
         return m.group(0)
-    return f"{m['head']} {read_int_en(value)}"
+    if numeral in ("L", "XL") and head != "Super Bowl":
+        return m.group(0)
+    if len(numeral) == 1 and head == "Mark":
+        return m.group(0)
+    if numeral == "I" and head.islower():
+        return m.group(0)
+    if numeral == "V" and head not in _ONE_LETTER_NUMBERED | _V_NUMBERED:
+        return m.group(0)
+    if numeral == "X" and head not in _ONE_LETTER_NUMBERED:
+        return m.group(0)
+    sub = f" {m['sub'].upper()}" if m["sub"] else ""  # "Stage IIIA": stage three A
+    return f"{head} {read_int_en(value)}{sub}"
+
+
+# "II型糖尿病", "III期临床试验": a Roman numeral before what it numbers, in Chinese.
+_ROMAN_ZH: Final = re.compile(r"(?<![A-Za-z])(?P<r>[IVX]{1,4})(?=[型期级类度])")
+
+
+def _roman_zh(m: re.Match[str], zh: bool) -> str:
+    value = _roman_value(m["r"])
+    return read_int_zh(value) if zh and value is not None else m.group(0)
+
+
+# "χ²": chi squared, 卡方 (the square is in the Chinese name)
+_CHI_SQUARED: Final = re.compile("\u03c7\\s?\\^\\s?2(?![0-9])")
+
+
+def _chi_squared(m: re.Match[str], zh: bool) -> str:
+    return "卡方" if zh else " chi squared "
 
 
 def _world_war(m: re.Match[str], zh: bool) -> str:
@@ -2008,31 +2108,35 @@ def _version_wildcard(m: re.Match[str], zh: bool) -> str:
 # A US retirement account ("401(k)", "403(b)", "a 401k"): "four oh one k", as it is said
 # ("four hundred one, k" before; "401k" without the brackets was 401 thousand).
 _RETIREMENT_PLAN: Final = re.compile(
-    r"(?<![0-9A-Za-z$€£¥.,])(?P<n>401|403|457)(?:\((?P<a>[abk])\)|(?P<b>[abk]))(?![A-Za-z0-9])",
+    r"(?<![0-9A-Za-z$€£¥.,])(?:(?P<n>401|403|457)\((?P<a>[abkK])\)|(?P<m>401k|403b|457b))"
+    r"(?P<s>'?s)?(?![A-Za-z0-9])",
     re.ASCII,
 )
 
 
 def _retirement_plan(m: re.Match[str], zh: bool) -> str:
-    letter = m["a"] or m["b"]
+    number, letter = (m["n"], m["a"].lower()) if m["n"] else (m["m"][:3], m["m"][3])
     if zh:
-        return _digits(m["n"], zh) + letter
-    first, last = m["n"][0], m["n"][2]
-    return f"{_ONES[int(first)]} oh {_ONES[int(last)]} {letter}"
+        return _digits(number, zh) + letter
+    tail = f"oh {_ONES[int(number[2])]}" if number[1] == "0" else read_int_en(int(number[1:]))
+    plural = "'s" if m["s"] else ""
+    return f" {_ONES[int(number[0])]} {tail} {letter}{plural} "
 
 
 # "$100s", "$1000s": hundreds, thousands of dollars ("one hundred dollars s" before).
 _ROUND_MONEY_PLURAL: Final = re.compile(
-    r"(?<![0-9A-Za-z.,])(?P<sym>[$€£])(?P<n>100|1,?000)s(?![A-Za-z0-9'])"
+    r"(?<![0-9A-Za-z.,])(?P<sym>[$€£])(?P<n>100|1,?000)s"
+    r"(?:\s?[-–]\s?[$€£]?(?P<n2>100|1,?000)s)?(?![A-Za-z0-9'])"  # "$100s-$1000s"
 )
 
 
 def _round_money_plural(m: re.Match[str], zh: bool) -> str:
-    hundreds = m["n"] == "100"
     currency = _CURRENCIES[m["sym"]]
+    ends = [n for n in (m["n"], m["n2"]) if n]
     if zh:
-        return ("几百" if hundreds else "几千") + currency.zh
-    return _sp(f"{'hundreds' if hundreds else 'thousands'} of {currency.many}", zh)
+        return "到".join("几百" if n == "100" else "几千" for n in ends) + currency.zh
+    words = " to ".join("hundreds" if n == "100" else "thousands" for n in ends)
+    return _sp(f"{words} of {currency.many}", zh)
 
 
 # A postal code after what names it ("zip code is 94103", "ZIP: 10001-1234") or after a US
@@ -2042,9 +2146,19 @@ _POSTAL_CODE: Final = re.compile(
     r"(?<![0-9A-Za-z.,-])(?P<z>[0-9]{5})(?:-(?P<p4>[0-9]{4}))?(?![0-9A-Za-z]|[.,:/-][0-9])",
     re.ASCII,
 )
+# fmt: off
+_US_STATES: Final = (
+    "AL", "AK", "AZ", "AR", "CA", "CO", "CT", "DE", "DC", "FL", "GA", "HI", "ID", "IL", "IN", "IA",
+    "KS", "KY", "LA", "ME", "MD", "MA", "MI", "MN", "MS", "MO", "MT", "NE", "NV", "NH", "NJ", "NM",
+    "NY", "NC", "ND", "OH", "OK", "OR", "PA", "RI", "SC", "SD", "TN", "TX", "UT", "VT", "VA", "WA",
+    "WV", "WI", "WY", "PR",
+)
+# fmt: on
+# "zip" alone is a verb ("zip 25000 images"): a cue only as "zip code", "ZIP", "Zip:"; a state
+# only in an address, after its city ("Springfield, IL 62704"; not "CA 84531, NY 87738").
 _POSTAL_CUE_BEFORE: Final = re.compile(
-    r"(?:\b(?:[Zz][Ii][Pp](?:\s?[Cc]odes?)?|[Pp]ostal\s+[Cc]odes?|[Pp]ostcodes?)(?:\s+is)?"
-    r"\s*:?\s*|,\s[A-Z]{2}\s)$",
+    r"(?:\b(?:(?:ZIP|Zip|zip)\s?[Cc]odes?|ZIP|Zip|zip\s*:|[Pp]ostal\s+[Cc]odes?|[Pp]ostcodes?)"
+    r"(?:\s+is)?\s*:?\s*|[A-Za-z.],\s(?:" + "|".join(_US_STATES) + r")\s)$",
     re.ASCII,
 )
 
@@ -2059,17 +2173,26 @@ def _postal_code(m: re.Match[str], zh: bool) -> str:
 # Blood pressure ("118/76" after "blood pressure" or "BP", or before "mmHg"): "one hundred
 # eighteen over seventy six" (it was "slash", and a fraction in Chinese: 七十六分之一百一十八).
 _PRESSURE_PAIR: Final = re.compile(
-    r"(?<![0-9/.,])(?P<a>[0-9]{2,3})\s?/\s?(?P<b>[0-9]{2,3})(?![0-9/]|[.,][0-9])"
+    # (not an end of a range: "90-139/60-89mmHg" is two ranges)
+    r"(?<![0-9/.,$€£¥\-–])(?P<a>[0-9]{2,3})\s?/\s?(?P<b>[0-9]{2,3})(?![0-9/]|[.,\-–][0-9])"
     r"(?P<unit>\s?mm\s?Hg\b)?",
     re.ASCII,
 )
-_PRESSURE_CUE_BEFORE: Final = re.compile(
-    r"(?:[Bb]lood\s+[Pp]ressure|\bBP|血压|高压)[^.!?;。！？；0-9]*$"
-)
+# The cue anywhere earlier in the sentence ("BP readings: 128/82 in the morning, 135/88 at
+# night"), looked for this far back.
+_PRESSURE_CUE_BEFORE: Final = re.compile(r"(?:[Bb]lood\s+[Pp]ressure|\bBP\b|血压)[^.!?;。！？；]*$")
+_PRESSURE_LOOK_BACK: Final = 100
 
 
 def _pressure_pair(m: re.Match[str], zh: bool) -> str:
-    if not (m["unit"] or _before(_PRESSURE_CUE_BEFORE, m)):
+    systolic, diastolic = int(m["a"]), int(m["b"])
+    # A pressure's first number is the higher, each in a living range: "the 80/20 rule",
+    # "on 12/15" and "100/200元" are none.
+    plausible = 60 <= systolic <= 260 and 30 <= diastolic <= 160 and systolic > diastolic
+    if not plausible:
+        return m.group(0)
+    cue = _PRESSURE_CUE_BEFORE.search(m.string, max(0, m.start() - _PRESSURE_LOOK_BACK), m.start())
+    if not (m["unit"] or cue):
         return m.group(0)
     a, b = _read_number(m["a"], None, zh), _read_number(m["b"], None, zh)
     unit = _UNITS["mmHg"][2 if zh else 1] if m["unit"] else ""
@@ -2078,18 +2201,30 @@ def _pressure_pair(m: re.Match[str], zh: bool) -> str:
 
 # "L/100km", "kcal/100g", "mg/100 mL": per an amount of a unit (the unit rule reads the
 # amount: "liters per one hundred kilometers"; before, "liters slash one hundred ...").
-# The same unit both sides is a choice ("18W/30W": eighteen watts slash thirty watts).
+# A unit of another kind after it: the same kind is a conversion or a choice ("200°C/400°F",
+# "250g/9oz", "23 kg/50 lb", "18W/30W": slash, as before).
+_UNIT_ALTERNATION: Final = "|".join(re.escape(u) for u in sorted(_UNITS, key=len, reverse=True))
 _PER_AMOUNT: Final = re.compile(
-    r"(?<![A-Za-z])(?P<left>[A-Za-z]{1,4})\s?/\s?(?=[0-9]+\s?(?P<right>"
-    + "|".join(re.escape(u) for u in sorted(_UNITS, key=len, reverse=True))
-    + r")(?![A-Za-z0-9]))"
+    rf"(?<=[0-9\s])(?P<left>{_UNIT_ALTERNATION})\s?/\s?(?=[0-9]+\s?(?P<right>{_UNIT_ALTERNATION})"
+    r"(?![A-Za-z0-9]))"
 )
+# fmt: off
+_UNIT_KINDS: Final[Mapping[str, str]] = MappingProxyType({
+    **dict.fromkeys(("g", "kg", "mg", "\u03bcg", "mcg", "lb", "lbs", "oz"), "mass"),
+    **dict.fromkeys(("km", "cm", "mm", "m", "ft", "mi", "\u03bcm", "nm"), "length"),
+    **dict.fromkeys(("ml", "mL", "L", "dL", "\u03bcL", "\u03bcl", "tsp", "tbsp"), "volume"),
+    **dict.fromkeys(("°C", "°F", "°"), "temperature"),
+    **dict.fromkeys(("km/h", "kph", "mph", "m/s"), "speed"),
+    **dict.fromkeys(("kcal",), "energy"),
+})
+# fmt: on
 
 
 def _per_amount(m: re.Match[str], zh: bool) -> str:
-    if m["left"] == m["right"]:
+    left, right = m["left"], m["right"]
+    if left == right or _UNIT_KINDS.get(left, left) == _UNIT_KINDS.get(right, right):
         return m.group(0)
-    return m["left"] + ("每" if zh else " per ")
+    return left + ("每" if zh else " per ")
 
 
 _RULES: Final[tuple[_Rule, ...]] = (
@@ -2108,6 +2243,8 @@ _RULES: Final[tuple[_Rule, ...]] = (
     (_WORLD_WAR, _world_war),
     (_REGNAL, _regnal),
     (_NUMBERED_TITLE, _numbered_title),
+    (_ROMAN_ZH, _roman_zh),
+    (_CHI_SQUARED, _chi_squared),
     (_VERSION_WILDCARD, _version_wildcard),
     (_RETIREMENT_PLAN, _retirement_plan),
     (_ISO_DATE, _iso_date),
@@ -2133,6 +2270,7 @@ _RULES: Final[tuple[_Rule, ...]] = (
     (_PRESSURE_PAIR, _pressure_pair),
     (_MIXED_FRACTION, _mixed_fraction),
     (_UNIT_RANGE, _unit_range),
+    (_TIME_UNIT_RANGE, _time_unit_range),
     (_MINUS_OP, _minus_op),
     (_RANGE, _range),
     (_SIZE_BY, _size_by),
