@@ -178,9 +178,27 @@ def test_chinese_domain_readings(text: str, expected: str) -> None:
         ("Apartment 401b is vacant.", "four hundred one b"),
         ("The salary is 403k.", "four hundred three k"),
         ("Stage IIIA cancer.", "Stage three A cancer"),
-        ("II型糖尿病比I型更常见。", "二型糖尿病比一型"),
+        ("II型糖尿病比I型更常见。", "二型糖尿病比I型"),
         ("The time complexity is Θ(n log n).", "theta"),
     ],
 )
 def test_narrowed_rules_keep_their_readings(text: str, expected: str) -> None:
+    assert expected in read(text)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        # per a hundred grams on a label; a conversion with 100 in it keeps its slash
+        ("Salt: 1.2 g/100 g.", "one point two grams per one hundred grams"),
+        ("He weighs 45 kg/100 lb.", "forty five kilograms slash one hundred pounds"),
+        ("Fiber: 5 g/serving.", "five grams per serving"),
+        # a spaced "in" that ends a size, but not a product before other words
+        ("Print 4 x 6 in.", "four by six in"),
+        ("Type 6 x 7 in Excel to get 42.", "six times seven in Excel"),
+        ("The phone supports 2g/3g/4g networks.", "two g slash three g slash four g"),
+        ("μTorrent and μx.", "mu x"),
+    ],
+)
+def test_third_round_readings(text: str, expected: str) -> None:
     assert expected in read(text)

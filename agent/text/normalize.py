@@ -399,6 +399,8 @@ _GREEK_LETTERS: Final[Mapping[str, tuple[str, str]]] = MappingProxyType({
     "\u03be": ("xi", "克西"), "\u03b6": ("zeta", "泽塔"), "\u03b9": ("iota", "约塔"),
 })
 # fmt: on
+# Two Greek letters side by side: a word, not maths (which writes "ΔT", "μx").
+_GREEK_WORD: Final = re.compile("[\u0370-\u03ff]{2}|.[\u0370-\u03ff]{2}")
 # Symbols left after the number rules; longest first so "°C" wins over "°".
 _SYMBOLS: Final[Mapping[str, tuple[str, str]]] = MappingProxyType(
     {
@@ -502,6 +504,7 @@ _PER_WORDS: Final[Mapping[str, str]] = MappingProxyType(
         "TB": "terabyte",
         "kWh": "kilowatt hour",
         "token": "token",
+        "serving": "serving",
         "request": "request",
     }
 )
@@ -779,7 +782,9 @@ _PLACE_WORDS: Final = frozenset(
 # "g" is grams only before "of" or where a phrase ends ("250 g of flour", "add 200g."); else
 # it is as often a g-force or a network generation.
 _GRAMS_CONTEXT: Final = re.compile(
-    r"\s+(?:of|per|a)\b|\s*(?:[.,;:!?)]|$)|[\u4e00-\u9fff]|\s?/\s?[0-9]"  # "250g/9oz"
+    r"\s+(?:of|per|a)\b|\s*(?:[.,;:!?)]|$)|[\u4e00-\u9fff]"
+    # a conversion ("250g/9oz"; "2g/3g/4g" are networks) or per a unit ("13.5 g/dL", "g/kg")
+    r"|\s?/\s?(?:[0-9.]+\s[A-Za-z]|[0-9.]+(?!g\b)[A-Za-z]|(?:dL|L|mL|ml|kg|km|day|serving)\b)"
 )
 # "10^3 kg": a number with an exponent takes the unit too (the exponent is not the unit's
 # number: a match never starts right after "^" or "^-").
@@ -1184,7 +1189,7 @@ def _unit_range(m: re.Match[str], zh: bool) -> str:
 # "6 mos-2 yrs", "3 months-1 year": a range between two lengths of time.
 _TIME_UNIT_RANGE: Final = re.compile(
     r"(?<=[0-9])(?P<u>\s?(?:mos?|yrs?|wks?|hrs?|mins?|months?|years?|weeks?|days?|hours?|"
-    r"minutes?))[-–](?=[0-9])"
+    r"minutes?)|个月|岁|周|天|小时|分钟)[-–](?=[0-9])"  # "宝宝6个月-2岁"
 )
 
 
@@ -1208,7 +1213,11 @@ _PRODUCT_AFTER: Final = re.compile(
 _SIZE_AFTER: Final = re.compile(
     # (three sides at most: a run to the end of a long chain from every "x" was quadratic)
     r"[0-9.,]{1,20}(?:\s?[xX×]\s?[0-9.,]{1,20}){0,2}(?:\s?(?:inches|inch|cm|mm|ft|feet|foot|meters|metres|"
-    r"px|pixels?)(?![A-Za-z])|in\b(?!\s+[a-z])|[\"”′″])",
+    # glued "in" before its noun ("24in tile"); spaced only where the phrase ends ("8.5 x 11
+    # in.": "2 x 3 in NumPy" is a product)
+    r"px|pixels?)(?![A-Za-z])|in\b(?!\s+[a-z])|\s+in(?![A-Za-z0-9])(?!\s*[A-Za-z0-9])|[\"”′″])"
+    # (and not a product of lengths: "4 x 5 cm = 20 cm")
+    r"(?!\s*(?:=|(?:is|equals|makes|gives)\b))",
 )
 
 
@@ -1779,12 +1788,18 @@ def _number(m: re.Match[str], zh: bool) -> str:
     return _sp(_signed(m, _read_number(m["int"], m["frac"], zh), zh), zh)
 
 
-_LETTER_AFTER: Final = re.compile(r"[A-Za-z]")
+# The micro sign (NFKD's mu) between a number and letters no unit rule took ("2.5 μIU/mL"):
+# a prefix, not the letter ("μx", the mean of x, is "mu x").
+_MICRO_PREFIX: Final = re.compile(r"(?<=[0-9])\s?\u03bc(?=[A-Za-z])")
+
+
+def _micro_prefix(m: re.Match[str], zh: bool) -> str:
+    return "微" if zh else " micro "
 
 
 def _symbol(m: re.Match[str], zh: bool) -> str:
-    if m.group(0) == "\u03bc" and _LETTER_AFTER.match(m.string, m.end()):
-        return "微" if zh else " micro "  # a unit's prefix ("88 μIU/mL"), not the letter mu
+    if _GREEK_WORD.match(m.string, m.start() - 1 if m.start() else 0, m.end() + 1):
+        return ""  # a Greek word ("φιλοσοφία") is not spelt letter by letter: dropped
     en, chinese = _SYMBOLS[m.group(0)]
     return _sp(chinese if zh else _comparison_words(m, en), zh)
 
@@ -2069,7 +2084,8 @@ def _numbered_title(m: re.Match[str], zh: bool) -> str:
 
 
 # "II型糖尿病", "III期临床试验": a Roman numeral before what it numbers, in Chinese.
-_ROMAN_ZH: Final = re.compile(r"(?<![A-Za-z])(?P<r>[IVX]{1,4})(?=[型期级类度])")
+# A lone letter there is a shape ("X型腿", "V型领口", "I型钢"): two letters or more.
+_ROMAN_ZH: Final = re.compile(r"(?<![A-Za-z])(?P<r>[IVX]{2,4})(?=[型期级类度])")
 
 
 def _roman_zh(m: re.Match[str], zh: bool) -> str:
@@ -2078,7 +2094,7 @@ def _roman_zh(m: re.Match[str], zh: bool) -> str:
 
 
 # "χ²": chi squared, 卡方 (the square is in the Chinese name)
-_CHI_SQUARED: Final = re.compile("\u03c7\\s?\\^\\s?2(?![0-9])")
+_CHI_SQUARED: Final = re.compile("\u03c7\\s?(?:\\^\\s?)?2(?![0-9])")  # "χ²", "χ2检验"
 
 
 def _chi_squared(m: re.Match[str], zh: bool) -> str:
@@ -2127,6 +2143,7 @@ def _retirement_plan(m: re.Match[str], zh: bool) -> str:
 _ROUND_MONEY_PLURAL: Final = re.compile(
     r"(?<![0-9A-Za-z.,])(?P<sym>[$€£])(?P<n>100|1,?000)s"
     r"(?:\s?[-–]\s?[$€£]?(?P<n2>100|1,?000)s)?(?![A-Za-z0-9'])"  # "$100s-$1000s"
+    r"(?P<of>\s+of\s+(?:thousands|millions|billions)\b)?"  # "$100s of millions"
 )
 
 
@@ -2136,6 +2153,8 @@ def _round_money_plural(m: re.Match[str], zh: bool) -> str:
     if zh:
         return "到".join("几百" if n == "100" else "几千" for n in ends) + currency.zh
     words = " to ".join("hundreds" if n == "100" else "thousands" for n in ends)
+    if m["of"]:
+        words += " " + " ".join(m["of"].split())
     return _sp(f"{words} of {currency.many}", zh)
 
 
@@ -2154,10 +2173,10 @@ _US_STATES: Final = (
     "WV", "WI", "WY", "PR",
 )
 # fmt: on
-# "zip" alone is a verb ("zip 25000 images"): a cue only as "zip code", "ZIP", "Zip:"; a state
+# "zip" alone is a verb ("Zip 25000 images"): a cue only as "zip code", "ZIP", "Zip:"; a state
 # only in an address, after its city ("Springfield, IL 62704"; not "CA 84531, NY 87738").
 _POSTAL_CUE_BEFORE: Final = re.compile(
-    r"(?:\b(?:(?:ZIP|Zip|zip)\s?[Cc]odes?|ZIP|Zip|zip\s*:|[Pp]ostal\s+[Cc]odes?|[Pp]ostcodes?)"
+    r"(?:\b(?:(?:ZIP|Zip|zip)\s?[Cc]odes?|ZIP|(?:Zip|zip)\s*:|[Pp]ostal\s+[Cc]odes?|[Pp]ostcodes?)"
     r"(?:\s+is)?\s*:?\s*|[A-Za-z.],\s(?:" + "|".join(_US_STATES) + r")\s)$",
     re.ASCII,
 )
@@ -2205,26 +2224,42 @@ def _pressure_pair(m: re.Match[str], zh: bool) -> str:
 # "250g/9oz", "23 kg/50 lb", "18W/30W": slash, as before).
 _UNIT_ALTERNATION: Final = "|".join(re.escape(u) for u in sorted(_UNITS, key=len, reverse=True))
 _PER_AMOUNT: Final = re.compile(
-    rf"(?<=[0-9\s])(?P<left>{_UNIT_ALTERNATION})\s?/\s?(?=[0-9]+\s?(?P<right>{_UNIT_ALTERNATION})"
+    rf"(?<=[0-9\s])(?P<left>{_UNIT_ALTERNATION})\s?/\s?"
+    rf"(?=(?P<amount>[0-9]+)\s?(?P<right>{_UNIT_ALTERNATION})"
     r"(?![A-Za-z0-9]))"
 )
 # fmt: off
 _UNIT_KINDS: Final[Mapping[str, str]] = MappingProxyType({
-    **dict.fromkeys(("g", "kg", "mg", "\u03bcg", "mcg", "lb", "lbs", "oz"), "mass"),
+    **dict.fromkeys(("g", "kg", "mg", "\u03bcg", "mcg", "lb", "lbs"), "mass"),
     **dict.fromkeys(("km", "cm", "mm", "m", "ft", "mi", "\u03bcm", "nm"), "length"),
     **dict.fromkeys(("ml", "mL", "L", "dL", "\u03bcL", "\u03bcl", "tsp", "tbsp"), "volume"),
     **dict.fromkeys(("°C", "°F", "°"), "temperature"),
     **dict.fromkeys(("km/h", "kph", "mph", "m/s"), "speed"),
-    **dict.fromkeys(("kcal",), "energy"),
+    **dict.fromkeys(("kcal", "kWh"), "energy"),
 })
 # fmt: on
+# What a rate is ("L/100km", "kcal/100g", "mg/5 mL", "kWh/100 km", "g/km"); any other pair
+# is two specs or a conversion ("16GB/1TB", "144Hz/1ms", "150 g/300 kcal": slash, as before;
+# "oz" is a mass or a volume, so no kind at all).
+_RATE_KINDS: Final = frozenset(
+    {
+        ("volume", "length"),
+        ("energy", "mass"),
+        ("energy", "length"),
+        ("energy", "volume"),
+        ("mass", "volume"),
+        ("mass", "length"),
+    }
+)
 
 
 def _per_amount(m: re.Match[str], zh: bool) -> str:
-    left, right = m["left"], m["right"]
-    if left == right or _UNIT_KINDS.get(left, left) == _UNIT_KINDS.get(right, right):
+    kinds = (_UNIT_KINDS.get(m["left"]), _UNIT_KINDS.get(m["right"]))
+    # a nutrition label's "per 100 g" is a rate of one kind ("1.2 g/100 g", "mg/100 g")
+    per_hundred = m["amount"] == "100" and m["right"] in ("g", "ml", "mL") and kinds[0] == kinds[1]
+    if kinds not in _RATE_KINDS and not per_hundred:
         return m.group(0)
-    return left + ("每" if zh else " per ")
+    return m["left"] + ("每" if zh else " per ")
 
 
 _RULES: Final[tuple[_Rule, ...]] = (
@@ -2288,6 +2323,7 @@ _RULES: Final[tuple[_Rule, ...]] = (
     (_RESOLUTION, _resolution),
     (_PER_AMOUNT, _per_amount),
     (_UNIT, _unit),
+    (_MICRO_PREFIX, _micro_prefix),
     (_SCALED_NUMBER, _scaled_number),
     (_POWER, _power),
     (_ORDINAL, _ordinal),
