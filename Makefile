@@ -14,7 +14,9 @@ TINY_MODEL := models/tiny
 
 # A .venv whose scripts cannot start (the Python they name removed, the checkout moved) is
 # removed and built again: the stamp alone kept it, and `make run` failed until `make clean`.
-VENV_STARTS := $(shell p=$$(head -n1 $(BIN)/voice-agent 2>/dev/null | cut -c3-); 	[ -n "$$p" ] && "$$p" -c 'print("yes")' 2>/dev/null)
+# The script itself is run (0.3 s): in a path with a space pip writes a "#!/bin/sh" shebang
+# and an exec line, and reading the shebang for the Python deleted a working .venv each time.
+VENV_STARTS := $(shell $(BIN)/voice-agent --help >/dev/null 2>&1 && echo yes)
 ifneq ($(VENV_STARTS),yes)
 $(shell rm -rf $(VENV))
 endif

@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -639,6 +640,57 @@ def test_make_run_repairs_a_venv_whose_python_is_gone(tmp_path: Path) -> None:
     os.utime(stamp, (os.path.getmtime(tmp_path / "pyproject.toml") + 10,) * 2)
     out = _make_n("run", {}, cwd=tmp_path)
     assert "-m venv" in out, out
+
+
+def _demo_wheel(where: Path) -> Path:
+    """A wheel whose only content is a ``voice-agent`` console script (installed offline)."""
+    wheel = where / "demo-0.1-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as z:
+        z.writestr("demo/__init__.py", "def main():\n    print('hi')\n")
+        z.writestr(
+            "demo-0.1.dist-info/METADATA", "Metadata-Version: 2.1\nName: demo\nVersion: 0.1\n"
+        )
+        z.writestr(
+            "demo-0.1.dist-info/WHEEL",
+            "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+        )
+        z.writestr(
+            "demo-0.1.dist-info/entry_points.txt", "[console_scripts]\nvoice-agent = demo:main\n"
+        )
+        z.writestr("demo-0.1.dist-info/RECORD", "")
+    return wheel
+
+
+def test_make_keeps_a_working_venv_in_a_checkout_whose_path_has_a_space(tmp_path: Path) -> None:
+    """Bug: in a checkout whose path holds a space (or is over 127 bytes long), pip writes
+    every script with a ``#!/bin/sh`` shebang and an ``exec`` line; the Makefile took
+    ``/bin/sh`` for the venv's Python, found it could not run ``print("yes")`` and deleted
+    the working .venv at every make invocation (even ``make -n``): every `make run`
+    reinstalled torch and the rest (found by review)."""
+    if shutil.which("make") is None:
+        pytest.skip("no make")
+    checkout = tmp_path / "my projects" / "rtc-voice-agent"
+    checkout.mkdir(parents=True)
+    shutil.copy(MAKE_ROOT / "Makefile", checkout / "Makefile")
+    shutil.copy(MAKE_ROOT / "pyproject.toml", checkout / "pyproject.toml")
+    subprocess.run([sys.executable, "-m", "venv", str(checkout / ".venv")], check=True)
+    venv_python = checkout / ".venv" / "bin" / "python"
+    subprocess.run(
+        [str(venv_python), "-m", "pip", "install", "-q", "--no-index", str(_demo_wheel(tmp_path))],
+        check=True,
+    )
+    script = checkout / ".venv" / "bin" / "voice-agent"
+    # The script pip wrote starts, as `make run` would start it.
+    assert subprocess.run([str(script)], capture_output=True, text=True).stdout == "hi\n"
+    stamp = checkout / ".venv" / ".installed"
+    stamp.touch()
+    os.utime(stamp, (os.path.getmtime(checkout / "pyproject.toml") + 10,) * 2)
+    env = {k: v for k, v in os.environ.items() if k not in ("HOST", "PORT")}
+    done = subprocess.run(
+        ["make", "-n", "install"], cwd=checkout, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert script.exists(), "make deleted a .venv whose scripts start"
+    assert "-m venv" not in done.stdout, done.stdout
 
 
 def test_a_negative_ray_cpus_is_a_usage_error(
