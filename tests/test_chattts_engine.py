@@ -25,6 +25,7 @@ from agent.chattts.loader import load_chat
 from agent.chattts.scheduler import SAMPLE_RATE, Stream
 from agent.config import BreakerSettings, ChatTTSSettings, Config, SpeechSettings
 from agent.engine import EngineError, TTSEngine, UnknownVoice, UnreadableText, VoiceOptions
+from agent.logcontext import SESSION_ID, SessionIdFilter
 from agent.speech import SpeechPipeline
 from agent.text.normalize import normalize_for_tts
 from signaling.logs import configure_logging
@@ -705,3 +706,45 @@ async def test_an_engine_whose_restart_is_pending_is_not_ready(
     finally:
         engine._restarted = None
         await engine.close()
+
+
+def test_a_cut_off_warning_names_the_session_whose_speech_was_cut(
+    tiny_settings: ChatTTSSettings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """README "Logs": every line names its session, including lines from the session's own
+    tasks; "a generation that still reaches the cap is logged as a warning". Bug: that
+    warning (agent/chattts/gpt.py), like "could not start stream N", is written by the
+    engine's worker thread, which has no session context: it read ``[-]``, and nothing else
+    in the log tied it to the session whose speech was cut (found by review)."""
+    cap = 256
+    # A voice that speaks slower than the planner assumes (README: voices and speeds
+    # differ): the plan lets one generation run past the cap.
+    monkeypatch.setattr("agent.chattts.engine._PLANNED_SHARE", 4.0)
+    engine = ChatTTSEngine(dataclasses.replace(tiny_settings, max_new_tokens=cap))
+    seen: list[logging.LogRecord] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            seen.append(record)
+
+    handler = Collect()
+    handler.addFilter(SessionIdFilter())  # as the product's handler (signaling/logs.py)
+    gpt_log = logging.getLogger("agent.chattts.gpt")
+    gpt_log.addHandler(handler)
+
+    async def speak() -> None:
+        await engine.start()
+        try:
+            SESSION_ID.set("session-under-review")  # as a session's speech worker runs
+            async for _ in engine.synthesize("a sentence that goes on and on " * 6, VoiceOptions()):
+                pass
+        finally:
+            await engine.close()
+
+    try:
+        asyncio.run(speak())
+    finally:
+        gpt_log.removeHandler(handler)
+    cut = [r for r in seen if "speech cut off" in r.getMessage()]
+    assert cut, "no generation reached the cap"
+    assert cut[0].session_id == "session-under-review", f"logged as [{cut[0].session_id}]"

@@ -58,6 +58,9 @@ class Row:
     finished: bool = False
     parked_kv: KV | None = None
     text_chars: int = 0  # of the text it speaks, for the log
+    # The session it speaks for, for the log: the worker thread has no session context
+    # ("speech cut off" named no session, found by review).
+    session_id: str | None = None
 
     @property
     def n_tokens(self) -> int:
@@ -162,6 +165,7 @@ class BatchedGPT:
                     row.sampling.max_new_tokens,
                     row.n_tokens * _SECONDS_PER_TOKEN,
                     row.text_chars,
+                    extra={"session_id": row.session_id or "-"},
                 )
             row.finished = True
             row.next_ids = None

@@ -40,6 +40,7 @@ from agent.chattts.decode import (
 from agent.chattts.gpt import BatchedGPT, Row
 from agent.chattts.voices import VoiceBank
 from agent.engine import PCM, EngineError, VoiceOptions
+from agent.logcontext import SESSION_ID
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +89,8 @@ class Stream:
         self.id = sid
         self.text = text
         self.voice = voice
+        # Made on the session's event loop: its log lines from the worker thread name it.
+        self.session_id = SESSION_ID.get()
         self.stats = StreamStats()
         self._loop = loop
         self._max_buffered = max_buffered  # samples
@@ -363,6 +366,7 @@ class Scheduler:
                 sampling=voice.sampling,
                 seed=voice.seed,
             )
+            s.row.session_id = s.session_id
             s.decoder = StreamingDecoder(partial(_decode_one, self.chat), self.params)
             t0 = time.perf_counter()
             self._gpt.add(s.row)  # prefill; the row may already be finished (end token first)
@@ -372,7 +376,9 @@ class Scheduler:
             s.finish(e)
             return
         except Exception as e:  # this text alone cannot start (e.g. too long): fail it alone
-            log.exception("ChatTTS could not start stream %d", s.id)
+            log.exception(
+                "ChatTTS could not start stream %d", s.id, extra={"session_id": s.session_id or "-"}
+            )
             s.row = None
             s.finish(EngineError(f"synthesis failed: {e}"))
             return
