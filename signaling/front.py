@@ -466,17 +466,38 @@ async def metrics(request: web.Request) -> web.Response:
 
 
 async def _scrape(request: web.Request, worker: Worker) -> str:
-    if not worker.alive or worker.control is None:
+    """One worker's metrics text ("" if it cannot answer). Concurrent /metrics requests with
+    the same credentials share one scrape: a burst of them (public by default) made as many
+    scrapes, each rendered on the worker's loop, which also paces its media."""
+    if not worker.alive or worker.scrape is None:
         return ""
-    headers = {}
-    if "Authorization" in request.headers:
-        headers["Authorization"] = request.headers["Authorization"]
+    auth = request.headers.get("Authorization")
+    pending = worker.scrapes.get(auth)
+    if pending is None:
+        pending = asyncio.ensure_future(_scrape_once(worker.scrape, auth))
+        worker.scrapes[auth] = pending
+        pending.add_done_callback(lambda done: _forget_scrape(worker, auth, done))
+    # shield: one request that gives up (its client gone) does not cancel the others' scrape
+    text = await asyncio.shield(pending)
+    if text is None:  # the front checked the same token: only if it differs
+        raise ApiError(401, "unauthorized", routes.METRICS_UNAUTHORIZED)
+    return text
+
+
+def _forget_scrape(worker: Worker, auth: str | None, done: asyncio.Future[str | None]) -> None:
+    if worker.scrapes.get(auth) is done:
+        del worker.scrapes[auth]
+
+
+async def _scrape_once(client: aiohttp.ClientSession, auth: str | None) -> str | None:
+    """The worker's metrics text, "" if it cannot answer, None if it refuses the token."""
+    headers = {"Authorization": auth} if auth is not None else {}
     try:
-        async with worker.control.get(
+        async with client.get(
             "http://worker/metrics", headers=headers, timeout=aiohttp.ClientTimeout(total=5)
         ) as resp:
-            if resp.status == 401:  # the front checked the same token: only if it differs
-                raise ApiError(401, "unauthorized", routes.METRICS_UNAUTHORIZED)
+            if resp.status == 401:
+                return None
             return await resp.text() if resp.status == 200 else ""
     except (aiohttp.ClientError, TimeoutError):
         return ""

@@ -45,8 +45,11 @@ QUICK_DEATH_S = 30.0  # a worker that lived longer than this starts the back-off
 # wedged (its event loop, which also paces its media, is stuck; or it was SIGSTOPped):
 # it is killed and started again.
 WEDGED_S = 30.0
-# Connections for one worker's status polls and /metrics scrapes (a scrape may overlap a poll).
-CONTROL_CONNECTIONS = 4
+# Connections for one worker's status polls, and, apart, for its /metrics scrapes: sharing
+# them, a burst of /metrics requests (public by default) queued the poll past its timeout, and
+# a healthy worker was taken for an unready, then a wedged one, and killed (found by review).
+CONTROL_CONNECTIONS = 2
+SCRAPE_CONNECTIONS = 2
 
 
 def worker_main(config: Config, socket_path: str, factory: AppFactory) -> None:
@@ -95,6 +98,9 @@ class Worker:
     # ICE, a room's listeners joining) and a busy worker was taken for an unready, then a
     # wedged one, and killed.
     control: aiohttp.ClientSession | None = None
+    scrape: aiohttp.ClientSession | None = None  # /metrics scrapes
+    # The scrape under way per Authorization header: concurrent /metrics requests share it.
+    scrapes: dict[str | None, asyncio.Future[str | None]] = field(default_factory=dict)
     started_at: float = 0.0
     restarts: int = 0
     quick_deaths: int = 0
@@ -125,12 +131,17 @@ class Worker:
                 connector=aiohttp.UnixConnector(path=self.socket_path, limit=CONTROL_CONNECTIONS),
                 timeout=aiohttp.ClientTimeout(total=10),
             )
+        if self.scrape is None:
+            self.scrape = aiohttp.ClientSession(
+                connector=aiohttp.UnixConnector(path=self.socket_path, limit=SCRAPE_CONNECTIONS),
+                timeout=aiohttp.ClientTimeout(total=10),
+            )
 
     async def close_clients(self) -> None:
-        for client in (self.http, self.control):
+        for client in (self.http, self.control, self.scrape):
             if client is not None:
                 await client.close()
-        self.http = self.control = None
+        self.http = self.control = self.scrape = None
 
 
 class WorkerPool:

@@ -649,3 +649,4 @@ async def test_a_front_whose_worker_fails_to_spawn_stops_the_ones_it_started(
         await _serve_front(config, pool)
     assert terminated == [0]
     assert pool.workers[0].http is None and pool.workers[0].control is None
+    assert pool.workers[0].scrape is None

@@ -973,3 +973,88 @@ async def test_session_requests_without_a_token_are_unauthorized_at_the_front() 
         async with http.delete(f"{url}/sessions/{'a' * 32}") as resp:
             no_worker = resp.status
     assert (running, restarting, no_worker) == (401, 401, 401)
+
+
+class _KillRecorder:
+    """A running worker process that records whether the front killed it."""
+
+    pid = 1
+    killed = False
+
+    def is_alive(self) -> bool:
+        return True
+
+    def kill(self) -> None:
+        self.killed = True
+
+
+async def test_metrics_requests_do_not_make_a_healthy_worker_unready_or_wedged() -> None:
+    """Bug: /metrics is public (no --metrics-token by default) and each request to the front
+    scraped every worker over the same connections the status polls used. A burst of
+    /metrics requests (anyone may send them) queued the status poll behind the scrapes:
+    the poll timed out after 2 s, the worker (answering its status in ms) was taken for
+    unready (/readyz 503, no new sessions) and, wedged_s later, killed with every session on
+    it (found by review). Concurrent requests now share one scrape, on connections apart."""
+
+    async def status(request: web.Request) -> web.Response:
+        return web.json_response(
+            {"ready": True, "sessions": 0, "listening_ready": True, "refusal": None}
+        )
+
+    scraped = 0
+
+    async def metrics(request: web.Request) -> web.Response:
+        nonlocal scraped
+        scraped += 1
+        await asyncio.sleep(1.0)  # a busy worker's scrape (its loop loaded by its sessions)
+        return web.Response(text="# no series\n", content_type="text/plain")
+
+    worker_app = web.Application()
+    worker_app.router.add_get(STATUS_PATH, status)
+    worker_app.router.add_get("/metrics", metrics)
+    socket_dir = Path(tempfile.mkdtemp(prefix="metr"))
+    config = Config(host="127.0.0.1", port=0, workers=1)
+    pool = WorkerPool(config, lambda _config: None, socket_dir)  # type: ignore[arg-type, return-value]
+    pool.wedged_s = 0.5
+    worker = pool.workers[0]
+    worker_runner = web.AppRunner(worker_app)
+    await worker_runner.setup()
+    await web.UnixSite(worker_runner, worker.socket_path).start()
+    process = _KillRecorder()
+    worker.process = process  # type: ignore[assignment]
+    worker.open_clients()
+    front_runner = web.AppRunner(build_front_app(config, pool), **runner_options())
+    await front_runner.setup()
+    site = web.TCPSite(front_runner, "127.0.0.1", 0)
+    await site.start()
+    assert site._server is not None
+    url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+    try:
+        await pool._poll(worker)
+        assert worker.ready and worker.answered_at
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+
+            async def scrape() -> int:
+                async with http.get(url + "/metrics") as resp:
+                    await resp.read()
+                    return resp.status
+
+            scrapes = [asyncio.create_task(scrape()) for _ in range(12)]
+            await asyncio.sleep(0.2)
+            started = time.monotonic()
+            await pool._poll(worker)
+            polled_in = time.monotonic() - started
+            ready_after_poll = worker.ready
+            async with http.get(url + "/readyz") as resp:
+                readyz = resp.status
+            statuses = await asyncio.gather(*scrapes)
+        assert statuses == [200] * 12 and scraped <= 2, (statuses, scraped)
+        assert (ready_after_poll, readyz, process.killed) == (True, 200, False), (
+            f"after a poll taking {polled_in:.1f} s: ready={ready_after_poll}, "
+            f"/readyz {readyz}, killed={process.killed}"
+        )
+    finally:
+        await worker.close_clients()
+        await front_runner.cleanup()
+        await worker_runner.cleanup()
+        shutil.rmtree(socket_dir, ignore_errors=True)
