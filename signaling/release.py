@@ -32,7 +32,9 @@ six small objects per peer connection, the SSL context is not in the cycle).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiortc import RTCPeerConnection
@@ -40,6 +42,8 @@ from aiortc import RTCPeerConnection
 log = logging.getLogger(__name__)
 
 CLOSE_TIMEOUT_S = 10.0
+# Each step of a close finished by hand, after pc.close() was given up.
+STEP_TIMEOUT_S = 1.0
 
 # Instance attributes that wrap an aiortc method (the taps above); class methods remain.
 _TAPPED_SENDER = ("_handle_rtcp_packet", "_send_rtcp")
@@ -57,7 +61,34 @@ async def close_peer_connection(pc: RTCPeerConnection, timeout_s: float = CLOSE_
         await asyncio.wait_for(pc.close(), timeout_s)
     except TimeoutError:
         log.error("closing a peer connection did not finish in %.0f s: given up", timeout_s)
+        await _finish_close(pc)
     release_closed(pc)
+
+
+async def _finish_close(pc: RTCPeerConnection) -> None:
+    """The steps of ``pc.close()`` after the one that hung, each bounded: given up inside
+    its first step (stopping a transceiver), it never stopped the senders, the DTLS and ICE
+    transports: the session's UDP sockets stayed open and aioice kept sending consent checks
+    for the life of the process (found by review). And its close future is settled, so a
+    later ``close()`` returns instead of waiting on it forever."""
+    steps: list[Callable[[], Awaitable[None]]] = []
+    for transceiver in pc.getTransceivers():
+        steps.append(transceiver.sender.stop)
+    if pc.sctp is not None:
+        steps.append(pc.sctp.stop)
+    for transceiver in pc.getTransceivers():
+        dtls = transceiver.receiver.transport
+        steps += [dtls.stop, dtls.transport.stop]
+    if pc.sctp is not None:
+        steps += [pc.sctp.transport.stop, pc.sctp.transport.transport.stop]
+    for step in steps:
+        # one more hang or a transport already half-stopped must not stop the others
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(step(), STEP_TIMEOUT_S)
+    closed = getattr(pc, "_RTCPeerConnection__isClosed", None)
+    if isinstance(closed, asyncio.Future) and not closed.done():
+        closed.set_result(True)
+    pc.remove_all_listeners()
 
 
 def release_closed(pc: RTCPeerConnection) -> None:

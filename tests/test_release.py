@@ -18,7 +18,7 @@ from typing import Any
 
 import aiohttp
 import pytest
-from aiortc import RTCPeerConnection
+from aiortc import RTCConfiguration, RTCPeerConnection
 
 from agent.config import Config, LifecycleSettings
 from agent.room import RoomMember
@@ -225,3 +225,41 @@ async def test_a_close_that_hangs_is_given_up(caplog: pytest.LogCaptureFixture) 
         await close_peer_connection(pc, timeout_s=0.2)
     assert "did not finish in 0 s: given up" in caplog.text
     await RTCPeerConnection.close(pc)
+
+
+async def test_a_close_given_up_still_stops_the_transports_and_a_later_close_returns() -> None:
+    """Bug: wait_for cancelled ``pc.close()`` inside its first step (stopping the
+    transceivers), so the steps after it never ran: the DTLS and ICE transports were never
+    stopped, the session's UDP sockets stayed open and aioice kept sending consent checks,
+    per session whose close was given up, for the life of the process; and a later close()
+    waited forever on the close future it had left unsettled (found by review)."""
+    offerer = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+    answerer = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+    offerer.addTransceiver("audio", direction="sendrecv")
+    offerer.createDataChannel("agent")
+    await offerer.setLocalDescription(await offerer.createOffer())
+    await answerer.setRemoteDescription(offerer.localDescription)
+    await answerer.setLocalDescription(await answerer.createAnswer())
+    await offerer.setRemoteDescription(answerer.localDescription)
+    async with asyncio.timeout(15):
+        while answerer.connectionState != "connected":
+            await asyncio.sleep(0.05)
+    receiver = answerer.getTransceivers()[0].receiver
+
+    async def hangs() -> None:  # as a receiver whose RTCP task died never stops
+        await asyncio.Event().wait()
+
+    receiver.stop = hangs  # type: ignore[method-assign]
+    ice = receiver.transport.transport
+    try:
+        await close_peer_connection(answerer, timeout_s=0.3)
+        await asyncio.sleep(0.1)
+        state = (ice.state, len(ice._connection._protocols))
+        async with asyncio.timeout(2):
+            await answerer.close()
+    finally:
+        await offerer.close()
+        await ice.stop()
+    assert state == ("closed", 0), (
+        f"after the close was given up: ICE {state[0]}, {state[1]} sockets"
+    )
