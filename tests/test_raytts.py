@@ -17,6 +17,7 @@ import socket
 import subprocess
 import sys
 import time
+import types
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ import pytest_asyncio
 from agent.config import Config, RaySettings
 from agent.engine import EngineError, EngineLoadError, UnknownVoice, VoiceOptions, speaks
 from agent.engines import create_engine
+from agent.raytts.deployment import fingerprint
 from agent.raytts.engine import RayServeEngine
 from agent.raytts.pacing import Pacer
 from signaling.cli import build_parser, config_from_args
@@ -332,6 +334,138 @@ async def test_a_deploying_app_that_disappears_fails_the_start(
     with pytest.raises(EngineLoadError, match="deleted"):
         async with asyncio.timeout(3):
             await engine._until_running()
+
+
+# -- a Serve that another media process deployed (fakes: no Ray needed) --------------
+
+
+class _Info:
+    def __init__(self, value: dict[str, Any], slow: list[int]) -> None:
+        self._value = value
+        self._slow = slow
+
+    def result(self, timeout_s: float | None = None) -> dict[str, Any]:
+        if self._slow and self._slow[0] > 0:
+            # The replica is busy (every slot held by a playing stream): this call waits in
+            # Serve's queue past the caller's timeout, as DeploymentResponse.result says.
+            self._slow[0] -= 1
+            raise TimeoutError("Timed out resolving to ObjectRef.")
+        return self._value
+
+    def __await__(self) -> Any:
+        async def value() -> dict[str, Any]:
+            return self._value
+
+        return value().__await__()
+
+
+class _Speech:
+    def __aiter__(self) -> _Speech:
+        self._left = 3
+        return self
+
+    async def __anext__(self) -> bytes:
+        await asyncio.sleep(0)
+        if self._left == 0:
+            raise StopAsyncIteration
+        self._left -= 1
+        return np.zeros(480, dtype=np.float32).tobytes()
+
+    def cancel(self) -> None:
+        pass
+
+
+class _Handle:
+    def __init__(self, info: dict[str, Any], slow: list[int]) -> None:
+        self.info = types.SimpleNamespace(remote=lambda: _Info(info, slow))
+        self.synthesize = types.SimpleNamespace(remote=lambda *a: _Speech())
+
+    def options(self, **_: Any) -> _Handle:
+        return self
+
+
+class _FakeServe:
+    """What the engine reads of ``ray.serve``: an app of our very settings, already deployed
+    by another media process, that is DEPLOYING for ``deploying`` status reads, then RUNNING."""
+
+    def __init__(self, info: dict[str, Any], deploying: int, slow: int) -> None:
+        self.deploys = 0
+        self._reads = 0
+        self._deploying = deploying
+        self._slow = [slow]
+        self._handle = _Handle(info, self._slow)
+
+    def start(self, **_: Any) -> None:
+        pass
+
+    def status(self) -> Any:
+        self._reads += 1
+        state = "DEPLOYING" if self._reads <= self._deploying else "RUNNING"
+        app = types.SimpleNamespace(status=state, message="")
+        return types.SimpleNamespace(applications={"voice-agent-tts": app})
+
+    def get_app_handle(self, name: str) -> _Handle:
+        return self._handle
+
+    # deploying (again)
+    def deployment(self, **_: Any) -> Any:
+        return lambda cls: types.SimpleNamespace(bind=lambda *a: "app")
+
+    def RunTarget(self, *a: Any, **k: Any) -> Any:  # Serve's name
+        return "target"
+
+    def run_many(self, targets: list[Any], **_: Any) -> list[_Handle]:
+        self.deploys += 1
+        return [self._handle]
+
+
+@pytest.mark.parametrize(
+    ("deploying", "slow", "recorded", "deploys"),
+    [
+        (3, 0, "ours", 0),
+        (0, 1, "ours", 0),
+        (0, 0, "other", 1),
+        (0, 0, None, 0),  # deployed by an older version, which recorded nothing: asked
+    ],
+    ids=["app-still-deploying", "replica-busy", "other-settings", "nothing-recorded"],
+)
+async def test_a_media_process_joining_does_not_redeploy_the_shared_app(
+    monkeypatch: pytest.MonkeyPatch,
+    deploying: int,
+    slow: int,
+    recorded: str | None,
+    deploys: int,
+) -> None:
+    """README: the others find the app with the same settings and only attach: deploying an
+    unchanged app again makes Serve replace its replicas, which would cut every other media
+    process's streams. Bug: the settings were asked of a replica, so an app still DEPLOYING
+    (`--workers N --tts ray://auto` starts every worker at once) or a busy replica (every
+    --tts-max-streams slot playing: `info` waited in Serve's queue past 30 s) was deployed
+    again over itself (found by review). They are read from the cluster's store now."""
+    import ray
+
+    import agent.raytts.engine as ray_engine_module
+
+    settings, chattts = RaySettings(address="ray://auto"), Config().chattts
+    ours = fingerprint(settings, chattts)
+    info = {"sample_rate": 24_000, "pid": 1, "fingerprint": ours}
+    fake = _FakeServe(info, deploying=deploying, slow=slow)
+    monkeypatch.setattr(ray, "serve", fake, raising=False)
+    monkeypatch.setattr(ray, "is_initialized", lambda: True)  # joined the cluster already
+    monkeypatch.setattr(ray_engine_module, "DEPLOY_POLL_S", 0.01)
+    store = {"ours": ours, "other": "0" * 64, None: None}[recorded]
+    written: list[str] = []
+    monkeypatch.setattr(ray_engine_module, "_deployed_fingerprint", lambda name: store)
+    monkeypatch.setattr(ray_engine_module, "_record_fingerprint", lambda n, v: written.append(v))
+    engine = RayServeEngine(settings, chattts)
+    try:
+        async with asyncio.timeout(20):
+            await engine.start()
+    finally:
+        await engine.close()
+    assert engine.sample_rate == 24_000
+    assert fake.deploys == deploys
+    assert written == [ours] * deploys  # a deploy records what it deployed, before it runs
 
 
 async def test_close_does_not_wait_on_a_driver_stuck_in_ray(

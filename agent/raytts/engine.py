@@ -275,7 +275,10 @@ class RayServeEngine:
             unplaceable = unplaceable_replica(ray.cluster_resources(), self.settings)
             if unplaceable is not None:
                 raise EngineLoadError(unplaceable)
+        ours = fingerprint(self.settings, self.chattts)
         try:
+            # Before the deploy: a media process that finds the app DEPLOYING attaches.
+            _record_fingerprint(self.settings.app_name, ours)
             # Not waiting for it to run (start() does): see _until_running.
             target = serve.RunTarget(
                 speech_app(self.settings, self.chattts),
@@ -291,11 +294,28 @@ class RayServeEngine:
 
     def _running_app(self, serve: Any) -> DeploymentHandle[Any] | None:
         """The app another media process (or an earlier run) deployed with these very
-        settings, if it is up: attach to it rather than deploy again (which would replace
-        its replicas under the streams of the other media processes)."""
-        app = serve.status().applications.get(self.settings.app_name)
-        if _app_state(app) != "RUNNING":
+        settings, if it is up or on its way: attach to it rather than deploy again (which
+        would replace its replicas under the streams of the other media processes).
+
+        The settings it was deployed with are read from the cluster's key-value store, not
+        asked of a replica: a busy one (every --tts-max-streams slot playing) answered after
+        the wait, and an app still DEPLOYING (every --workers N worker starts at once) has
+        none to ask; either way the app was deployed again over itself, which cut every
+        stream on it (found by review)."""
+        name = self.settings.app_name
+        state = _app_state(serve.status().applications.get(name))
+        if state not in ("RUNNING", "DEPLOYING"):
             return None
+        recorded = _deployed_fingerprint(name)
+        if recorded is not None:
+            if recorded != fingerprint(self.settings, self.chattts):
+                log.info("the running speech app has other settings; deploying ours over it")
+                return None
+            log.info("attached to the Ray Serve speech app %r (%s)", name, state.lower())
+            attached: DeploymentHandle[Any] = serve.get_app_handle(name)
+            return attached
+        if state != "RUNNING":
+            return None  # deployed by an older version, which recorded nothing: ask it
         handle: DeploymentHandle[Any] = serve.get_app_handle(self.settings.app_name)
         try:
             info = handle.info.remote().result(timeout_s=30)
@@ -320,6 +340,35 @@ class RayServeEngine:
             self._started_ray = False
         ray.shutdown()
         self._inited_ray = False
+
+
+# Where the deployer records the fingerprint of the app it deployed (Ray's internal key-value
+# store, in the cluster's GCS: every media process of the cluster reads the same one).
+_KV_NAMESPACE = "rtc_voice_agent"
+
+
+def _fingerprint_key(app_name: str) -> bytes:
+    return f"speech-app-fingerprint:{app_name}".encode()
+
+
+def _deployed_fingerprint(app_name: str) -> str | None:
+    """The fingerprint the app ``app_name`` was deployed with, None if none was recorded."""
+    from ray.experimental import internal_kv
+
+    try:
+        value = internal_kv._internal_kv_get(_fingerprint_key(app_name), namespace=_KV_NAMESPACE)
+    except Exception:  # no record to trust: the replica is asked instead
+        log.warning("could not read the speech app's recorded settings", exc_info=True)
+        return None
+    return value.decode() if isinstance(value, bytes) else None
+
+
+def _record_fingerprint(app_name: str, value: str) -> None:
+    from ray.experimental import internal_kv
+
+    internal_kv._internal_kv_put(
+        _fingerprint_key(app_name), value.encode(), overwrite=True, namespace=_KV_NAMESPACE
+    )
 
 
 def _app_state(app: Any) -> str | None:
