@@ -9,6 +9,7 @@ import socket
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -506,20 +507,27 @@ def serve(config: Config) -> None:
                 # traceback buried (after the weights' download, which now waits for it).
                 _usage_error(str(exc))
             # Only where the workers load the model: speaking through Ray, the replicas on
-            # the cluster do, and a media machine has no use for 1.1 GB of weights.
+            # the cluster do, and a media machine has no use for 1.1 GB of weights. Once
+            # the front listens (it serves the page, /healthz, and /readyz not_ready), and
+            # before the workers start, so that they do not all fetch it at once.
+            prepare: Callable[[], None] | None = None
             if config.engine == "chattts" and config.tts == "local":
-                from agent.chattts.loader import ModelLoadError, ensure_downloaded
-
-                try:
-                    ensure_downloaded(config.chattts)
-                except ModelLoadError as exc:
-                    # The workers try themselves and report it on /readyz (engine_failed).
-                    logging.getLogger(__name__).error("%s", exc)
-            run_front(config, pool)
+                prepare = partial(_download_model, config)
+            run_front(config, pool, prepare)
         return
     app = product_app(config)
     # Until SIGTERM/SIGINT; then drain (signaling/shutdown.py) and return: exit status 0.
     asyncio.run(serve_app(app, config, app[SESSIONS], app[DRAIN], **runner_options()))
+
+
+def _download_model(config: Config) -> None:
+    from agent.chattts.loader import ModelLoadError, ensure_downloaded
+
+    try:
+        ensure_downloaded(config.chattts)
+    except ModelLoadError as exc:
+        # The workers try themselves and report it on /readyz (engine_failed).
+        logging.getLogger(__name__).error("%s", exc)
 
 
 def _check_listen_address(config: Config) -> None:

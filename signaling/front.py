@@ -25,11 +25,13 @@ already, passes through unchanged.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import json
 import logging
 import signal
-from collections.abc import Iterable
+import threading
+from collections.abc import Callable, Iterable
 from typing import Any
 from urllib.parse import unquote
 
@@ -534,21 +536,51 @@ class _MergedCollector:
 
 
 # --- running ---------------------------------------------------------------------------------
-def run_front(config: Config, pool: WorkerPool) -> None:
+def run_front(config: Config, pool: WorkerPool, prepare: Callable[[], None] | None = None) -> None:
     """Serve the front on the public address until SIGTERM/SIGINT, then shut down like a
     single process does (signaling/shutdown.py): keep listening but refuse new sessions
-    (503 ``shutting_down``), let every worker drain its speech, and exit 0."""
-    asyncio.run(_serve_front(config, pool))
+    (503 ``shutting_down``), let every worker drain its speech, and exit 0.
+
+    ``prepare`` (the model's first download) runs in a thread once the front listens, and
+    the workers start after it: run before, nothing listened for the whole download, where
+    one process serves the page, ``/healthz`` 200 and ``/readyz`` 503 ``not_ready``."""
+    asyncio.run(_serve_front(config, pool, prepare))
 
 
-async def _serve_front(config: Config, pool: WorkerPool) -> None:
+async def _prepared(prepare: Callable[[], None], stop: asyncio.Event) -> bool:
+    """Run ``prepare`` in a daemon thread (a download cannot be cancelled: a stop signal
+    must not wait for it, nor the interpreter's exit); False if ``stop`` came first."""
+    outcome: concurrent.futures.Future[None] = concurrent.futures.Future()
+
+    def run() -> None:
+        try:
+            prepare()
+        except Exception as exc:  # noqa: BLE001 - raised on the loop, as serve() raised it
+            outcome.set_exception(exc)
+        else:
+            outcome.set_result(None)
+
+    threading.Thread(target=run, name="prepare", daemon=True).start()
+    done = asyncio.wrap_future(outcome)
+    stopped = asyncio.ensure_future(stop.wait())
+    waiting: set[asyncio.Future[Any]] = {done, stopped}
+    try:
+        await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopped.cancel()
+    if not done.done():
+        return False
+    done.result()
+    return True
+
+
+async def _serve_front(
+    config: Config, pool: WorkerPool, prepare: Callable[[], None] | None = None
+) -> None:
     app = build_front_app(config, pool)
     runner = web.AppRunner(app, handle_signals=False, **runner_options())
     await runner.setup()
     try:
-        # Inside: a spawn failing part-way (EAGAIN, EMFILE) still stops the workers it
-        # started and closes their clients, as a stop signal would.
-        await pool.start()
         site = web.TCPSite(runner, config.host, config.port)
         await site.start()
         stop = asyncio.Event()
@@ -556,6 +588,12 @@ async def _serve_front(config: Config, pool: WorkerPool) -> None:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         log_listening(runner.addresses, config)
+        if prepare is not None and not await _prepared(prepare, stop):
+            log.info("stop signal received while preparing: stopping")
+            return
+        # Inside the try: a spawn failing part-way (EAGAIN, EMFILE) still stops the workers
+        # it started and closes their clients, as a stop signal would.
+        await pool.start()
         await stop.wait()
         log.info("stop signal received: draining the workers")
         app[DRAIN].draining = True

@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
@@ -559,7 +560,9 @@ def test_a_tmpdir_too_deep_for_the_workers_sockets_is_a_usage_error(
     monkeypatch.setattr(
         "agent.chattts.loader.ensure_downloaded", lambda settings: pytest.fail("downloading")
     )
-    monkeypatch.setattr("signaling.front.run_front", lambda config, pool: pytest.fail("served"))
+    monkeypatch.setattr(
+        "signaling.front.run_front", lambda config, pool, prepare=None: pytest.fail("served")
+    )
     with pytest.raises(SystemExit) as exit_info:
         main(["serve", "--workers", "2"], {})
     err = capsys.readouterr().err
@@ -591,7 +594,9 @@ def test_the_front_downloads_the_model_only_where_its_workers_load_it(
     calls: list[object] = []
     monkeypatch.setattr(loader, "ensure_downloaded", calls.append)
     monkeypatch.setattr(signaling.workers, "WorkerPool", lambda *args: object())
-    monkeypatch.setattr(signaling.front, "run_front", lambda config, pool: None)
+    monkeypatch.setattr(
+        signaling.front, "run_front", lambda config, pool, prepare=None: prepare and prepare()
+    )
     ray = RaySettings(address="ray://auto") if tts == "ray" else RaySettings()
     serve(Config(tts=tts, ray=ray, workers=2))
     assert len(calls) == downloads
@@ -793,3 +798,71 @@ def test_a_misspelt_voice_agent_variable_is_named_at_start_with_what_was_meant()
     assert "did you mean VOICE_AGENT_ICE_SERVERS?" in done.stderr
     for read in ("VOICE_AGENT_ICE_SERVERS is", "VOICE_AGENT_BITRATE", "VOICE_AGENT_REQUIRE"):
         assert read not in done.stderr
+
+
+_SERVE_WHILE_DOWNLOADING = """
+import sys, time
+import agent.chattts.loader as loader
+import signaling.workers as workers
+
+def downloading(settings):  # the first start's 1.1 GB fetch from Hugging Face
+    time.sleep(60)
+
+async def no_workers(self):  # the workers are not what this test is about
+    print("workers started", flush=True)
+
+loader.ensure_downloaded = downloading
+workers.WorkerPool.start = no_workers
+from signaling.cli import main
+main(["serve", "--workers", "2", "--host", "127.0.0.1", "--port", sys.argv[1]])
+"""
+
+
+def test_the_front_serves_while_the_model_downloads_and_stops_at_once() -> None:
+    """Bug: with --workers N (the default on a machine with several cores) serve() fetched the
+    model before the front bound its port: for the whole first download (~1.1 GB) the page,
+    /healthz and /readyz were refused, where one process serves them (/readyz 503 not_ready)
+    while it loads; a liveness probe would kill it mid-download (found by review). The
+    workers start after the download; a stop signal during it exits without waiting."""
+    import signal
+    import urllib.error
+    import urllib.request
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VOICE_AGENT_")}
+    env["PYTHONPATH"] = str(MAKE_ROOT)
+    server = subprocess.Popen(
+        [sys.executable, "-c", _SERVE_WHILE_DOWNLOADING, str(port)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    statuses: dict[str, object] = {}
+    try:
+        deadline = time.monotonic() + 30  # the front's imports; the download takes 60 s
+        while time.monotonic() < deadline and "/healthz" not in statuses:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as r:
+                    statuses["/healthz"] = r.status
+            except OSError:
+                time.sleep(0.2)
+        for path in ("/", "/readyz"):
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
+                    statuses[path] = r.status
+            except urllib.error.HTTPError as exc:
+                statuses[path] = exc.code
+        assert server.poll() is None, "the server exited"
+        server.send_signal(signal.SIGTERM)
+        started = time.monotonic()
+        out, _ = server.communicate(timeout=15)
+        took = time.monotonic() - started
+    finally:
+        server.kill()
+        server.wait(10)
+    assert statuses == {"/healthz": 200, "/": 200, "/readyz": 503}, statuses
+    assert "workers started" not in out  # not before the download ended
+    assert server.returncode == 0 and took < 10, (server.returncode, took)
