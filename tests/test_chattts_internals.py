@@ -499,3 +499,53 @@ def test_a_rows_hidden_states_do_not_pin_the_whole_batchs_step_outputs(
     needed = sum(h.numel() * h.element_size() for h in long.hiddens)
     held = _held_bytes(long.hiddens)
     assert held <= 1.5 * needed, f"{held} bytes held for {needed} bytes of hidden states"
+
+
+def test_the_check_without_the_model_refuses_what_the_voice_bank_refuses(
+    tiny_chat: LoadedModel,
+) -> None:
+    """A media process speaking through Ray checks a client's voice without torch or the
+    model (agent/chattts/speakers.py): it must refuse what the replica's VoiceBank refuses
+    (but the float16 scaling's edge), and accept what it accepts."""
+    import lzma
+
+    import numpy as np
+    import pybase16384 as b14
+
+    from agent.chattts.speakers import check_voice_without_model
+    from agent.chattts.voices import SPEAKER_FILTERS, VoiceBank
+    from agent.engine import RequestError, VoiceOptions
+
+    bank = VoiceBank(tiny_chat.chat, "seed:2", 2048)
+    dim = bank.speaker_dim
+
+    def speaker(values: np.ndarray) -> str:
+        packed = lzma.compress(
+            values.astype(np.float16).tobytes(), format=lzma.FORMAT_RAW, filters=SPEAKER_FILTERS
+        )
+        return str(b14.encode_to_string(packed))
+
+    good = speaker(np.random.default_rng(1).standard_normal(dim))
+    cases = [
+        VoiceOptions(),
+        VoiceOptions(voice="seed:9", speed=0, temperature=0.5, top_p=1.0, top_k=1),
+        VoiceOptions(voice="none"),
+        VoiceOptions(voice=good),
+        VoiceOptions(voice="not-a-voice"),
+        VoiceOptions(voice="seed:"),
+        VoiceOptions(voice=speaker(np.ones(dim + 3))),
+        VoiceOptions(voice=speaker(np.full(dim, np.inf))),
+        VoiceOptions(voice=speaker(np.zeros(dim))),
+        VoiceOptions(speed=10),
+        VoiceOptions(temperature=0),
+        VoiceOptions(top_p=1.5),
+        VoiceOptions(top_k=0),
+    ]
+    for voice in cases:
+        try:
+            bank.check(voice)
+        except RequestError:
+            with pytest.raises(RequestError):
+                check_voice_without_model(voice, "seed:2", dim)
+        else:
+            check_voice_without_model(voice, "seed:2", dim)

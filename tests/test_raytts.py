@@ -644,6 +644,31 @@ async def test_a_voice_the_replica_refuses_is_the_clients_error_not_a_fault(
 
 @on_module_loop
 @ray_timeout
+async def test_a_config_voice_the_replicas_would_refuse_is_refused_at_config(
+    ray_engine: tuple[RayServeEngine, Config],
+) -> None:
+    """README: a ``config`` voice the engine has no speaker for gets ``unknown_voice`` and
+    the voice in use is kept. Bug: the Ray engine had no check_voice, so the session took
+    the voice and every utterance after failed with it (found by review)."""
+    from agent.breaker import CircuitBreaker
+    from agent.config import BreakerSettings
+    from agent.engine import RequestError, check_voice
+
+    engine, _config = ray_engine
+    breaker = CircuitBreaker(engine, BreakerSettings())
+    for bad in (
+        VoiceOptions(voice="not-a-voice"),
+        VoiceOptions(voice="seed:x"),
+        VoiceOptions(voice="\u4e00\u4e01\u3d01"),  # a speaker string of the wrong width
+        VoiceOptions(speed=12),
+    ):
+        with pytest.raises(RequestError):
+            check_voice(breaker, bad)  # type: ignore[arg-type]
+    check_voice(breaker, VoiceOptions(voice="seed:7", speed=3))  # type: ignore[arg-type]
+
+
+@on_module_loop
+@ray_timeout
 async def test_a_continuation_travels_to_the_replica(
     ray_engine: tuple[RayServeEngine, Config],
 ) -> None:

@@ -242,6 +242,11 @@ class ChatTTSEngine:
         segment) leaves any words of ``text``: ChatTTS says nothing of the rest."""
         return reads_aloud(text)
 
+    @property
+    def speaker_dim(self) -> int | None:
+        """How many values a speaker string holds (None before ``start``)."""
+        return self._voices.speaker_dim if self._voices is not None else None
+
     def check_voice(self, voice: VoiceOptions) -> None:
         """Raise ``RequestError`` (``UnknownVoice``) if ``voice`` cannot be spoken: cheap,
         for the event loop. Before ``start`` nothing is known, so nothing is refused."""

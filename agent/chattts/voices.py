@@ -11,29 +11,20 @@ from __future__ import annotations
 
 import hashlib
 import lzma
-import re
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-import pybase16384 as b14
 import torch
 import torch.nn.functional as F
 
 from agent.chattts.gpt import Sampling
-from agent.engine import RequestError, UnknownVoice, VoiceOptions
+from agent.chattts.speakers import check_sampling, parse_seed, speaker_values
+from agent.engine import UnknownVoice, VoiceOptions
 
-DEFAULT_SPEED = 5
 # How ChatTTS compresses a speaker string (ChatTTS.model.speaker.Speaker._encode).
 SPEAKER_FILTERS = [{"id": lzma.FILTER_LZMA2, "preset": 9 | lzma.PRESET_EXTREME}]
-MIN_DICT_SIZE = 4096  # liblzma's smallest dictionary
-# What base16384 writes: 14 bits per character in U+4E00-U+8DFF, then at most one tail
-# marker U+3D00-U+3D06 (how many bytes the last characters carry). pybase16384's C decoder
-# trusts whatever follows a "=" as that count: "\u3d7f" made it write 127 bytes into a
-# 39-byte buffer, and one client's config message killed the server with SIGSEGV (found by
-# review). Nothing else reaches the decoder.
-_SPEAKER_STRING = re.compile("[\u4e00-\u8dff]+[\u3d00-\u3d06]?")
 
 
 @dataclass(frozen=True)
@@ -44,37 +35,10 @@ class ResolvedVoice:
     seed: int
 
 
-def parse_seed(voice: str) -> int | None:
-    if not voice.startswith("seed:"):
-        return None
-    try:
-        return int(voice[5:])
-    except ValueError as e:
-        raise UnknownVoice(f"bad voice {voice[:40]!r}: expected seed:<integer>") from e
-
-
 def decode_speaker(voice: str, dim: int) -> npt.NDArray[np.float16]:
-    """The embedding of a ChatTTS speaker string (what ``Speaker._decode`` reads), or
-    ``UnknownVoice``. Decompresses no more than ``dim`` values need: a crafted string of a few
-    kB must not expand to megabytes, on the event loop (``VoiceBank.check``) or the worker."""
-    if not _SPEAKER_STRING.fullmatch(voice):
-        raise UnknownVoice(f"unknown voice {voice[:40]!r}: not seed:N nor a ChatTTS speaker")
-    try:
-        packed = b14.decode_from_string(voice)
-        wanted = 2 * dim + 2
-        # The window only has to reach back over what is decoded: a match in the first
-        # ``wanted`` bytes refers to no byte before them. The encoder's own dictionary
-        # (64 MiB at preset 9) was allocated for every speaker string (found by review).
-        filters = [{"id": lzma.FILTER_LZMA2, "dict_size": max(MIN_DICT_SIZE, wanted)}]
-        raw = lzma.LZMADecompressor(lzma.FORMAT_RAW, filters=filters).decompress(
-            packed, max_length=wanted
-        )
-        arr = np.frombuffer(raw, dtype=np.float16).copy()
-    except Exception as e:  # lzma / base16384 errors: not a speaker string
-        raise UnknownVoice(f"unknown voice {voice[:40]!r}: not seed:N nor a ChatTTS speaker") from e
-    if arr.shape != (dim,):
-        got = f"more than {dim}" if arr.size > dim else str(arr.size)
-        raise UnknownVoice(f"speaker string has {got} values, model needs {dim}")
+    """The embedding of a ChatTTS speaker string, or ``UnknownVoice`` (also for one that the
+    model's scaling would make NaN)."""
+    arr = speaker_values(voice, dim)
     # ChatTTS scales the embedding to unit length in float16 (Speaker.apply): NaN or infinite
     # values, or a vector too short for float16 (zeros), come out NaN, and every sampling step
     # of the utterance then fails: the string is corrupt, not the engine.
@@ -91,6 +55,11 @@ class VoiceBank:
         self._default = default_voice
         self._max_new_tokens = max_new_tokens
         self._dim = int(chat.config.gpt.hidden_size)
+
+    @property
+    def speaker_dim(self) -> int:
+        """How many values a speaker string of this model holds."""
+        return self._dim
 
     def speaker_for_seed(self, seed: int) -> torch.Tensor:
         # Drawn afresh each time (one small randn): a cache keyed by client-chosen seeds
@@ -129,9 +98,7 @@ class VoiceBank:
 
     def _options(self, opts: VoiceOptions) -> tuple[str, Sampling]:
         """The code prompt and sampling of ``opts``, or ``RequestError``."""
-        speed = DEFAULT_SPEED if opts.speed is None else opts.speed
-        if not 0 <= speed <= 9:
-            raise RequestError(f"speed must be 0..9, got {speed}")
+        speed = check_sampling(opts)  # the ranges, as a media process checks them
         defaults = Sampling()
         sampling = Sampling(
             temperature=defaults.temperature
@@ -142,6 +109,4 @@ class VoiceBank:
             repetition_penalty=defaults.repetition_penalty,
             max_new_tokens=self._max_new_tokens,
         )
-        if sampling.temperature <= 0 or not 0 < sampling.top_p <= 1 or sampling.top_k < 1:
-            raise RequestError("temperature must be > 0, top_p in (0, 1], top_k >= 1")
         return f"[speed_{speed}]", sampling

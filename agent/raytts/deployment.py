@@ -69,6 +69,8 @@ class SpeechReplica:
             "sample_rate": self._engine.sample_rate,
             "pid": os.getpid(),
             "fingerprint": self._fingerprint,
+            # for the media process's check of a client's voice (RayServeEngine.check_voice)
+            "speaker_dim": self._engine.speaker_dim,
         }
 
     async def synthesize(

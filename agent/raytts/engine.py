@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import numpy as np
 
+from agent.chattts.speakers import check_voice_without_model
 from agent.config import ChatTTSSettings, RaySettings
 from agent.engine import PCM, EngineError, EngineLoadError, RequestError, VoiceOptions
 from agent.raytts.deployment import fingerprint, speech_app
@@ -66,6 +67,7 @@ class RayServeEngine:
         self._watch: asyncio.Task[None] | None = None
         self._start_lock = asyncio.Lock()
         self._driver = _DriverThread()
+        self._speaker_dim: int | None = None  # from a replica's info, once started
 
     @property
     def ready(self) -> bool:
@@ -74,6 +76,13 @@ class RayServeEngine:
     @property
     def failure(self) -> str | None:
         return self._failure
+
+    def check_voice(self, voice: VoiceOptions) -> None:
+        """Raise ``RequestError`` (``UnknownVoice``) for a voice the replicas would refuse, as
+        the in-process engine does at ``config``: accepted, it replaced the session's voice
+        and every utterance after failed (found by review). Without the model: a speaker
+        string is read once a replica said its width (start)."""
+        check_voice_without_model(voice, self.chattts.default_voice, self._speaker_dim)
 
     @property
     def handle(self) -> DeploymentHandle[Any]:
@@ -97,6 +106,8 @@ class RayServeEngine:
                 self._status = "RUNNING"
             info = await self._handle.info.remote()
             self.sample_rate = int(info["sample_rate"])
+            dim = info.get("speaker_dim")
+            self._speaker_dim = int(dim) if isinstance(dim, int) else None
             samples = 0
             async for chunk in self._stream(self.chattts.warmup_text, VoiceOptions()):
                 samples += len(chunk)
