@@ -28,7 +28,7 @@ from signaling.app import STATUS_PATH, build_app, runner_options
 from signaling.auth import mint_token
 from signaling.front import build_front_app, workers_refusal
 from signaling.keys import BREAKER, DRAIN, ENGINE, ENGINE_ERROR
-from signaling.workers import WorkerPool
+from signaling.workers import Worker, WorkerPool
 from tests.conftest import raw_http, raw_status
 from tests.doubles import ToneEngine
 from tests.test_shutdown import an_offer
@@ -849,26 +849,13 @@ class _Healthy(_Running):
         self.killed = True
 
 
-async def test_a_busy_worker_is_not_taken_for_an_unready_or_wedged_one() -> None:
-    """Status polls and /metrics scrapes have connections of their own: when they shared
-    the 100 connections forwarded requests use, 100 slow requests in flight to one worker
-    (offers gathering ICE, a room's listeners joining) made the poll time out, the front
-    marked a worker that answers in milliseconds not ready (/readyz 503) and, wedged_s
-    later, killed it with every session on it (found by review)."""
-
-    async def status(request: web.Request) -> web.Response:
-        return web.json_response(
-            {"ready": True, "sessions": 0, "listening_ready": True, "refusal": None}
-        )
-
-    async def slow(request: web.Request) -> web.Response:
-        await asyncio.sleep(4)  # e.g. an offer gathering ICE against a slow STUN server
-        return web.json_response({"ok": True})
-
-    worker_app = web.Application()
-    worker_app.router.add_get(STATUS_PATH, status)
-    worker_app.router.add_route("*", "/sessions/{id}/{rest:.*}", slow)
-    socket_dir = Path(tempfile.mkdtemp(prefix="busy"))
+@contextlib.asynccontextmanager
+async def _front_before_a_stub_worker(
+    worker_app: web.Application,
+) -> AsyncIterator[tuple[WorkerPool, Worker, _Healthy, str]]:
+    """A front (its URL) before one worker whose app is ``worker_app``, polled once and
+    ready; the worker's process records whether the front killed it (wedged_s 0.5 s)."""
+    socket_dir = Path(tempfile.mkdtemp(prefix="stub"))
     config = Config(host="127.0.0.1", port=0, workers=1)
     pool = WorkerPool(config, lambda _config: None, socket_dir)  # type: ignore[arg-type, return-value]
     pool.wedged_s = 0.5
@@ -888,6 +875,34 @@ async def test_a_busy_worker_is_not_taken_for_an_unready_or_wedged_one() -> None
     try:
         await pool._poll(worker)
         assert worker.ready and worker.answered_at
+        yield pool, worker, process, url
+    finally:
+        await worker.close_clients()
+        await front_runner.cleanup()
+        await worker_runner.cleanup()
+        shutil.rmtree(socket_dir, ignore_errors=True)
+
+
+async def test_a_busy_worker_is_not_taken_for_an_unready_or_wedged_one() -> None:
+    """Status polls and /metrics scrapes have connections of their own: when they shared
+    the 100 connections forwarded requests use, 100 slow requests in flight to one worker
+    (offers gathering ICE, a room's listeners joining) made the poll time out, the front
+    marked a worker that answers in milliseconds not ready (/readyz 503) and, wedged_s
+    later, killed it with every session on it (found by review)."""
+
+    async def status(request: web.Request) -> web.Response:
+        return web.json_response(
+            {"ready": True, "sessions": 0, "listening_ready": True, "refusal": None}
+        )
+
+    async def slow(request: web.Request) -> web.Response:
+        await asyncio.sleep(4)  # e.g. an offer gathering ICE against a slow STUN server
+        return web.json_response({"ok": True})
+
+    worker_app = web.Application()
+    worker_app.router.add_get(STATUS_PATH, status)
+    worker_app.router.add_route("*", "/sessions/{id}/{rest:.*}", slow)
+    async with _front_before_a_stub_worker(worker_app) as (pool, worker, process, url):
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
 
             async def one() -> int:
@@ -909,11 +924,6 @@ async def test_a_busy_worker_is_not_taken_for_an_unready_or_wedged_one() -> None
             f"killed={process.killed}"
         )
         assert statuses == [200] * 100  # all forwarded, none refused for the polls' sake
-    finally:
-        await worker.close_clients()
-        await front_runner.cleanup()
-        await worker_runner.cleanup()
-        shutil.rmtree(socket_dir, ignore_errors=True)
 
 
 async def test_a_rooms_unready_worker_is_said_to_be_not_ready() -> None:
@@ -975,19 +985,6 @@ async def test_session_requests_without_a_token_are_unauthorized_at_the_front() 
     assert (running, restarting, no_worker) == (401, 401, 401)
 
 
-class _KillRecorder:
-    """A running worker process that records whether the front killed it."""
-
-    pid = 1
-    killed = False
-
-    def is_alive(self) -> bool:
-        return True
-
-    def kill(self) -> None:
-        self.killed = True
-
-
 async def test_metrics_requests_do_not_make_a_healthy_worker_unready_or_wedged() -> None:
     """Bug: /metrics is public (no --metrics-token by default) and each request to the front
     scraped every worker over the same connections the status polls used. A burst of
@@ -1012,26 +1009,7 @@ async def test_metrics_requests_do_not_make_a_healthy_worker_unready_or_wedged()
     worker_app = web.Application()
     worker_app.router.add_get(STATUS_PATH, status)
     worker_app.router.add_get("/metrics", metrics)
-    socket_dir = Path(tempfile.mkdtemp(prefix="metr"))
-    config = Config(host="127.0.0.1", port=0, workers=1)
-    pool = WorkerPool(config, lambda _config: None, socket_dir)  # type: ignore[arg-type, return-value]
-    pool.wedged_s = 0.5
-    worker = pool.workers[0]
-    worker_runner = web.AppRunner(worker_app)
-    await worker_runner.setup()
-    await web.UnixSite(worker_runner, worker.socket_path).start()
-    process = _KillRecorder()
-    worker.process = process  # type: ignore[assignment]
-    worker.open_clients()
-    front_runner = web.AppRunner(build_front_app(config, pool), **runner_options())
-    await front_runner.setup()
-    site = web.TCPSite(front_runner, "127.0.0.1", 0)
-    await site.start()
-    assert site._server is not None
-    url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
-    try:
-        await pool._poll(worker)
-        assert worker.ready and worker.answered_at
+    async with _front_before_a_stub_worker(worker_app) as (pool, worker, process, url):
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
 
             async def scrape() -> int:
@@ -1053,8 +1031,3 @@ async def test_metrics_requests_do_not_make_a_healthy_worker_unready_or_wedged()
             f"after a poll taking {polled_in:.1f} s: ready={ready_after_poll}, "
             f"/readyz {readyz}, killed={process.killed}"
         )
-    finally:
-        await worker.close_clients()
-        await front_runner.cleanup()
-        await worker_runner.cleanup()
-        shutil.rmtree(socket_dir, ignore_errors=True)
