@@ -202,3 +202,21 @@ def test_narrowed_rules_keep_their_readings(text: str, expected: str) -> None:
 )
 def test_third_round_readings(text: str, expected: str) -> None:
     assert expected in read(text)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        # wrong before the domain rules too (found by their reviews)
+        ("Sizes: S/M/L/XL.", "S slash M slash L slash XL"),  # was "M per liter"
+        ("Glucose 5.6 mmol/L.", "millimoles per liter"),
+        ("Price: $3/L.", "three dollars per liter"),
+        ("Set the timeout to 30s.", "timeout to thirty seconds"),  # was "thirties"
+        ("Use a delay of 5s.", "delay of five seconds"),
+        ("Common sizes are 640x480, 800x600 and 1024x768.", "eight hundred by six hundred"),
+        ("Is 8x8 64?", "eight times eight sixty four"),
+        ("Stage III-IV cancer.", "Stage three to four cancer"),
+    ],
+)
+def test_readings_wrong_before_the_domain_rules(text: str, expected: str) -> None:
+    assert expected in read(text)

@@ -859,8 +859,10 @@ _TAKES_LIANG: Final = re.compile(
 )
 _NUMBER: Final = re.compile(rf"(?P<neg>-)?(?P<int>{_INT})(?:\.(?P<frac>[0-9]+))?")
 _SYMBOL: Final = re.compile("|".join(re.escape(s) for s in sorted(_SYMBOLS, key=len, reverse=True)))
+# Not after a lone capital: "S/M/L/XL" are sizes ("S M per liter slash XL" before).
 _PER_SLASH: Final = re.compile(
-    r"\s?/\s?(?:(?P<w>" + "|".join(sorted(_PER_WORDS, key=len, reverse=True)) + r")\b"
+    r"(?<![^A-Za-z][A-Z])(?<!^[A-Z])\s?/\s?"
+    r"(?:(?P<w>" + "|".join(sorted(_PER_WORDS, key=len, reverse=True)) + r")\b"
     r"|(?=[天日时月年周人次个件斤晚小公分克升位张间瓶杯份包盒箱桶台辆秒米千毫吨平立度]))",
     re.ASCII,
 )
@@ -1204,7 +1206,8 @@ def _minus_op(m: re.Match[str], zh: bool) -> str:
 # What follows "2x4" when it is a product, not a size: "3x4 = 12", "3x4 is 12".
 _PRODUCT_AFTER: Final = re.compile(
     r"[0-9.,]*\s?(?:=|(?:is|equals|makes|gives|plus|minus|times|divided)\b|[?+*/-])"
-    r"|[0-9.,]+\s+[0-9]",  # "Is 8x8 64?"
+    # "Is 8x8 64?"; not a list ("640x480, 800x600")
+    r"|[0-9.,]*[0-9]\s+[0-9]",
     re.ASCII,
 )
 
@@ -1576,7 +1579,8 @@ def _ordinal(m: re.Match[str], zh: bool) -> str:
 # not a decade ("in their 30s", "80s music").
 _WAIT_BEFORE: Final = re.compile(
     r"(?:\b(?:wait|waits|waited|waiting|after|within|every|timeout|takes|took|lasts|lasted|"
-    r"delay|interval|sleep|sleeps)\s+(?:for\s+|about\s+)?|"
+    # ("set the timeout to 30s", "a delay of 30s": "thirties" before)
+    r"delay|interval|sleep|sleeps)\s+(?:for\s+|about\s+|to\s+|of\s+)?|"
     # "for" only after what lasts ("hold for 30s"; "for 90s kids" is a decade)
     r"\b(?:hold|press|run|heat|cook|bake|boil|blend|stir|rest|pause|microwave|steep)\s+for\s+|"
     r"=\s?)$",
@@ -2032,7 +2036,8 @@ _REGNAL: Final = re.compile(
 _NUMBERED_TITLE: Final = re.compile(
     r"\b(?P<head>World War|Super Bowl|[Tt]ype|[Pp]hase|[Ss]tage|Part|Chapter|Act|Scene|Book|"
     r"Volume|Episode|Level|Title|Article|Schedule|Appendix|Grade|Tier|Class|Category|Mark)"
-    r"\s+(?P<r>[IVXL]{1,7})(?P<sub>[A-C]|[a-c](?![a-z]))?\b(?![-/.'][A-Za-z0-9])",
+    r"\s+(?P<r>[IVXL]{1,7})(?P<sub>[A-C]|[a-c](?![a-z]))?\b"
+    r"(?:[-–](?P<r2>[IVX]{1,4})\b)?(?![-/.'][A-Za-z0-9])",  # "Stage III-IV": three to four
     re.ASCII,
 )
 # Where a numeral of one letter is one: a lone "I" after a lower-case head is the pronoun
@@ -2080,7 +2085,11 @@ def _numbered_title(m: re.Match[str], zh: bool) -> str:
     if numeral == "X" and head not in _ONE_LETTER_NUMBERED:
         return m.group(0)
     sub = f" {m['sub'].upper()}" if m["sub"] else ""  # "Stage IIIA": stage three A
-    return f"{head} {read_int_en(value)}{sub}"
+    second = _roman_value(m["r2"]) if m["r2"] else None
+    if m["r2"] and second is None:
+        return m.group(0)
+    upto = f" to {read_int_en(second)}" if second is not None else ""
+    return f"{head} {read_int_en(value)}{sub}{upto}"
 
 
 # "II型糖尿病", "III期临床试验": a Roman numeral before what it numbers, in Chinese.
