@@ -43,6 +43,9 @@ from _common import Client, Server, complexity_cell, pct, system_busy, system_st
 VARIANTS = ("ours", "ours-aiortc", "norephase", "default")
 TARGET_P50_MS = 5.0
 TARGET_P99_MS = 20.0
+# Fewer onsets than this give no p99 (20 samples' "p99" is about their maximum, below the
+# true p99 four times in five: an N=1 run said "yes" on it; found by review).
+MIN_P99_SAMPLES = 100
 
 
 def run_one(n: int, variant: str, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
@@ -168,7 +171,9 @@ def summarize(results: list[dict[str, Any]]) -> str:
             )
             # A run that lost utterances or sessions failed, whatever its percentiles.
             complete = not r["missing"] and r["sessions_done"] >= r["n"]
-            ok = complete and s50 <= TARGET_P50_MS and s99 <= TARGET_P99_MS
+            enough = len(r["sent_ms"]) >= MIN_P99_SAMPLES
+            ok = complete and s50 <= TARGET_P50_MS and (s99 <= TARGET_P99_MS or not enough)
+            verdict = ("yes" if enough else "p50 only") if ok else "NO"
             rows.append(
                 [
                     variant,
@@ -185,7 +190,7 @@ def summarize(results: list[dict[str, Any]]) -> str:
                     r["others_cpu_pct"],
                     r["server_wait_pct"],
                     complexity_cell(r),
-                    "yes" if ok else "NO",
+                    verdict,
                 ]
             )
         out.append(f"\n## N={n}  (ms from the engine's first chunk)")
@@ -278,8 +283,9 @@ def main() -> int:
         "'client': arrival on loopback (upper bound)."
     )
     print(
-        f"targets: p50 <= {TARGET_P50_MS:g} ms, p99 <= {TARGET_P99_MS:g} ms; "
-        f"total {time.time() - started:.0f} s"
+        f"targets: p50 <= {TARGET_P50_MS:g} ms, p99 <= {TARGET_P99_MS:g} ms "
+        f"(a p99 from {MIN_P99_SAMPLES} onsets or more: 'p50 only' below that, e.g. "
+        f"--utterances {MIN_P99_SAMPLES} at N=1); total {time.time() - started:.0f} s"
     )
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))

@@ -153,6 +153,12 @@ def run_one(
         "pps_median": pct(pps, 50),
         "streams_below_49_5pps": sum(p < 49.5 for p in pps),
         "gap_share": gaps_over / gaps_total if gaps_total else 1.0,
+        # The issue's "every stream ... at most 0.5% of gaps over 40 ms" is per stream: pooled,
+        # one stuttering stream among 100 hid under the others (found by review).
+        "worst_gap_share": max(
+            (s["gaps_over_40ms"] / s["gaps_total"] if s["gaps_total"] else 1.0 for s in streams),
+            default=1.0,
+        ),
         "max_gap_ms": max((s["max_gap_ms"] for s in streams), default=0.0),
         "lost": sum(s["lost"] for s in streams),
         "speech_share": sum(s["speech_share"] for s in streams) / max(1, len(streams)),
@@ -171,6 +177,26 @@ def run_one(
         "receiver_reports_per_stream_s": delta("receiver_reports") / wall / n,
         **_common.governor_figures(s1, s0),
     }
+
+
+def _worst_gap_share(r: dict[str, Any]) -> float:
+    """The worst stream's share of gaps over 40 ms (a run recorded before it: the pooled one)."""
+    return float(r.get("worst_gap_share", r["gap_share"]))
+
+
+def ratio_verdict(ours: dict[str, Any], default: dict[str, Any]) -> str:
+    """The CPU ratio's verdict against the target: only where both paths held real time and
+    ours kept its configured quality. A run whose governor stepped ours down (lower
+    complexity, narrower band) against a baseline overloaded past real time gave a ratio
+    of 0.2 that said "meets" (found by review): n/a, with the reason."""
+    ratio = _per_rt_stream(ours) / _per_rt_stream(default)
+    if not holds_real_time(default):
+        return f"ratio {ratio:.2f} (n/a: the default path did not hold real time)"
+    if not holds_real_time(ours):
+        return f"ratio {ratio:.2f} (n/a: ours did not hold real time)"
+    if ours.get("complexity_steps_down", 0) or ours.get("band_cap_hz"):
+        return f"ratio {ratio:.2f} (n/a: the governor lowered ours' quality)"
+    return f"ratio {ratio:.2f} ({'meets' if ratio <= TARGET_RATIO else 'misses'} {TARGET_RATIO})"
 
 
 def _per_rt_stream(r: dict[str, Any]) -> float:
@@ -193,7 +219,7 @@ def report(results: list[dict[str, Any]], pattern: str) -> str:
                 if variant != "default" and other
                 else float("nan")
             )
-            realtime = r["pps_min"] >= 49.5 and r["gap_share"] <= TARGET_GAP_SHARE
+            realtime = r["pps_min"] >= 49.5 and _worst_gap_share(r) <= TARGET_GAP_SHARE
             rows.append(
                 [
                     n,
@@ -206,6 +232,7 @@ def report(results: list[dict[str, Any]], pattern: str) -> str:
                     r["pps_min"],
                     r["pps_median"],
                     r["gap_share"] * 100,
+                    _worst_gap_share(r) * 100,
                     r["max_gap_ms"],
                     r["rss_per_peer_mib"],
                     r["speech_share"] * 100,
@@ -228,6 +255,7 @@ def report(results: list[dict[str, Any]], pattern: str) -> str:
         "pps min",
         "pps med",
         "gaps>40ms %",
+        "worst stream %",
         "max gap ms",
         "RSS MiB/peer",
         "speech %",
@@ -370,11 +398,7 @@ def main() -> int:
                 None,
             )
             if other:
-                ratio = _per_rt_stream(r) / _per_rt_stream(other)
-                print(
-                    f"  N={r['n']} continuous: ratio {ratio:.2f} "
-                    f"({'meets' if ratio <= TARGET_RATIO else 'misses'} {TARGET_RATIO})"
-                )
+                print(f"  N={r['n']} continuous: {ratio_verdict(r, other)}")
     print(f"total {time.time() - started:.0f} s")
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
@@ -386,7 +410,7 @@ def holds_real_time(r: dict[str, Any]) -> bool:
     return (
         r["connected"] == r["n"]
         and r["streams_below_49_5pps"] == 0
-        and r["gap_share"] <= TARGET_GAP_SHARE
+        and _worst_gap_share(r) <= TARGET_GAP_SHARE
     )
 
 
@@ -412,9 +436,12 @@ def capacity(args: argparse.Namespace, worker_counts: list[int]) -> int:
         for n in ns:
             for workers in list(climbing):
                 best = None
+                tries = passes = 0
                 for attempt in range(1 + args.retries):
                     print(f"  workers={workers} N={n} (try {attempt + 1}) ...", flush=True)
                     r = run_one(n, "ours", "continuous", args, Path(tmp), workers)
+                    tries += 1
+                    passes += holds_real_time(r)
                     if best is None or holds_real_time(r):
                         best = r
                     # Any miss is tried again (not only a visibly disturbed one): steal
@@ -429,13 +456,15 @@ def capacity(args: argparse.Namespace, worker_counts: list[int]) -> int:
                     str(n),
                     f"{best['pps_min']:.1f}",
                     f"{best['pps_median']:.1f}",
-                    f"{best['gap_share'] * 100:.2f}",
+                    f"{_worst_gap_share(best) * 100:.2f}",
                     f"{best['server_cpu_pct']:.0f}",
                     f"{best['client_cpu_pct']:.0f}",
                     f"{best['others_cpu_pct']:.0f}",
                     f"{best['steal_pct']:.0f}",
                     complexity_cell(best),
-                    "yes" if ok else "no",
+                    # held on the first try, or after misses (the best of several tries is
+                    # no capacity on its own: found by review)
+                    f"{'yes' if ok else 'no'} ({passes}/{tries} tries)",
                 ]
                 rows.append((workers, n, row))
                 if ok:
@@ -449,7 +478,7 @@ def capacity(args: argparse.Namespace, worker_counts: list[int]) -> int:
         "N",
         "pps min",
         "pps med",
-        "gaps>40ms %",
+        "worst stream gaps>40ms %",
         "server CPU%",
         "client CPU%",
         "others CPU%",

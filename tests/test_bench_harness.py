@@ -190,7 +190,8 @@ def test_the_latency_table_fails_a_run_that_lost_utterances_or_sessions(
     out = latency.summarize([_latency_result(heard, done)])
     row = next(line for line in out.splitlines() if line.lstrip("| ").startswith("ours"))
     assert f"{heard}/10" in row and f"{done}/2" in row, row
-    assert row.rstrip(" |").endswith("yes" if met else "NO"), row
+    # (10 onsets give no p99: "p50 only", tests/test_bench_arithmetic.py)
+    assert row.rstrip(" |").endswith("p50 only" if met else "NO"), row
 
 
 def _bargein_result(misses: int) -> dict[str, Any]:
