@@ -11,6 +11,7 @@ import pytest
 
 from agent.text.normalize import normalize_for_tts
 from agent.text.segment import split_text
+from tests.test_normalize import _seconds_to_read
 
 
 def read(text: str) -> str:
@@ -102,7 +103,7 @@ def test_domain_readings(text: str, expected: str) -> None:
         ("Upgrade to version 2.7.18 now.", "version two dot seven dot eighteen now."),
         ("Take 3 mo. Then rest.", "Take three months."),
         # a slash between two numbers without a blood pressure is what it was
-        ("She scored 118/120 on the test.", "one hundred eighteen slash one hundred twenty"),
+        ("She scored 118/120 on the test.", "one hundred eighteen out of one hundred twenty"),
         ("The deadline is 5/15.", "The deadline is May fifteenth."),
         # "x" between numbers that are no size: a product
         ("It is about 2 x 3 x 4 = 24.", "two times three times four equals twenty four."),
@@ -220,3 +221,43 @@ def test_third_round_readings(text: str, expected: str) -> None:
 )
 def test_readings_wrong_before_the_domain_rules(text: str, expected: str) -> None:
     assert expected in read(text)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        # the fourth review's rules, and what they must leave alone
+        ('I recommend a 65" TV for that room.', "a sixty five inch TV"),
+        ('He said "I am 27" and left.', "He said I am twenty seven and left"),
+        ('A 12" x 10" frame.', "twelve inches by ten inches"),
+        ("She is 6'8\" tall.", "six foot eight tall"),
+        ("配速5'30\"。", "五分三十秒"),
+        ("His pace was 7'45\" per mile.", "seven minutes forty five seconds per mile"),
+        ("Our team went 150/90 this season.", "one hundred fifty slash ninety"),
+        ("It scored 9/10.", "nine out of ten"),
+        ("Prices range from $2B to $5B.", "from two to five billion dollars"),
+        ("It costs $10 to $20.", "ten to twenty dollars"),
+        ("A/B testing works.", "A B testing works"),
+        ("Rows A-C are full.", "Rows A C are full"),
+        ("Vitamin B-12 helps.", "Vitamin B twelve helps"),
+        ("It is 1000x faster.", "one thousand times faster"),
+        ("温度10-20度。", "十到二十度"),
+        ("The 90's music.", "The nineties music"),
+        ("我最喜欢90s经典老歌。", "九十年代经典老歌"),
+        ("Rock 'n' roll.", "Rock n roll"),
+    ],
+)
+def test_fourth_review_rules_stay_narrow(text: str, expected: str) -> None:
+    assert expected in read(text)
+
+
+@pytest.mark.parametrize(
+    "unit", ['1" ', '"a 1" ', "12 x ", "12 x 10 x ", "L/100km ", "Henry V ", "B- ", "4-0大胜"]
+)
+def test_the_domain_rules_read_in_linear_time(unit: str) -> None:
+    """Each rule's look-back is a window: the quote count of an inch mark from its line's
+    start, and the size run from every "x" to the chain's end, were quadratic (4x the time
+    for twice the text; found while writing them). Four times the text: about four times the
+    time, not sixteen."""
+    short, long = ((unit * (n // len(unit) + 1))[:n] for n in (1250, 5000))
+    assert _seconds_to_read(long) < 8 * _seconds_to_read(short) + 0.05

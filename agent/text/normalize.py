@@ -505,6 +505,11 @@ _PER_WORDS: Final[Mapping[str, str]] = MappingProxyType(
         "kWh": "kilowatt hour",
         "token": "token",
         "serving": "serving",
+        "share": "share",
+        "bbl": "barrel",
+        "barrel": "barrel",
+        "sq ft": "square foot",
+        "sqft": "square foot",
         "request": "request",
     }
 )
@@ -657,7 +662,8 @@ _DIGITS_AT: Final = re.compile(r"[0-9]+")
 # Spaced ("5 - 3"), or glued where an "=" follows the sum ("10-3=7": no range); before
 # _RANGE, which would read the glued one "ten to three".
 _MINUS_OP: Final = re.compile(r"(?<=[0-9])(?:\s+-\s+|[-–](?=[0-9][0-9.,]*\s?=))(?=[0-9])")
-_TIMES_OP: Final = re.compile(r"(?<=[0-9])\s?[*xX×]\s?(?=[0-9])")
+# ("5800X3D" is a model: an X between digits and a letter)
+_TIMES_OP: Final = re.compile(r"(?<=[0-9])(?:\s?[*xX×]\s?(?=[0-9])(?![0-9]+[A-Z]))")
 # Spaced between a variable (one lower-case letter) or a call's ")" and a number, as code
 # and maths write them ("n - 1", "len(arr) - 1", "x * 2"): the dash was a pause.
 _NAME_OP: Final = re.compile(
@@ -669,13 +675,15 @@ _WORD_AFTER_NUMBER: Final = re.compile(r"[0-9]+(?:[.,][0-9]+)*\s+[A-Za-z]")
 _CALL_BEFORE: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*\([^()\s]*\)$")
 # "20 ft x 15 ft", "6 in x 4 in": a size between two lengths (before _UNIT reads them).
 _SIZE_BY: Final = re.compile(
-    r"(?<=[0-9])(?P<unit>\s?(?:ft|in|cm|mm|m|km|inches|feet|meters))\s[xX×]\s(?=[0-9])",
+    r"(?<=[0-9])(?P<unit>\s?(?:ft|in|cm|mm|m|km|inches|feet|meters)|[\"″])\s?[xX×]\s?(?=[0-9])",
     re.ASCII,
 )
 # "10x faster", "0.5x speed", "3× more": a factor, not the letter (after _TIMES_OP, which
 # reads "3x4"; "x86", "v2x" and "0x1F" are left to the other rules).
+# A capital X after four digits or more is a model's suffix ("Ryzen 9 7950X"), not a factor.
 _FACTOR: Final = re.compile(
-    r"(?<![A-Za-z0-9_.])(?<![=(])(?<![=(]\s)(?P<num>[0-9]+(?:\.[0-9]+)?)[xX×]"
+    r"(?<![A-Za-z0-9_.])(?<![=(])(?<![=(]\s)(?P<num>[0-9]+(?:\.[0-9]+)?)"
+    r"(?:[x×]|(?<![0-9]{4})X)"
     # "2x + 3", "y = 2x", "5x = 10", "(3x)": an algebra term, said "two x"; but "2x/day"
     # is a count of times ("two x per day" before)
     r"(?![A-Za-z0-9_])(?!\s?[-+=*^<>)²³]|\s?/(?!(?:day|week|wk|month|mo|year|yr|hour|hr|night)\b))",
@@ -790,6 +798,8 @@ _GRAMS_CONTEXT: Final = re.compile(
 # number: a match never starts right after "^" or "^-").
 _UNIT: Final = re.compile(
     rf"(?<!\^)(?<!\^-)(?P<neg>-)?(?P<num>{_NUM})"
+    # a scale word between ("150 million km": "million km" was left unread)
+    r"(?:\s(?P<scale>thousand|million|billion|trillion)\b)?"
     r"(?:\s?\^\s?(?P<eneg>-)?(?P<exp>[0-9]+))?\s?(?P<unit>"
     + "|".join(re.escape(u) for u in sorted(_UNITS, key=len, reverse=True))
     + r")(?:\^(?P<pow>[23]))?(?![A-Za-z0-9])"
@@ -801,7 +811,9 @@ _POWER: Final = re.compile(
 )
 # "9.58s", "0.5s": seconds after a decimal ("5s" or "20s" may be a phone or a decade).
 _DECIMAL_SECONDS: Final = re.compile(
-    r"(?<![0-9A-Za-z.,])(?P<neg>-)?(?P<num>[0-9]+\.[0-9]+)s(?![A-Za-z0-9])", re.ASCII
+    # spaced too, as SI writes it ("19.19 s", "T = 2.0 s"; "... s" before)
+    r"(?<![0-9A-Za-z.,])(?P<neg>-)?(?P<num>[0-9]+\.[0-9]+)\s?s(?![A-Za-z0-9])",
+    re.ASCII,
 )
 # "100s of people", "in the 1000s": hundreds, thousands ("10s" and "20s" are decades); after
 # what counts time, a duration ("timeout to 100s", "wait 100s").
@@ -826,7 +838,8 @@ _RESOLUTION: Final = re.compile(
     r"(?<![0-9A-Za-z.,])(?P<n>240|360|480|576|720|1080|1440|2160|4320)(?P<s>[pPi])(?![A-Za-z0-9])"
 )
 _ORDINAL: Final = re.compile(r"(?<![0-9])(?P<n>[0-9]+)(?:st|nd|rd|th)\b", re.IGNORECASE | re.ASCII)
-_DECADE: Final = re.compile(r"(?<![0-9])'?(?P<c>1[0-9]|20)?(?P<d>[1-9]0|00)s\b", re.ASCII)
+# ("the 1990's", "70's": "one thousand nine hundred ninety s" before)
+_DECADE: Final = re.compile(r"(?<![0-9])['’]?(?P<c>1[0-9]|20)?(?P<d>[1-9]0|00)['’]?s\b", re.ASCII)
 _YEAR_AFTER: Final = re.compile(
     r"\b(?P<kw>[Ii]n|[Ss]ince|[Bb]y|[Ff]rom|[Uu]ntil|[Tt]ill|[Tt]hrough|to|of|[Cc]irca|"
     r"[Bb]efore|[Aa]fter|[Dd]uring|[Aa]round|[Yy]ear|[Ee]arly|[Ll]ate|[Mm]id|"
@@ -1148,7 +1161,11 @@ def _local_phone(m: re.Match[str], zh: bool) -> str:
 
 
 def _digit_groups(m: re.Match[str], zh: bool) -> str:
-    return _groups([_digits(group, zh) for group in m.group(0).split("-")], zh)
+    groups = m.group(0).split("-")
+    if len(groups) == 3 and all(len(g) <= 2 and (g == "0" or g[0] != "0") for g in groups):
+        # a win-loss-tie record ("10-6-1": ten, six, one; "one zero, six, one" before)
+        return _groups([_read_number(g, None, zh) for g in groups], zh)
+    return _groups([_digits(group, zh) for group in groups], zh)
 
 
 def _dotted(m: re.Match[str], zh: bool) -> str:
@@ -1175,7 +1192,21 @@ def _is_model_number(before: str, text: str, after: int) -> bool:
     return longest >= 3
 
 
+# A score in Chinese: a dash between two numbers before a word of winning or losing, or after
+# 比分 ("曼城4-0大胜": 四比零, not 四到零).
+_SCORE_AFTER_ZH: Final = re.compile(
+    r"[0-9]+\s?(?:大胜|险胜|获胜|取胜|战胜|击败|胜出|胜|负于|告负|落败|败|输|赢|逆转|战平|打平|平局|的比分)"
+)
+_SCORE_BEFORE_ZH: Final = re.compile(r"(?:比分|比分为|比分是|以|最终)\s?[0-9]+$")
+
+
 def _range(m: re.Match[str], zh: bool) -> str:
+    if (
+        zh
+        and m.group(0) in "-–"
+        and (_SCORE_AFTER_ZH.match(m.string, m.end()) or _before(_SCORE_BEFORE_ZH, m))
+    ):
+        return "比"
     glued = None
     if m.group(0) in "-–":
         glued = _GLUED_NUMBER_BEFORE.search(m.string, max(0, m.start() - _LOOK_BACK), m.start())
@@ -1342,8 +1373,29 @@ def _money(m: re.Match[str], zh: bool) -> str:
     return _sp(_signed(m, words, zh), zh)
 
 
+# A change from one amount to another: "rose $2B to $50B" is no range of 2 to 50 billion.
+_CHANGE_BEFORE: Final = re.compile(
+    r"\b(?:rose|rise|rises|rising|fell|fall|falls|grew|grow|grows|dropped|drop|drops|jumped|"
+    r"jump|climbed|climb|increased|increase|decreased|decrease|declined|decline|gained|gain|"
+    r"lost|lose|slipped|surged|soared|plunged|cut|raised|lowered|reduced\s+by|up|down|by)\s+$",
+    re.IGNORECASE,
+)
+
+
 def _money_range(m: re.Match[str], zh: bool) -> str:
     cur = _CURRENCIES[m["sym"]]
+    if not zh and " to " in m.group(0) and _before(_CHANGE_BEFORE, m):
+        # each amount whole ("rose two billion dollars to fifty billion dollars")
+        ends = []
+        for number, scale in ((m["a"], m["ascale"]), (m["b"], m["bscale"])):
+            int_part, frac = _split_num(number)
+            key = (scale or "").strip().lower()
+            ends.append(
+                f"{_read_scaled(int_part, frac, key, zh)} {cur.many}"
+                if key
+                else _money_en(int_part, frac, cur)
+            )
+        return _sp(" to ".join(ends), zh)
     a, b = _split_num(m["a"]), _split_num(m["b"])
     b_scale = (m["bscale"] or "").strip().lower()
     a_scale = (m["ascale"] or "").strip().lower() or b_scale  # "$1.5-2M": both in millions
@@ -1469,11 +1521,16 @@ def _unit(m: re.Match[str], zh: bool) -> str:
     int_part, frac = _split_num(m["num"])
     singular, plural, chinese = _UNITS[m["unit"]]
     number = _read_number(int_part, frac, zh)
+    if m["scale"]:
+        number = _read_scaled(int_part, frac, m["scale"], zh) if zh else f"{number} {m['scale']}"
     if m["exp"]:  # "10^3 kg": ten cubed kilograms
         number = (number + _power_words(m["exp"], bool(m["eneg"]), zh)).strip()
     power = m["pow"]
     if zh:
-        if power:
+        if power and "每" in chinese:  # "9.8m/s²": 米每二次方秒, not 平方米每秒
+            head, _, tail = chinese.partition("每")
+            chinese = f"{head}每{'二' if power == '2' else '三'}次方{tail}"
+        elif power:
             chinese = ("平方" if power == "2" else "立方") + chinese
         elif (
             number == "二"
@@ -1483,7 +1540,7 @@ def _unit(m: re.Match[str], zh: bool) -> str:
         ):
             number = "两"  # 2kg is 两公斤, as 2公斤 is
         return _signed(m, number + chinese, zh)
-    one = int_part == "1" and not frac and not _negative(m) and not m["exp"]
+    one = int_part == "1" and not frac and not _negative(m) and not m["exp"] and not m["scale"]
     # "a 10 min walk", "a 100W bulb": a measure before its noun is singular
     # (not after "per": "L/100km on the highway" is per one hundred kilometers)
     attributive = (
@@ -1615,6 +1672,117 @@ def _decade(m: re.Match[str], zh: bool) -> str:
     if century:
         return _sp(_plural_en(read_year_en(int(century + decade))), zh)
     return _sp(_plural_en(read_int_en(int(decade))), zh)
+
+
+# A year alone in brackets, as a title's or an event's ("The Godfather (1972)", "Brown v.
+# Board (1954)"): said as a year ("one thousand nine hundred seventy two" before).
+_YEAR_IN_BRACKETS: Final = re.compile(r"(?<=\()(?P<y>1[5-9][0-9]{2}|20[0-9]{2})(?=\))")
+
+
+def _year_in_brackets(m: re.Match[str], zh: bool) -> str:
+    return _digits(m["y"], zh) if zh else _sp(read_year_en(int(m["y"])), zh)
+
+
+# A case's "v." between two names ("Brown v. Board of Education"): versus (the segmenter
+# no longer cuts there either).
+_CASE_VERSUS: Final = re.compile(r"(?<=[A-Za-z.)])\s+v\.\s+(?=[A-Z])", re.ASCII)
+_CAPITALISED_BEFORE: Final = re.compile(r"\b[A-Z][A-Za-z.'&-]*\)?$")
+
+
+def _case_versus(m: re.Match[str], zh: bool) -> str:
+    if not _before(_CAPITALISED_BEFORE, m):
+        return m.group(0)
+    return "诉" if zh else " versus "
+
+
+# A grade, a blood type or a rating with its minus ("a B-", "O- blood", "BBB-"): the "-" was
+# dropped as punctuation, a B- heard as a B.
+_GRADE_MINUS: Final = re.compile(
+    r"(?<![A-Za-z0-9-])(?P<g>[A-DF]|AB|O|AAA|AA|BBB|BB|CCC|CC)-(?![A-Za-z0-9-])"
+    r"(?!\s*[0-9])",  # not a range's dash ("A- 3")
+    re.ASCII,
+)
+
+
+def _grade_minus(m: re.Match[str], zh: bool) -> str:
+    return f"{m['g']}减" if zh else f" {m['g']} minus "
+
+
+# Per a square or a cubic unit ("75 µg/m³", "1 g/cm³", "3万/㎡"): "slash m cubed" before.
+_PER_POWER: Final = re.compile(
+    r"\s?/\s?(?P<u>km|cm|mm|m|ft|in)\s?\^\s?(?P<p>[23])(?![0-9])", re.ASCII
+)
+
+
+def _per_power(m: re.Match[str], zh: bool) -> str:
+    singular, _, chinese = _UNITS[m["u"]] if m["u"] != "in" else ("inch", "", "英寸")
+    if zh:
+        return "每" + ("平方" if m["p"] == "2" else "立方") + chinese
+    return f" per {'square' if m['p'] == '2' else 'cubic'} {singular} "
+
+
+# The inch mark after a number ('a 27" monitor', '6-10" of snow'): it was dropped as
+# punctuation ("a twenty seven monitor"). Not a closing quote ('he said "I am 27"'): an odd
+# number of quote marks before it on its line opened one.
+_INCH_MARK: Final = re.compile(r"(?<![0-9.,])(?P<num>[0-9]+(?:\.[0-9]+)?)[\"″](?![A-Za-z0-9\"])")
+_QUOTE_MARK: Final = re.compile(r'(?<![0-9])"')  # after a digit, it may be an inch mark
+# How far back on its line quote marks are counted (a window: counted from the line's start,
+# a long line of sizes was quadratic).
+_QUOTE_LOOK_BACK: Final = 200
+
+
+# A height in feet and inches ("6'8\"", "5′11″"): "six foot eight", as it is said; past 11,
+# and in Chinese, minutes and seconds (a pace: 配速5'30": 五分三十秒, "five three thirty
+# inches" before).
+_HEIGHT: Final = re.compile(
+    r"(?<![0-9.,])(?P<f>[1-9])['′](?P<i>[1-5][0-9]|[0-9])(?:\"|″|''|(?![0-9]))"
+)
+
+
+def _height(m: re.Match[str], zh: bool) -> str:
+    first, second = int(m["f"]), int(m["i"])
+    if zh:
+        return f"{read_int_zh(first)}分{read_int_zh(second)}秒"
+    if second > 11:
+        return _sp(f"{read_int_en(first)} minutes {read_int_en(second)} seconds", zh)
+    return _sp(f"{read_int_en(first)} foot {read_int_en(second)}", zh)
+
+
+def _inch_mark(m: re.Match[str], zh: bool) -> str:
+    before = m.string[max(0, m.start() - _QUOTE_LOOK_BACK) : m.start()].rpartition("\n")[2]
+    if m.group(0).endswith('"') and len(_QUOTE_MARK.findall(before)) % 2:
+        return m.group(0)
+    int_part, frac = _split_num(m["num"])
+    number = _read_number(int_part, frac, zh)
+    if zh:
+        return number + "英寸"
+    one = int_part == "1" and not frac
+    attributive = _before(_ARTICLE_BEFORE, m) and _NAME_OR_NOUN_AFTER.match(m.string, m.end())
+    return _sp(f"{number} {'inch' if one or attributive else 'inches'}", zh)
+
+
+# A noun, or a name written in capitals, after a size ("a 65\" TV", "a 27\" monitor").
+_NAME_OR_NOUN_AFTER: Final = re.compile(
+    r"[\s-]+(?!(?:of|per|and|or|to|in|by|x)\b)[A-Za-z]", re.ASCII
+)
+
+
+# Shots made out of shots taken ("made 7/10 free throws", "scored 118/120"): "seven out of ten",
+# not "seven tenths".
+_MADE_OF: Final = re.compile(
+    r"(?<![0-9/.,])(?P<a>[0-9]{1,3})/(?P<b>[0-9]{1,3})(?![0-9/]|[.,][0-9])"
+)
+_MADE_BEFORE: Final = re.compile(
+    r"\b(?:made|makes|hit|hits|sank|sinks|converted|completed|went|batted|shooting|shot|"
+    r"scored|saved|blocked|won)\s+(?:just\s+|only\s+)?$",
+    re.IGNORECASE,
+)
+
+
+def _made_of(m: re.Match[str], zh: bool) -> str:
+    if zh or int(m["a"]) > int(m["b"]) or not _before(_MADE_BEFORE, m):
+        return m.group(0)
+    return _sp(f"{read_int_en(int(m['a']))} out of {read_int_en(int(m['b']))}", zh)
 
 
 def _year_after(m: re.Match[str], zh: bool) -> str:
@@ -1839,7 +2007,13 @@ def _and_or(m: re.Match[str], zh: bool) -> str:
     return "and or"
 
 
+_EQUALS_BEFORE: Final = re.compile(r"=\s*$")
+
+
 def _acronym_pair(m: re.Match[str], zh: bool) -> str:
+    if len(m["a"]) == 1 and len(m["b"]) == 1 and _before(_EQUALS_BEFORE, m):
+        # a formula's division ("I = V/R"; "V R" before, heard as a product)
+        return f"{m['a']}除以{m['b']}" if zh else f" {m['a']} divided by {m['b']} "
     return f"{m['a']} {m['b']}"
 
 
@@ -2284,6 +2458,8 @@ _RULES: Final[tuple[_Rule, ...]] = (
     (_DOMAIN, _domain),
     (_ZH_CODE, _zh_code),
     (_ABBREVIATION, _abbreviation),
+    (_CASE_VERSUS, _case_versus),
+    (_GRADE_MINUS, _grade_minus),
     (_WORLD_WAR, _world_war),
     (_REGNAL, _regnal),
     (_NUMBERED_TITLE, _numbered_title),
@@ -2312,6 +2488,7 @@ _RULES: Final[tuple[_Rule, ...]] = (
     (_MONEY_RANGE, _money_range),
     (_YEAR_RANGE, _year_range),
     (_PRESSURE_PAIR, _pressure_pair),
+    (_MADE_OF, _made_of),
     (_MIXED_FRACTION, _mixed_fraction),
     (_UNIT_RANGE, _unit_range),
     (_TIME_UNIT_RANGE, _time_unit_range),
@@ -2330,7 +2507,10 @@ _RULES: Final[tuple[_Rule, ...]] = (
     (_DECIMAL_SECONDS, _decimal_seconds),
     (_HOURS_MINUTES, _hours_minutes),
     (_RESOLUTION, _resolution),
+    (_HEIGHT, _height),
+    (_INCH_MARK, _inch_mark),
     (_PER_AMOUNT, _per_amount),
+    (_PER_POWER, _per_power),
     (_UNIT, _unit),
     (_MICRO_PREFIX, _micro_prefix),
     (_SCALED_NUMBER, _scaled_number),
@@ -2340,6 +2520,7 @@ _RULES: Final[tuple[_Rule, ...]] = (
     (_ROUND_PLURAL, _round_plural),
     (_DECADE, _decade),
     (_YEAR_AFTER, _year_after),
+    (_YEAR_IN_BRACKETS, _year_in_brackets),
     (_YEAR_ZH, _year_zh),
     (_FRACTION, _fraction),
     (_LEADING_POINT, _leading_point),

@@ -81,6 +81,7 @@ _ABBREVIATIONS: Final = frozenset(
         "col",
         "sgt",
         "vs",
+        "v",  # "Brown v. Board of Education"
         "cf",
         "approx",
         "e.g",
