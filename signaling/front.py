@@ -473,7 +473,10 @@ async def _scrape(request: web.Request, worker: Worker) -> str:
     scrapes, each rendered on the worker's loop, which also paces its media."""
     if not worker.alive or worker.scrape is None:
         return ""
-    auth = request.headers.get("Authorization")
+    # Only a metrics token needs passing on (checked here already): without one, a made-up
+    # header per request made one scrape per request again (found by review).
+    has_token = request.app[CONFIG].security.metrics_token is not None
+    auth = request.headers.get("Authorization") if has_token else None
     pending = worker.scrapes.get(auth)
     if pending is None:
         pending = asyncio.ensure_future(_scrape_once(worker.scrape, auth))

@@ -246,10 +246,13 @@ async def test_a_close_given_up_still_stops_the_transports_and_a_later_close_ret
             await asyncio.sleep(0.05)
     receiver = answerer.getTransceivers()[0].receiver
 
-    async def hangs() -> None:  # as a receiver whose RTCP task died never stops
-        await asyncio.Event().wait()
-
-    receiver.stop = hangs  # type: ignore[method-assign]
+    # As a receiver whose RTCP task died of an exception: its stop() stops the decoder
+    # thread, then waits for that task to say it exited, which it never will.
+    rtcp_task = receiver._RTCRtpReceiver__rtcp_task  # type: ignore[attr-defined]
+    rtcp_task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await rtcp_task
+    receiver._RTCRtpReceiver__rtcp_exited = asyncio.Event()  # type: ignore[attr-defined]
     ice = receiver.transport.transport
     try:
         await close_peer_connection(answerer, timeout_s=0.3)
