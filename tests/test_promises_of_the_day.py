@@ -6,7 +6,6 @@ that the suite let survive, or, where it says "Bug", failed on the code as it wa
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import lzma
 import tempfile
@@ -20,17 +19,15 @@ import numpy as np
 import pybase16384 as b14
 import pytest
 from aiohttp import web
-from aiortc import RTCConfiguration, RTCPeerConnection
 
 from agent.config import ChatTTSSettings, Config, RaySettings
-from agent.conversation_config import ServiceSettings
 from agent.engine import UnknownVoice, VoiceOptions
 from agent.fanout import FanoutSource, FanoutTrack
-from agent.llm import ChatCompletions
 from signaling.app import STATUS_PATH, runner_options
 from signaling.front import _prepared, build_front_app
 from signaling.release import close_peer_connection
 from signaling.workers import WorkerPool
+from tests.test_release import connected_pair, rtcp_task_never_exits
 
 pytest_plugins = ["tests.conftest_chattts"]
 
@@ -51,48 +48,6 @@ async def test_a_sender_waiting_on_an_empty_queue_gets_every_packet_of_a_burst()
     assert bytes(await first) == b"one"
     assert bytes(await asyncio.wait_for(track.recv(), 1)) == b"two"
     assert track.dropped == 0
-
-
-# --- agent/llm.py ----------------------------------------------------------------------------
-async def test_a_stream_ended_by_a_finish_reason_leaves_its_connection_for_the_next_reply() -> None:
-    """The usual OpenAI stream: a last chunk with a finish_reason, then [DONE], then the end of
-    the chunked body a moment later. Returning on the finish_reason must still finish the body
-    (as [DONE] does): released unfinished, aiohttp closes the connection and every reply pays
-    a new TCP (and TLS) handshake before its first token."""
-    peers: list[int] = []
-
-    async def complete(request: web.Request) -> web.StreamResponse:
-        await request.read()
-        assert request.transport is not None
-        peers.append(request.transport.get_extra_info("peername")[1])
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await response.prepare(request)
-        await response.write(
-            b'data: {"choices":[{"delta":{"content":"Hi."},"finish_reason":"stop"}]}\n\n'
-        )
-        await response.write(b"data: [DONE]\n\n")
-        await asyncio.sleep(0.02)  # the generator's end, then the body's
-        with contextlib.suppress(ConnectionError):
-            await response.write_eof()
-        return response
-
-    app = web.Application()
-    app.router.add_post("/v1/chat/completions", complete)
-    runner = web.AppRunner(app, shutdown_timeout=0.1)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    try:
-        async with aiohttp.ClientSession() as http:
-            settings = ServiceSettings(llm_base_url=f"http://127.0.0.1:{port}/v1")
-            client = ChatCompletions(settings, http)
-            for _ in range(3):
-                assert [d async for d in client.stream([])] == ["Hi."]
-                await asyncio.sleep(0.1)
-    finally:
-        await runner.cleanup()
-    assert len(set(peers)) == 1, f"{len(set(peers))} connections for {len(peers)} replies"
 
 
 # --- agent/chattts/speakers.py, agent/raytts/engine.py ---------------------------------------
@@ -262,35 +217,8 @@ def test_could_not_start_stream_names_the_session(
 
 
 # --- signaling/release.py --------------------------------------------------------------------
-async def _connected_pair(channel: bool = True) -> tuple[RTCPeerConnection, RTCPeerConnection]:
-    offerer = RTCPeerConnection(RTCConfiguration(iceServers=[]))
-    answerer = RTCPeerConnection(RTCConfiguration(iceServers=[]))
-    offerer.addTransceiver("audio", direction="sendrecv")
-    if channel:
-        offerer.createDataChannel("agent")
-    await offerer.setLocalDescription(await offerer.createOffer())
-    await answerer.setRemoteDescription(offerer.localDescription)
-    await answerer.setLocalDescription(await answerer.createAnswer())
-    await offerer.setRemoteDescription(answerer.localDescription)
-    async with asyncio.timeout(15):
-        while answerer.connectionState != "connected":
-            await asyncio.sleep(0.05)
-    return offerer, answerer
-
-
 async def _hangs() -> None:
     await asyncio.Event().wait()
-
-
-async def _rtcp_task_never_exits(receiver: Any) -> None:
-    """As a receiver whose RTCP task died of an exception: its stop() stops the decoder
-    thread, then waits for that task to say it exited, which it never will (replacing stop()
-    whole left the decoder thread running, and the test process never exited)."""
-    rtcp_task = receiver._RTCRtpReceiver__rtcp_task
-    rtcp_task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await rtcp_task
-    receiver._RTCRtpReceiver__rtcp_exited = asyncio.Event()
 
 
 async def _fails() -> None:
@@ -302,9 +230,9 @@ async def test_a_close_given_up_finishes_past_a_step_that_fails_and_one_that_han
     already half-stopped must not stop the others". A sender whose stop raises and an SCTP
     transport whose stop hangs: the ICE transport is still stopped, and the close returns
     (the session's close and the drain at shutdown wait on it)."""
-    offerer, answerer = await _connected_pair()
+    offerer, answerer = await connected_pair()
     transceiver = answerer.getTransceivers()[0]
-    await _rtcp_task_never_exits(transceiver.receiver)
+    await rtcp_task_never_exits(transceiver.receiver)
     transceiver.sender.stop = _fails  # type: ignore[method-assign]
     assert answerer.sctp is not None
     answerer.sctp.stop = _hangs  # type: ignore[method-assign]
@@ -324,9 +252,9 @@ async def test_a_close_given_up_leaves_the_connection_state_closed() -> None:
     """GET /sessions/{id} (README: ``connection``, the peer connection's state) of a session
     kept for a resume whose close was given up says "closed", as its sockets are: the
     states follow the ICE transport's, stopped by hand, before the listeners are removed."""
-    offerer, answerer = await _connected_pair()
+    offerer, answerer = await connected_pair()
     transceiver = answerer.getTransceivers()[0]
-    await _rtcp_task_never_exits(transceiver.receiver)
+    await rtcp_task_never_exits(transceiver.receiver)
     ice = transceiver.receiver.transport.transport
     try:
         await close_peer_connection(answerer, timeout_s=0.3)

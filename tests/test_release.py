@@ -227,12 +227,8 @@ async def test_a_close_that_hangs_is_given_up(caplog: pytest.LogCaptureFixture) 
     await RTCPeerConnection.close(pc)
 
 
-async def test_a_close_given_up_still_stops_the_transports_and_a_later_close_returns() -> None:
-    """Bug: wait_for cancelled ``pc.close()`` inside its first step (stopping the
-    transceivers), so the steps after it never ran: the DTLS and ICE transports were never
-    stopped, the session's UDP sockets stayed open and aioice kept sending consent checks,
-    per session whose close was given up, for the life of the process; and a later close()
-    waited forever on the close future it had left unsettled (found by review)."""
+async def connected_pair() -> tuple[RTCPeerConnection, RTCPeerConnection]:
+    """Two peer connections on loopback, connected: audio both ways and a data channel."""
     offerer = RTCPeerConnection(RTCConfiguration(iceServers=[]))
     answerer = RTCPeerConnection(RTCConfiguration(iceServers=[]))
     offerer.addTransceiver("audio", direction="sendrecv")
@@ -244,15 +240,29 @@ async def test_a_close_given_up_still_stops_the_transports_and_a_later_close_ret
     async with asyncio.timeout(15):
         while answerer.connectionState != "connected":
             await asyncio.sleep(0.05)
-    receiver = answerer.getTransceivers()[0].receiver
+    return offerer, answerer
 
-    # As a receiver whose RTCP task died of an exception: its stop() stops the decoder
-    # thread, then waits for that task to say it exited, which it never will.
-    rtcp_task = receiver._RTCRtpReceiver__rtcp_task  # type: ignore[attr-defined]
+
+async def rtcp_task_never_exits(receiver: Any) -> None:
+    """As a receiver whose RTCP task died of an exception: its stop() stops the decoder
+    thread, then waits for that task to say it exited, which it never will (replacing stop()
+    whole left the decoder thread running, and the test process never exited)."""
+    rtcp_task = receiver._RTCRtpReceiver__rtcp_task
     rtcp_task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await rtcp_task
-    receiver._RTCRtpReceiver__rtcp_exited = asyncio.Event()  # type: ignore[attr-defined]
+    receiver._RTCRtpReceiver__rtcp_exited = asyncio.Event()
+
+
+async def test_a_close_given_up_still_stops_the_transports_and_a_later_close_returns() -> None:
+    """Bug: wait_for cancelled ``pc.close()`` inside its first step (stopping the
+    transceivers), so the steps after it never ran: the DTLS and ICE transports were never
+    stopped, the session's UDP sockets stayed open and aioice kept sending consent checks,
+    per session whose close was given up, for the life of the process; and a later close()
+    waited forever on the close future it had left unsettled (found by review)."""
+    offerer, answerer = await connected_pair()
+    receiver = answerer.getTransceivers()[0].receiver
+    await rtcp_task_never_exits(receiver)
     ice = receiver.transport.transport
     try:
         await close_peer_connection(answerer, timeout_s=0.3)

@@ -735,7 +735,19 @@ async def test_an_stt_request_that_cannot_be_built_is_not_blamed_on_the_services
         assert stt.uploads == []
 
 
-async def test_a_stream_ended_by_done_leaves_its_connection_for_the_next_reply() -> None:
+@pytest.mark.parametrize(
+    "last_chunk",
+    [
+        b'data: {"choices":[{"delta":{"content":"Hi."}}]}\n\n',
+        # the usual OpenAI stream: the last chunk has a finish_reason, which ends the answer
+        # (then [DONE]); returning on it must still finish the body as [DONE] does
+        b'data: {"choices":[{"delta":{"content":"Hi."},"finish_reason":"stop"}]}\n\n',
+    ],
+    ids=["done", "finish-reason"],
+)
+async def test_a_stream_ended_by_done_leaves_its_connection_for_the_next_reply(
+    last_chunk: bytes,
+) -> None:
     """A server's "data: [DONE]" and the end of its chunked body (the 0-size chunk) are two
     writes; when the end comes a moment after [DONE], the client has already returned on
     [DONE] and released a response whose body is not finished, so aiohttp closes the
@@ -748,7 +760,7 @@ async def test_a_stream_ended_by_done_leaves_its_connection_for_the_next_reply()
         peers.append(request.transport.get_extra_info("peername")[1])
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
-        await response.write(b'data: {"choices":[{"delta":{"content":"Hi."}}]}\n\n')
+        await response.write(last_chunk)
         await response.write(b"data: [DONE]\n\n")
         await asyncio.sleep(0.02)  # the generator's end, then the body's
         with contextlib.suppress(ConnectionError):  # the client hung up already
