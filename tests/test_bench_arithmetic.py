@@ -23,6 +23,7 @@ import latency  # noqa: E402
 import streams  # noqa: E402
 
 from agent.opus import OpusEncoder  # noqa: E402
+from tests.test_bench_harness import _latency_result  # noqa: E402
 
 # ------------------------------------------------------------------------------------------
 # streams.py: gaps over 40 ms pooled over all streams
@@ -218,25 +219,11 @@ def test_the_ratio_verdict_is_not_met_by_a_governed_run_against_an_overloaded_ba
 
 
 def _latency_run(sent: list[float]) -> dict[str, Any]:
+    """One session's latency result whose onsets were ``sent`` (ms), all heard."""
     return {
-        "n": 1,
-        "variant": "ours",
-        "sessions_done": 1,
-        "utterances": len(sent),
-        "expected": len(sent),
-        "missing": 0,
-        "others_cpu_pct": 0.0,
-        "steal_pct": 0.0,
-        "server_wait_pct": 0.0,
+        **_latency_result(len(sent), 1, n=1, asked=len(sent)),
         "sent_ms": sent,
         "client_ms": sent,
-        "buffered_ms": [],
-        "marked_ms": [],
-        "complexity": 9,
-        "band_cap_hz": None,
-        "rung": "9",
-        "complexity_steps_down": 0,
-        "complexity_steps_up": 0,
     }
 
 
